@@ -1,0 +1,28 @@
+# Two entry points for a fresh machine with Python 3.11 and pip: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[embedded,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ipdp demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/ipdp bench throughput
+
+lint: $(STAMP)
+	$(BIN)/ruff check ipdp producer aggregator trainer tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache
