@@ -1,0 +1,117 @@
+"""`ipdp`: one entry point per role. Role modules are imported only by the command that runs them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A bad parameter or file: printed without a traceback, exit status 2."""
+
+
+def _study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
+    if with_id:
+        p.add_argument("--study-id", dest="study_id", help="Study id (letters, digits, . _ -).")
+        p.add_argument("--loss", choices=["squared", "logistic"], default=None)
+        p.add_argument("--max-rounds", dest="max_rounds", type=int, default=None)
+    p.add_argument("--epsilon", type=float, help="Central ε of each model.")
+    p.add_argument("--delta", type=float, help="Central δ of each model.")
+    p.add_argument("--n", type=int, help="Records per round.")
+    p.add_argument("--d", type=int, help="Dimension.")
+    p.add_argument("--lam", type=float, default=None, help="λ: bound on ‖q‖² (default 1).")
+    p.add_argument("--p-bound", dest="p_bound", type=float, default=None,
+                   help="P: bound on ‖p‖ (default 1).")
+    p.add_argument("--eta", type=float, default=None, help="η: bound on ‖w‖ (default 1).")
+    p.add_argument("--mode", choices=["rigorous", "paper"], default=None)
+    p.add_argument("--delta-in", dest="delta_in", type=float, default=None,
+                   help="Δ_in ≥ 0, the trainer's ridge (paper mode: > 0).")
+
+
+STUDY_FIELDS = ("study_id", "loss", "max_rounds", "epsilon", "delta", "n", "d", "lam", "p_bound",
+                "eta", "mode", "delta_in")
+
+
+def study_from_args(args: argparse.Namespace, base: dict | None = None):
+    """Build a Study from flags (over an optional file's fields); errors become UsageError."""
+    from ipdp.study import Study
+
+    fields = dict(base or {})
+    fields.update({k: getattr(args, k) for k in STUDY_FIELDS
+                   if getattr(args, k, None) is not None})
+    try:
+        return Study(**fields)
+    except ValidationError as exc:
+        raise UsageError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem: `parameter: message`, without pydantic's URLs."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "study"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}")
+    return "invalid study parameters:\n  " + "\n  ".join(lines)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from ipdp.report import calibration_table
+
+    args.study_id = "calibrate"
+    study = study_from_args(args)
+    cal = study.calibration
+    if args.json:
+        print(json.dumps(cal.model_dump(), sort_keys=True))
+    else:
+        print(calibration_table(cal))
+    return 0
+
+
+def _lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(module), func)(args)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree; `ipdp COMMAND --help` documents each one."""
+    parser = argparse.ArgumentParser(
+        prog="ipdp",
+        description="Differentially private model training by input perturbation, streamed "
+        "through Kafka with sufficient statistics in Redis.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("calibrate", help="Noise and guarantees for a set of study parameters.")
+    _study_flags(p, with_id=False)
+    p.add_argument("--json", action="store_true", help="Print one JSON object.")
+    p.set_defaults(func=cmd_calibrate)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"ipdp {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

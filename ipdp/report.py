@@ -1,0 +1,46 @@
+"""Human-readable renderings shared by the CLI commands (tables, not logs: no rows, no statistics)."""
+
+from __future__ import annotations
+
+from ipdp.calibration import Calibration
+
+
+def table(rows: list[tuple[str, str]], title: str | None = None) -> str:
+    """Two aligned columns."""
+    width = max(len(k) for k, _ in rows)
+    lines = [title, "-" * len(title)] if title else []
+    lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def fmt(x: float | None, digits: int = 6) -> str:
+    """A number to `digits` significant digits; None is an unbounded guarantee."""
+    return "unbounded" if x is None else f"{x:.{digits}g}"
+
+
+def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
+    """Parameters, noise and guarantees of a calibration, in reading order."""
+    rows = [
+        ("mode", cal.mode),
+        ("central (ε, δ)", f"({fmt(cal.epsilon)}, {fmt(cal.delta)})"),
+        ("n, d", f"{cal.n}, {cal.d}"),
+        ("λ, P, η", f"{fmt(cal.lam)}, {fmt(cal.p_bound)}, {fmt(cal.eta)}"),
+        ("ζ = λη + P", fmt(cal.zeta)),
+        ("σ_u²  (u ~ N(0, σ_u²/n·I))", fmt(cal.sigma_u2)),
+        ("σ_b²  (r ~ N(0, σ_b²/n·I))", fmt(cal.sigma_b2)),
+        ("std of u, r per coordinate", f"{fmt(cal.noise_std_q, 4)}, {fmt(cal.noise_std_p, 4)}"),
+        ("Δ_in (trainer ridge)", fmt(cal.delta_in)),
+    ]
+    if cal.lambda_prime is not None:
+        rows += [("λ′ (noisy smoothness)", fmt(cal.lambda_prime)),
+                 ("ζ′ (noisy Lipschitz)", fmt(cal.zeta_prime))]
+    rows.append(("δ split", ", ".join(f"{k}={fmt(v, 4)}" for k, v in cal.delta_split.items())))
+    rows.append(("local (ε, δ) of one record",
+                 f"({fmt(cal.local_epsilon, 5)}, {fmt(cal.local_delta)})  — each record alone is "
+                 "only weakly protected; the central guarantee is the one to quote"))
+    return rows
+
+
+def calibration_table(cal: Calibration) -> str:
+    """`ipdp calibrate`'s human output."""
+    return table(calibration_rows(cal), title="ipdp calibration")

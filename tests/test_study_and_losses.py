@@ -1,0 +1,110 @@
+"""Study validation at the boundary; encoders, clipping and the contributor's noise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from ipdp.losses import clip, encode, perturb, prepare
+from ipdp.study import Study
+
+BASE = {"study_id": "s1", "d": 14, "n": 10_000, "epsilon": 1.0, "delta": 0.01}
+
+
+def test_default_study_is_rigorous_with_zero_ridge():
+    s = Study(**BASE)
+    assert s.mode == "rigorous"
+    assert s.resolved_delta_in == 0.0
+    assert s.calibration.sigma_u2 == pytest.approx(2.94, rel=0.01)
+    assert len(s.hash) == 16
+
+
+def test_study_round_trips_through_json():
+    s = Study(**BASE, loss="logistic", max_rounds=3)
+    assert Study.model_validate_json(s.to_json()) == s
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ({"epsilon": 0.0}, "epsilon=0.0 must be a finite number > 0"),
+        ({"epsilon": -1.0}, "epsilon"),
+        ({"delta": 0.0}, r"delta=0.0 must lie in the open interval \(0, 1\)"),
+        ({"delta": 1.0}, "delta"),
+        ({"eta": math.inf}, "eta"),
+        ({"delta_in": -0.1}, "delta_in"),
+        ({"n": 30}, r"too small for rigorous mode.*√\(n−1−d\)"),
+        ({"n": 100, "mode": "paper"}, r"n ≥ 16·log\(8/δ\)"),
+        ({"n": 20, "mode": "paper"}, "1 − 2a"),
+        ({"mode": "paper", "delta_in": 0.0}, "Δ > 2λ/ε"),
+        ({"loss": "hinge"}, "loss"),
+        ({"study_id": "has space"}, "study_id"),
+        ({"d": 0}, "d"),
+    ],
+)
+def test_invalid_study_is_refused_naming_the_parameter_and_bound(override, match):
+    with pytest.raises(ValidationError, match=match):
+        Study(**{**BASE, **override})
+
+
+def test_squared_and_logistic_encodings():
+    x = np.array([[0.3, -0.4], [1.0, 2.0]])
+    y = np.array([2.0, -1.0])
+    q, p = encode("squared", x, y)
+    np.testing.assert_array_equal(q, x)
+    np.testing.assert_array_equal(p, y[:, None] * x)
+    q, p = encode("logistic", x, y.clip(-1, 1))
+    np.testing.assert_array_equal(q, x / 2)
+    np.testing.assert_array_equal(p, np.array([[0.15, -0.2], [-0.5, -1.0]]))
+
+
+def test_logistic_encoding_refuses_labels_outside_plus_minus_one():
+    with pytest.raises(ValueError, match="y ∈"):
+        encode("logistic", np.ones((2, 3)), np.array([1.0, 0.0]))
+
+
+def test_clipping_never_exceeds_the_public_bounds_and_keeps_small_rows():
+    rng = np.random.default_rng(3)
+    q = rng.normal(0, 10, size=(10_000, 14)) * rng.uniform(0, 1, size=(10_000, 1))
+    p = rng.normal(0, 10, size=(10_000, 14))
+    q[:5] = 0.0
+    cq, cp = clip(q, p, lam=0.5, p_bound=2.0)
+    assert (np.einsum("ij,ij->i", cq, cq) <= 0.5 * (1 + 1e-12)).all()
+    assert (np.linalg.norm(cp, axis=1) <= 2.0 * (1 + 1e-12)).all()
+    inside = np.linalg.norm(q, axis=1) <= math.sqrt(0.5)
+    assert inside.sum() > 100
+    np.testing.assert_array_equal(cq[inside], q[inside])
+    # Clipping only scales: the direction of every non-zero row is kept.
+    big = ~inside
+    cos = np.einsum("ij,ij->i", cq[big], q[big]) / (
+        np.linalg.norm(cq[big], axis=1) * np.linalg.norm(q[big], axis=1))
+    np.testing.assert_allclose(cos, 1.0, rtol=1e-12)
+
+
+def test_perturbation_noise_has_the_calibrated_variance():
+    study = Study(**BASE)
+    cal = study.calibration
+    k = 200_000
+    q = np.zeros((k, study.d))
+    p = np.zeros((k, study.d))
+    qt, pt = perturb(q, p, cal, np.random.default_rng(2024))
+    # k·d = 2.8e6 draws: the sample variance's relative standard error is √(2/2.8e6) ≈ 0.085 %,
+    # so a 1 % tolerance is ≈ 12 standard errors — and σ² vs σ²/n differ by a factor 10⁴.
+    assert qt.var() == pytest.approx(cal.sigma_u2 / cal.n, rel=0.01)
+    assert pt.var() == pytest.approx(cal.sigma_b2 / cal.n, rel=0.01)
+    assert abs(qt.mean()) < 5 * math.sqrt(cal.sigma_u2 / cal.n / qt.size)
+    # Each coordinate gets its own independent draw: no correlation between q̃ and p̃ noise.
+    assert abs(np.corrcoef(qt[:, 0], pt[:, 0])[0, 1]) < 0.02
+
+
+def test_single_record_and_batch_perturbation_agree_in_shape_and_seeded_values():
+    cal = Study(**BASE).calibration
+    x = np.linspace(-1, 1, 14)
+    one = prepare("squared", x, 0.5, cal, np.random.default_rng(1))
+    many = prepare("squared", x[None, :], np.array([0.5]), cal, np.random.default_rng(1))
+    assert one[0].shape == (14,)
+    np.testing.assert_array_equal(one[0], many[0][0])
+    np.testing.assert_array_equal(one[1], many[1][0])
