@@ -1,0 +1,62 @@
+"""Every Prometheus metric ipdp exports, in one place (docs/operations.md lists them).
+
+Names follow Prometheus conventions: base units in the name, `_total` on counters.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from ipdp.settings import MetricsSettings
+
+log = logging.getLogger(__name__)
+
+RECORDS_CONSUMED = Counter(
+    "ipdp_records_consumed_total", "Records read from the records topic.", ["partition"])
+RECORDS_FOLDED = Counter(
+    "ipdp_records_folded_total", "Records folded into sufficient statistics.", ["study"])
+RECORDS_DEAD_LETTERED = Counter(
+    "ipdp_records_dead_lettered_total", "Records sent to the dead-letter topic.", ["reason"])
+FOLD_BATCH_RECORDS = Histogram(
+    "ipdp_fold_batch_records", "Records per atomic fold commit.",
+    buckets=(1, 10, 50, 100, 500, 1000, 2000, 5000, 10000, 50000))
+FOLD_SECONDS = Histogram(
+    "ipdp_fold_seconds", "Decode + validate + fold + atomic Redis commit, per batch.",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+FOLD_CONFLICTS = Counter(
+    "ipdp_fold_conflicts_total", "Fold transactions retried because another writer raced.")
+CONSUMER_LAG = Gauge(
+    "ipdp_consumer_lag_records", "Records behind the end of the partition.", ["partition"])
+ROUND_RECORDS = Gauge(
+    "ipdp_round_records", "Records folded into the open round.", ["study"])
+ROUND_TARGET = Gauge("ipdp_round_target_records", "Records per round (n).", ["study"])
+ROUND_PROGRESS = Gauge(
+    "ipdp_round_progress_ratio", "Open round's count / n.", ["study"])
+ROUNDS_CLOSED = Counter("ipdp_rounds_closed_total", "Rounds closed at n records.", ["study"])
+MODELS_PUBLISHED = Counter(
+    "ipdp_models_published_total", "Models published to the models topic.", ["study"])
+SOLVE_SECONDS = Histogram(
+    "ipdp_solve_seconds", "Time to solve one round's constrained problem.",
+    buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5))
+ROUND_TO_MODEL_SECONDS = Histogram(
+    "ipdp_round_to_model_seconds", "From the round's closing fold to the published model.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+LOADGEN_RECORDS_SENT = Counter(
+    "ipdp_loadgen_records_sent_total", "Records the load generator produced.", ["study"])
+LOADGEN_SEND_ERRORS = Counter(
+    "ipdp_loadgen_send_errors_total", "Records the load generator failed to produce.", ["study"])
+BACKEND_ERRORS = Counter(
+    "ipdp_backend_errors_total", "Errors talking to Kafka or Redis.", ["backend", "operation"])
+BACKEND_RETRIES = Counter(
+    "ipdp_backend_retries_total", "Retries after a Kafka or Redis error.", ["backend"])
+
+
+def serve(settings: MetricsSettings) -> int | None:
+    """Start the /metrics HTTP endpoint when a port is configured; returns the port."""
+    if not settings.port:
+        return None
+    start_http_server(settings.port, addr=settings.host)
+    log.info("metrics on http://%s:%d/metrics", settings.host, settings.port)
+    return settings.port

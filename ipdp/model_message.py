@@ -1,0 +1,68 @@
+"""The published model: one JSON message per (study, round) on the models topic.
+
+It carries the weights and the privacy report, never A, b or any record. Its Kafka key is
+`{study_id}:{round}` so a consumer (and a compacted topic) can drop a repeat.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ipdp.calibration import Calibration
+
+MESSAGE_VERSION = 1
+
+
+class PrivacyReport(BaseModel):
+    """What the model guarantees and how the noise was calibrated (from ipdp.calibration)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: str
+    epsilon: float
+    delta: float
+    sigma_u2: float
+    sigma_b2: float
+    delta_in: float
+    eta: float
+    lam: float
+    p_bound: float
+    lambda_prime: float | None
+    zeta_prime: float | None
+    delta_split: dict[str, float]
+    local_epsilon: float | None = Field(description="ε of one record on its own, at local_delta.")
+    local_delta: float
+
+    @classmethod
+    def from_calibration(cls, cal: Calibration) -> PrivacyReport:
+        """Copy the guarantee-bearing fields of a calibration."""
+        return cls(**cal.model_dump(include=set(cls.model_fields)))
+
+
+class ModelMessage(BaseModel):
+    """A model trained on exactly n records of one closed round."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: int = MESSAGE_VERSION
+    study_id: str
+    round: int = Field(ge=1)
+    n: int
+    d: int
+    loss: str
+    weights: list[float]
+    constraint_active: bool = Field(description="True when ‖w‖ = η binds.")
+    privacy: PrivacyReport
+    solve_seconds: float
+    round_closed_ms: int
+    published_ms: int
+
+    @property
+    def key(self) -> bytes:
+        """The Kafka key, `{study_id}:{round}`."""
+        return model_key(self.study_id, self.round)
+
+
+def model_key(study_id: str, round_no: int) -> bytes:
+    """Kafka key of the model for (study, round)."""
+    return f"{study_id}:{round_no}".encode()

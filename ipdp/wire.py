@@ -1,0 +1,320 @@
+"""Versioned binary wire format for one perturbed record, with vectorised batch decoding.
+
+Version 1 layout, all little-endian: a 48-byte header followed by q̃ and p̃ as d float64 each.
+
+====== ====== ===================================================================
+offset size   field
+====== ====== ===================================================================
+0      1      version, u8, = 1
+1      3      reserved, must be zero
+4      4      d, u32
+8      16     study hash: first 16 bytes of SHA-256 of the UTF-8 study id
+24     16     record id: 16 random bytes chosen by the device
+40     8      created_ms, i64, milliseconds since the Unix epoch
+48     8·d    q̃, d float64
+48+8d  8·d    p̃, d float64
+====== ====== ===================================================================
+
+``decode_batch`` groups values by byte length and parses each group with one
+``np.frombuffer`` call on a structured dtype; ``decode_record`` is the one-value case of it,
+so both apply the same checks in the same order. See docs/wire-format.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+WIRE_VERSION: int = 1
+HEADER_SIZE: int = 48
+
+_ID_SIZE = 16
+_I64_MIN = -(2**63)
+_I64_MAX = 2**63 - 1
+
+
+class RejectReason(enum.StrEnum):
+    """Machine-readable reason a record is dead-lettered."""
+
+    UNDECODABLE = "undecodable"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    WRONG_DIMENSION = "wrong_dimension"
+    NON_FINITE = "non_finite"
+    NORM_OUT_OF_BOUNDS = "norm_out_of_bounds"
+    UNKNOWN_STUDY = "unknown_study"
+    CLOSED_STUDY = "closed_study"
+    REPLAYED = "replayed"
+    STALE = "stale"
+    FUTURE = "future"
+    OVERSIZED = "oversized"
+
+
+class MalformedRecord(ValueError):
+    """A value that is not a well-formed record; ``reason`` says why, ``detail`` says how."""
+
+    def __init__(self, reason: RejectReason, detail: str):
+        super().__init__(reason, detail)
+        self.reason = RejectReason(reason)
+        self.detail = detail
+
+    def __str__(self) -> str:
+        """Return ``"<reason>: <detail>"``."""
+        return f"{self.reason.value}: {self.detail}"
+
+
+def study_hash(study_id: str) -> bytes:
+    """Return the 16-byte wire identifier of a study: SHA-256 of its UTF-8 id, truncated."""
+    return hashlib.sha256(study_id.encode("utf-8")).digest()[:_ID_SIZE]
+
+
+def record_size(d: int) -> int:
+    """Return the encoded size in bytes of a record of dimension ``d``."""
+    if d < 1:
+        raise ValueError(f"d must be >= 1, got {d}")
+    return HEADER_SIZE + 16 * d
+
+
+@lru_cache(maxsize=64)
+def _record_dtype(d: int) -> np.dtype:
+    """Return the packed structured dtype of a version-1 record of dimension ``d``."""
+    return np.dtype(
+        [
+            ("version", "u1"),
+            ("reserved", "u1", (3,)),
+            ("d", "<u4"),
+            ("study_hash", "u1", (_ID_SIZE,)),
+            ("record_id", "u1", (_ID_SIZE,)),
+            ("created_ms", "<i8"),
+            ("q", "<f8", (d,)),
+            ("p", "<f8", (d,)),
+        ]
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Record:
+    """One decoded record; ``q`` and ``p`` are float64 arrays of shape (d,)."""
+
+    study_hash: bytes
+    record_id: bytes
+    created_ms: int
+    q: np.ndarray
+    p: np.ndarray
+
+
+@dataclass
+class RecordBatch:
+    """Decoded records of one dimension ``d`` as plain arrays, one row per record."""
+
+    d: int
+    index: np.ndarray
+    study_hash: np.ndarray
+    record_id: np.ndarray
+    created_ms: np.ndarray
+    q: np.ndarray
+    p: np.ndarray
+
+    def __len__(self) -> int:
+        """Return the number of records."""
+        return int(self.index.shape[0])
+
+    def take(self, mask_or_indices) -> RecordBatch:
+        """Return the rows selected by a boolean mask or an array of row positions."""
+        sel = np.asarray(mask_or_indices)
+        if sel.dtype != np.bool_:
+            sel = sel.astype(np.intp, copy=False)
+        return RecordBatch(
+            d=self.d,
+            index=self.index[sel],
+            study_hash=self.study_hash[sel],
+            record_id=self.record_id[sel],
+            created_ms=self.created_ms[sel],
+            q=self.q[sel],
+            p=self.p[sel],
+        )
+
+
+def encode_batch(
+    study_hash: bytes,
+    record_ids: np.ndarray,
+    created_ms: np.ndarray,
+    q: np.ndarray,
+    p: np.ndarray,
+) -> list[bytes]:
+    """Encode k records of one study: record_ids (k,16) uint8, created_ms (k,), q and p (k,d)."""
+    sh = _as_id(study_hash, "study_hash")
+    rid = np.asarray(record_ids)
+    if rid.dtype != np.uint8 or rid.ndim != 2 or rid.shape[1] != _ID_SIZE:
+        raise ValueError(f"record_ids must be uint8 of shape (k, 16), got {rid.dtype} {rid.shape}")
+    k = rid.shape[0]
+    ms = np.asarray(created_ms)
+    if ms.shape != (k,) or not np.can_cast(ms.dtype, np.int64):
+        raise ValueError(f"created_ms must be integers of shape ({k},), got {ms.dtype} {ms.shape}")
+    qa = np.asarray(q, dtype=np.float64)
+    pa = np.asarray(p, dtype=np.float64)
+    if qa.ndim != 2 or qa.shape[0] != k or qa.shape[1] < 1 or pa.shape != qa.shape:
+        raise ValueError(f"q and p must both have shape ({k}, d >= 1), got {qa.shape}, {pa.shape}")
+    d = qa.shape[1]
+    arr = np.zeros(k, dtype=_record_dtype(d))
+    arr["version"] = WIRE_VERSION
+    arr["d"] = d
+    arr["study_hash"] = np.frombuffer(sh, dtype=np.uint8)
+    arr["record_id"] = rid
+    arr["created_ms"] = ms
+    arr["q"] = qa
+    arr["p"] = pa
+    buf = arr.tobytes()
+    size = arr.dtype.itemsize
+    return [buf[i * size : (i + 1) * size] for i in range(k)]
+
+
+def encode_record(study_hash: bytes, record_id: bytes, created_ms: int, q, p) -> bytes:
+    """Encode one record; q and p are 1-D arrays of the same length d >= 1."""
+    rid = _as_id(record_id, "record_id")
+    ms = operator.index(created_ms)
+    if not _I64_MIN <= ms <= _I64_MAX:
+        raise ValueError(f"created_ms {ms} does not fit in a signed 64-bit integer")
+    qa = np.asarray(q, dtype=np.float64)
+    pa = np.asarray(p, dtype=np.float64)
+    if qa.ndim != 1 or pa.shape != qa.shape:
+        raise ValueError(f"q and p must be 1-D of the same length, got {qa.shape}, {pa.shape}")
+    return encode_batch(
+        study_hash,
+        np.frombuffer(rid, dtype=np.uint8).reshape(1, _ID_SIZE),
+        np.array([ms], dtype=np.int64),
+        qa[np.newaxis],
+        pa[np.newaxis],
+    )[0]
+
+
+def decode_record(buf: bytes, max_size: int | None = None) -> Record:
+    """Decode one value; raise MalformedRecord if it is not a well-formed version-1 record."""
+    batches, rejects = decode_batch([buf], max_size)
+    if rejects:
+        raise rejects[0][1]
+    b = batches[0]
+    return Record(
+        study_hash=b.study_hash[0].tobytes(),
+        record_id=b.record_id[0].tobytes(),
+        created_ms=int(b.created_ms[0]),
+        q=b.q[0],
+        p=b.p[0],
+    )
+
+
+def decode_batch(
+    values: Sequence[bytes | bytearray | memoryview | None], max_size: int | None = None
+) -> tuple[list[RecordBatch], list[tuple[int, MalformedRecord]]]:
+    """Decode many values: one RecordBatch per distinct d, and (input index, error) rejects."""
+    bufs = [v if type(v) is bytes else _as_byte_buffer(v) for v in values]
+    lengths = np.array([-1 if b is None else len(b) for b in bufs], dtype=np.int64)
+    batches: list[RecordBatch] = []
+    rejects: list[tuple[int, MalformedRecord]] = []
+    if lengths.size == 0:
+        return batches, rejects
+    uniq, inverse, counts = np.unique(lengths, return_inverse=True, return_counts=True)
+    order = np.argsort(inverse, kind="stable")
+    ends = np.cumsum(counts)
+    for length, end, count in zip(uniq.tolist(), ends.tolist(), counts.tolist()):
+        idx = order[end - count : end].astype(np.int64)
+        if length < 0:
+            detail = "value is None or not bytes-like"
+            rejects.extend(
+                (i, MalformedRecord(RejectReason.UNDECODABLE, detail)) for i in idx.tolist()
+            )
+        elif max_size is not None and length > max_size:
+            detail = f"length {length} exceeds max_size {max_size}"
+            rejects.extend(
+                (i, MalformedRecord(RejectReason.OVERSIZED, detail)) for i in idx.tolist()
+            )
+        elif length < HEADER_SIZE + 16 or (length - HEADER_SIZE) % 16:
+            rejects.extend((i, _bad_length(bufs[i], length)) for i in idx.tolist())
+        else:
+            batch = _parse_group(bufs, idx, (length - HEADER_SIZE) // 16, rejects)
+            if len(batch):
+                batches.append(batch)
+    rejects.sort(key=operator.itemgetter(0))
+    return batches, rejects
+
+
+def _parse_group(
+    bufs: list, idx: np.ndarray, d: int, rejects: list[tuple[int, MalformedRecord]]
+) -> RecordBatch:
+    """Parse values of one valid length with one frombuffer; append bad rows to ``rejects``."""
+    rows = np.frombuffer(b"".join([bufs[i] for i in idx.tolist()]), dtype=_record_dtype(d))
+    q, p = rows["q"], rows["p"]
+    bad_version = rows["version"] != WIRE_VERSION
+    bad_reserved = rows["reserved"].any(axis=1)
+    bad_d = rows["d"] != d
+    non_finite = ~(np.isfinite(q).all(axis=1) & np.isfinite(p).all(axis=1))
+    ok = ~(bad_version | bad_reserved | bad_d | non_finite)
+    for r in np.flatnonzero(~ok).tolist():
+        if bad_version[r]:
+            err = MalformedRecord(
+                RejectReason.UNSUPPORTED_VERSION,
+                f"version {int(rows['version'][r])}, supported: {WIRE_VERSION}",
+            )
+        elif bad_reserved[r]:
+            err = MalformedRecord(
+                RejectReason.UNDECODABLE,
+                f"reserved bytes {rows['reserved'][r].tobytes().hex()} are not zero",
+            )
+        elif bad_d[r]:
+            err = MalformedRecord(
+                RejectReason.UNDECODABLE,
+                f"header d={int(rows['d'][r])} but length {rows.dtype.itemsize} implies d={d}",
+            )
+        else:
+            err = MalformedRecord(RejectReason.NON_FINITE, "q̃ or p̃ holds NaN or Inf")
+        rejects.append((int(idx[r]), err))
+    return RecordBatch(
+        d=d,
+        index=idx[ok],
+        study_hash=rows["study_hash"][ok],
+        record_id=rows["record_id"][ok],
+        created_ms=rows["created_ms"][ok].astype(np.int64, copy=False),
+        q=q[ok].astype(np.float64, copy=False),
+        p=p[ok].astype(np.float64, copy=False),
+    )
+
+
+def _bad_length(buf: bytes | bytearray | memoryview, length: int) -> MalformedRecord:
+    """Return the error for a value whose length is not 48 + 16·d for any d >= 1."""
+    if length == 0:
+        return MalformedRecord(RejectReason.UNDECODABLE, "value is empty")
+    if buf[0] != WIRE_VERSION:
+        return MalformedRecord(
+            RejectReason.UNSUPPORTED_VERSION, f"version {buf[0]}, supported: {WIRE_VERSION}"
+        )
+    return MalformedRecord(
+        RejectReason.UNDECODABLE, f"length {length} is not {HEADER_SIZE} + 16·d for any d >= 1"
+    )
+
+
+def _as_byte_buffer(value) -> bytes | bytearray | memoryview | None:
+    """Return ``value`` as a flat byte buffer, or None if it is None or not bytes-like."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray):
+        return value
+    try:
+        view = memoryview(value)
+    except TypeError:
+        return None
+    if view.format == "B" and view.ndim == 1 and view.c_contiguous:
+        return view
+    return view.tobytes()
+
+
+def _as_id(value: bytes, name: str) -> bytes:
+    """Return ``value`` as 16 bytes or raise ValueError."""
+    raw = bytes(memoryview(value))
+    if len(raw) != _ID_SIZE:
+        raise ValueError(f"{name} must be {_ID_SIZE} bytes, got {len(raw)}")
+    return raw
