@@ -251,3 +251,28 @@ def calibrate(
         epsilon=epsilon, delta=delta, n=n, d=d, lam=lam, p_bound=p_bound, eta=eta,
         delta_in=delta_in,
     )
+
+
+#: Probability that an honest record is rejected by the norm check (union over q̃ and p̃).
+HONEST_REJECTION_PROBABILITY = 1e-9
+
+
+def gaussian_norm_tail(std: float, d: int, probability: float) -> float:
+    """t with P(‖g‖ > t) ≤ probability for g ~ N(0, std²·I_d).
+
+    Laurent & Massart (2000, Lemma 1): P(χ²_d ≥ d + 2√(d·x) + 2x) ≤ e^{−x}; take x = log(1/prob).
+    """
+    x = math.log(1.0 / probability)
+    return std * math.sqrt(d + 2.0 * math.sqrt(d * x) + 2.0 * x)
+
+
+def record_norm_bounds(
+    cal: Calibration, probability: float = HONEST_REJECTION_PROBABILITY
+) -> tuple[float, float]:
+    """Largest ‖q̃‖ and ‖p̃‖ an honest record can show, except with total probability ≤ `probability`.
+
+    ‖q̃‖ ≤ ‖q‖ + ‖u‖ ≤ √λ + t_q and ‖p̃‖ ≤ P + t_r, each tail taken at probability/2.
+    """
+    t_q = gaussian_norm_tail(cal.noise_std_q, cal.d, probability / 2.0)
+    t_p = gaussian_norm_tail(cal.noise_std_p, cal.d, probability / 2.0)
+    return math.sqrt(cal.lam) + t_q, cal.p_bound + t_p

@@ -97,6 +97,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     p.set_defaults(func=cmd_calibrate)
 
+    p = sub.add_parser("up", help="Start the embedded Kafka-protocol broker and redis-server.")
+    p.set_defaults(func=_lazy("ipdp.runtime", "cmd_up"))
+
+    for role, text in (("aggregator", "Fold records into sufficient statistics in Redis."),
+                       ("trainer", "Solve closed rounds and publish models.")):
+        p = sub.add_parser(role, help=text)
+        run = p.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+            "run", help=text + " Settings come from IPDP_* environment variables.")
+        run.add_argument("--idle-exit", dest="idle_exit", type=float, default=None,
+                         help="Exit after this many seconds without work (default: never).")
+        run.set_defaults(func=_lazy(f"{role}.service", "cmd_run"))
+
+    from ipdp import ops_cli
+    from producer import cli as producer_cli
+    from producer import demo
+
+    ops_cli.add_commands(sub)
+    producer_cli.add_commands(sub)
+    demo.add_commands(sub)
     return parser
 
 
@@ -104,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ipdp.process import setup_logging
+
+    setup_logging()
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:

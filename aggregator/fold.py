@@ -1,0 +1,337 @@
+"""Validate a polled batch and fold it into Redis in one atomic transaction.
+
+A batch is the messages one poll returned: per partition, a contiguous run of offsets. The fold
+is a checkpoint in the quixstreams sense — the statistics it produces and the offsets it consumed
+are written in the same MULTI/EXEC, guarded by WATCH on every key it read — so a crash either
+loses the whole fold (and the restarted aggregator re-reads the same offsets from Redis) or
+keeps all of it. A zombie that lost its partitions finds the offsets moved and folds nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import redis
+
+from ipdp import registry, state
+from ipdp.calibration import record_norm_bounds
+from ipdp.study import Study
+from ipdp.wire import RecordBatch, RejectReason, decode_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Message:
+    """The parts of a Kafka record the fold needs."""
+
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A message that will not be folded, and why."""
+
+    message: Message
+    reason: RejectReason
+    detail: str
+
+
+@dataclass
+class FoldResult:
+    """What one committed fold did; counts are exact (they were written in the same EXEC)."""
+
+    folded: dict[str, int] = field(default_factory=dict)
+    rejected: list[Rejection] = field(default_factory=list)
+    closed_rounds: list[tuple[str, int]] = field(default_factory=list)
+    open_rounds: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """study → (round, count, n) after the fold."""
+    skipped: int = 0
+    """Messages below the committed offset (already folded by an earlier owner)."""
+    reseek: dict[int, int] = field(default_factory=dict)
+    """partition → offset to seek to, when the batch started past the committed offset."""
+    conflicts: int = 0
+
+
+@dataclass
+class _Valid:
+    """Rows that passed every stateless check, for one study, in (partition, offset) order."""
+
+    study: Study
+    messages: list[Message]
+    record_id: np.ndarray
+    created_ms: np.ndarray
+    q: np.ndarray
+    p: np.ndarray
+
+
+class Folder:
+    """Folds batches for one consumer group and records topic into Redis."""
+
+    def __init__(
+        self,
+        r: redis.Redis,
+        *,
+        group: str,
+        topic: str,
+        replay_window_s: int,
+        max_future_skew_s: int,
+        max_message_bytes: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.r = r
+        self.offsets_key = state.offsets_key(group, topic)
+        self.window_ms = replay_window_s * 1000
+        self.skew_ms = max_future_skew_s * 1000
+        self.max_message_bytes = max_message_bytes
+        self.clock = clock
+        self._studies: dict[bytes, Study] = {}
+
+    def committed_offsets(self) -> dict[int, int]:
+        """partition → next offset to fold, as stored with the statistics."""
+        raw = self.r.hgetall(self.offsets_key)
+        return {int(k): int(v) for k, v in raw.items()}
+
+    def fold(
+        self,
+        messages: Sequence[Message],
+        dead_letter: Callable[[list[Rejection]], None] | None = None,
+    ) -> FoldResult:
+        """Validate and fold `messages`; `dead_letter` is called before the commit (at least once)."""
+        now_ms = int(self.clock() * 1000)
+        stateless_rejects, valid = self._validate(messages, now_ms)
+        partitions = sorted({m.partition for m in messages})
+        first = {p: min(m.offset for m in messages if m.partition == p) for p in partitions}
+        last = {p: max(m.offset for m in messages if m.partition == p) for p in partitions}
+        watched = [self.offsets_key]
+        for study in {v.study.study_id: v.study for v in valid}.values():
+            watched += [state.open_key(study.study_id), state.study_key(study.study_id),
+                        state.seen_key(study.study_id)]
+        sent: set[tuple[int, int, str]] = set()
+        conflicts = 0
+        with self.r.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(*watched)
+                    result = self._fold_watched(
+                        pipe, partitions, first, last, stateless_rejects, valid, now_ms)
+                    if result is None:
+                        pipe.unwatch()
+                        return FoldResult(reseek=self._reseek(partitions, first),
+                                          conflicts=conflicts)
+                    fresh = [x for x in result.rejected
+                             if (x.message.partition, x.message.offset, x.reason) not in sent]
+                    if dead_letter and fresh:
+                        dead_letter(fresh)
+                    sent.update((x.message.partition, x.message.offset, x.reason) for x in fresh)
+                    pipe.execute()
+                    result.conflicts = conflicts
+                    return result
+                except redis.WatchError:
+                    conflicts += 1
+                    continue
+
+    def _reseek(self, partitions: list[int], first: dict[int, int]) -> dict[int, int]:
+        committed = self.committed_offsets()
+        return {p: committed[p] for p in partitions if p in committed and committed[p] < first[p]}
+
+    def _fold_watched(self, pipe, partitions, first, last, stateless_rejects, valid, now_ms):
+        """Reads under WATCH, then queues the writes; returns None when the batch must be re-read."""
+        committed = pipe.hmget(self.offsets_key, [str(p) for p in partitions])
+        start: dict[int, int] = {}
+        for p, raw in zip(partitions, committed, strict=True):
+            if raw is None:
+                start[p] = first[p]
+            elif int(raw) < first[p]:
+                log.warning("partition %d: batch starts at %d but Redis has %d; re-seeking",
+                            p, first[p], int(raw))
+                return None
+            else:
+                start[p] = int(raw)
+        result = FoldResult()
+
+        def keep(m: Message) -> bool:
+            return m.offset >= start[m.partition]
+
+        result.rejected = [x for x in stateless_rejects if keep(x.message)]
+        result.skipped = sum(
+            max(0, min(start[p], last[p] + 1) - first[p]) for p in partitions)
+        writes: list[Callable[[], None]] = []
+        for v in valid:
+            mask = np.fromiter((keep(m) for m in v.messages), bool, len(v.messages))
+            if not mask.any():
+                continue
+            self._fold_study(pipe, v, mask, now_ms, result, writes)
+        pipe.multi()
+        for w in writes:
+            w()
+        pipe.hset(self.offsets_key, mapping={str(p): last[p] + 1 for p in partitions})
+        if result.rejected:
+            counts: dict[str, int] = {}
+            for x in result.rejected:
+                counts[x.reason.value] = counts.get(x.reason.value, 0) + 1
+            for reason, c in counts.items():
+                pipe.hincrby(state.REJECTED, reason, c)
+        return result
+
+    def _fold_study(self, pipe, v: _Valid, mask, now_ms, result: FoldResult, writes) -> None:
+        study = v.study
+        sid = study.study_id
+        msgs = [m for m, k in zip(v.messages, mask, strict=True) if k]
+        ids, q, p = v.record_id[mask], v.q[mask], v.p[mask]
+        created = v.created_ms[mask]
+        status = pipe.hget(state.study_key(sid), "status")
+        if status is None or status.decode() != "open":
+            reason = RejectReason.UNKNOWN_STUDY if status is None else RejectReason.CLOSED_STUDY
+            result.rejected += [Rejection(m, reason, f"study {sid} is {status and status.decode()}")
+                                for m in msgs]
+            return
+        id_bytes = [bytes(row) for row in ids]
+        seen_before = pipe.zmscore(state.seen_key(sid), id_bytes)
+        _, first_idx = np.unique(ids.view("V16").ravel(), return_index=True)
+        fresh = np.zeros(len(msgs), bool)
+        fresh[first_idx] = True
+        fresh &= np.array([s is None for s in seen_before], bool)
+        for i in np.flatnonzero(~fresh):
+            result.rejected.append(Rejection(msgs[i], RejectReason.REPLAYED,
+                                             "record id already seen within the replay window"))
+        q, p, created = q[fresh], p[fresh], created[fresh]
+        keep_ids = [id_bytes[i] for i in np.flatnonzero(fresh)]
+        kept_msgs = [msgs[i] for i in np.flatnonzero(fresh)]
+
+        raw = pipe.hmget(state.open_key(sid), ["round", "count", "A", "b"])
+        round_no = int(raw[0]) if raw[0] is not None else 1
+        count = int(raw[1]) if raw[1] is not None else 0
+        a, b = state.unpack_stats(raw[2], raw[3], study.d)
+        n = study.n
+        pos, m = 0, len(q)
+        closed: list[tuple[int, np.ndarray, np.ndarray]] = []
+        study_closed = False
+        while pos < m:
+            take = min(n - count, m - pos)
+            seg = slice(pos, pos + take)
+            a += q[seg].T @ q[seg]
+            b += p[seg].sum(axis=0)
+            count += take
+            pos += take
+            if count == n:
+                closed.append((round_no, a, b))
+                if study.max_rounds is not None and round_no >= study.max_rounds:
+                    study_closed = True
+                    break
+                round_no, count = round_no + 1, 0
+                a, b = np.zeros((study.d, study.d)), np.zeros(study.d)
+        folded = pos
+        for i in range(folded, m):
+            result.rejected.append(Rejection(kept_msgs[i], RejectReason.CLOSED_STUDY,
+                                             f"study {sid} closed after {study.max_rounds} rounds"))
+        result.folded[sid] = folded
+        result.closed_rounds += [(sid, r) for r, _, _ in closed]
+        result.open_rounds[sid] = (round_no, 0 if study_closed else count, n)
+        seen = {keep_ids[i]: int(created[i]) for i in range(folded)}
+        final = (round_no, count, a, b)
+        closed_ms = now_ms
+
+        def write() -> None:
+            for r_no, ca, cb in closed:
+                a_raw, b_raw = state.pack_stats(ca, cb)
+                pipe.hset(state.closed_key(sid, r_no), mapping={
+                    "A": a_raw, "b": b_raw, "count": n, "closed_ms": closed_ms})
+                pipe.xadd(state.ROUNDS_STREAM, {"study": sid, "round": r_no})
+            r_no, c, fa, fb = final
+            if study_closed:
+                pipe.delete(state.open_key(sid))
+                pipe.hset(state.study_key(sid), "status", "closed")
+            else:
+                a_raw, b_raw = state.pack_stats(fa, fb)
+                pipe.hset(state.open_key(sid), mapping={"round": r_no, "count": c,
+                                                        "A": a_raw, "b": b_raw})
+            if seen:
+                pipe.zadd(state.seen_key(sid), seen)
+            pipe.zremrangebyscore(state.seen_key(sid), "-inf", f"({now_ms - self.window_ms}")
+            pipe.hincrby(state.counts_key(sid), "folded", folded)
+            if closed:
+                pipe.hincrby(state.counts_key(sid), "rounds_closed", len(closed))
+
+        writes.append(write)
+
+    def _validate(self, messages: Sequence[Message], now_ms: int):
+        """Every check that does not depend on Redis state, vectorised per study."""
+        rejects: list[Rejection] = []
+        batches, bad = decode_batch([m.value for m in messages], self.max_message_bytes)
+        rejects += [Rejection(messages[i], err.reason, err.detail) for i, err in bad]
+        valid: dict[str, _Valid] = {}
+        for batch in batches:
+            keys = batch.study_hash.view("V16").ravel()
+            for key in np.unique(keys):
+                rows = batch.take(np.flatnonzero(keys == key))
+                study = self._study(bytes(key))
+                if study is None:
+                    rejects += [Rejection(messages[i], RejectReason.UNKNOWN_STUDY,
+                                          f"no study has hash {bytes(key).hex()}")
+                                for i in rows.index]
+                    continue
+                rows = self._check_rows(study, rows, messages, now_ms, rejects)
+                if len(rows) == 0:
+                    continue
+                v = valid.get(study.study_id)
+                msgs = [messages[i] for i in rows.index]
+                if v is None:
+                    valid[study.study_id] = _Valid(study, msgs, rows.record_id, rows.created_ms,
+                                                   rows.q, rows.p)
+                else:
+                    v.messages += msgs
+                    v.record_id = np.concatenate([v.record_id, rows.record_id])
+                    v.created_ms = np.concatenate([v.created_ms, rows.created_ms])
+                    v.q = np.concatenate([v.q, rows.q])
+                    v.p = np.concatenate([v.p, rows.p])
+        for v in valid.values():
+            order = sorted(range(len(v.messages)),
+                           key=lambda i: (v.messages[i].partition, v.messages[i].offset))
+            if order != list(range(len(order))):
+                v.messages = [v.messages[i] for i in order]
+                v.record_id, v.created_ms = v.record_id[order], v.created_ms[order]
+                v.q, v.p = v.q[order], v.p[order]
+        rejects.sort(key=lambda x: (x.message.partition, x.message.offset))
+        return rejects, list(valid.values())
+
+    def _check_rows(self, study: Study, rows: RecordBatch, messages, now_ms, rejects) -> RecordBatch:
+        """Dimension, norm bounds and the time window; returns the rows that pass."""
+        if rows.d != study.d:
+            rejects += [Rejection(messages[i], RejectReason.WRONG_DIMENSION,
+                                  f"record has d={rows.d}, study {study.study_id} has d={study.d}")
+                        for i in rows.index]
+            return rows.take(np.zeros(len(rows), bool))
+        max_q, max_p = record_norm_bounds(study.calibration)
+        norm_q = np.linalg.norm(rows.q, axis=1)
+        norm_p = np.linalg.norm(rows.p, axis=1)
+        checks = [
+            (norm_q > max_q, RejectReason.NORM_OUT_OF_BOUNDS, f"‖q̃‖ exceeds {max_q:.4g}"),
+            (norm_p > max_p, RejectReason.NORM_OUT_OF_BOUNDS, f"‖p̃‖ exceeds {max_p:.4g}"),
+            (rows.created_ms < now_ms - self.window_ms, RejectReason.STALE,
+             "created before the replay window"),
+            (rows.created_ms > now_ms + self.skew_ms, RejectReason.FUTURE,
+             "created too far in the future"),
+        ]
+        ok = np.ones(len(rows), bool)
+        for bad, reason, detail in checks:
+            hit = bad & ok
+            rejects += [Rejection(messages[i], reason, detail) for i in rows.index[hit]]
+            ok &= ~bad
+        return rows.take(ok)
+
+    def _study(self, key: bytes) -> Study | None:
+        study = self._studies.get(key)
+        if study is None:
+            found = registry.study_by_hash(self.r, key)
+            if found is None:
+                return None
+            study = self._studies[key] = found[0]
+        return study
+

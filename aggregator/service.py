@@ -1,0 +1,220 @@
+"""`ipdp aggregator run`: poll a batch → decode → validate → fold → commit stats + offsets.
+
+One process is one member of the consumer group; partitions are its shards. Offsets live in
+Redis next to the statistics (aggregator/fold.py), so on every assignment the consumer seeks to
+Redis's offsets, not Kafka's. Kafka commits are made too, but only so lag tools see progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+from kafka import TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError
+
+from aggregator.fold import Folder, FoldResult, Message, Rejection
+from ipdp import metrics
+from ipdp.backoff import Backoff
+from ipdp.clients import check_redis, kafka_consumer, kafka_producer, redis_client
+from ipdp.process import install_signal_handlers
+from ipdp.settings import (
+    AggregatorSettings,
+    KafkaSettings,
+    MetricsSettings,
+    RedisSettings,
+    TopicSettings,
+)
+
+log = logging.getLogger(__name__)
+
+LAG_REFRESH_S = 5.0
+
+
+class _SeekToRedisOffsets(ConsumerRebalanceListener):
+    """On every assignment, continue from the offsets stored with the statistics."""
+
+    def __init__(self, service: Aggregator) -> None:
+        self.service = service
+
+    def on_partitions_revoked(self, revoked) -> None:
+        log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
+
+    def on_partitions_assigned(self, assigned) -> None:
+        self.service.seek_to_committed(assigned)
+
+
+class Aggregator:
+    """A consumer-group member folding the records topic into Redis."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        redis_settings: RedisSettings,
+        topics: TopicSettings,
+        settings: AggregatorSettings,
+    ) -> None:
+        self.kafka, self.topics, self.settings = kafka, topics, settings
+        self.redis = redis_client(redis_settings)
+        check_redis(self.redis)
+        self.folder = Folder(
+            self.redis, group=settings.group, topic=topics.records,
+            replay_window_s=settings.replay_window_s,
+            max_future_skew_s=settings.max_future_skew_s,
+            max_message_bytes=settings.max_message_bytes,
+        )
+        self.producer = kafka_producer(kafka)
+        self.consumer = kafka_consumer(
+            kafka, group_id=settings.group, max_poll_records=settings.max_batch,
+            session_timeout_ms=settings.session_timeout_ms,
+            max_partition_fetch_bytes=max(settings.max_message_bytes * 4, 1 << 20),
+        )
+        self.consumer.subscribe([topics.records], listener=_SeekToRedisOffsets(self))
+        self.stop_event = threading.Event()
+        self.totals = {"folded": 0, "rejected": 0, "rounds_closed": 0}
+        self._lag_at = 0.0
+
+    def seek_to_committed(self, assigned) -> None:
+        """Seek each assigned partition to the next offset Redis says is unfolded."""
+        committed = self._with_redis_retry(self.folder.committed_offsets)
+        for tp in assigned:
+            if tp.partition in committed:
+                self.consumer.seek(tp, committed[tp.partition])
+        log.info("assigned partitions %s; resuming from Redis offsets %s",
+                 sorted(tp.partition for tp in assigned),
+                 {tp.partition: committed.get(tp.partition) for tp in assigned})
+
+    def run(self, *, idle_exit_s: float | None = None) -> dict[str, int]:
+        """Fold until stopped (SIGTERM/SIGINT or stop_event); returns the totals folded here."""
+        backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
+        idle_since = time.monotonic()
+        while not self.stop_event.is_set():
+            try:
+                polled = self.consumer.poll(timeout_ms=self.settings.poll_timeout_ms,
+                                            max_records=self.settings.max_batch)
+            except KafkaError as exc:
+                self._retry("kafka", "poll", exc, backoff)
+                continue
+            backoff.reset()
+            if not polled:
+                self._refresh_lag()
+                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                    break
+                continue
+            idle_since = time.monotonic()
+            messages = [Message(tp.partition, rec.offset, rec.value)
+                        for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition)
+                        for rec in recs]
+            for tp, recs in polled.items():
+                metrics.RECORDS_CONSUMED.labels(str(tp.partition)).inc(len(recs))
+            self._fold(messages)
+            self._refresh_lag()
+        self.close()
+        return self.totals
+
+    def _fold(self, messages: list[Message]) -> None:
+        started = time.perf_counter()
+        result = self._with_redis_retry(lambda: self.folder.fold(messages, self._dead_letter))
+        metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
+        metrics.FOLD_BATCH_RECORDS.observe(len(messages))
+        if result.conflicts:
+            metrics.FOLD_CONFLICTS.inc(result.conflicts)
+        for partition, offset in result.reseek.items():
+            self.consumer.seek(TopicPartition(self.topics.records, partition), offset)
+        if result.reseek:
+            return
+        self._account(result)
+        try:
+            self.consumer.commit_async()
+        except KafkaError as exc:  # Kafka's commit is informational; Redis holds the truth
+            log.debug("kafka commit failed: %s", exc)
+
+    def _account(self, result: FoldResult) -> None:
+        for sid, k in result.folded.items():
+            metrics.RECORDS_FOLDED.labels(sid).inc(k)
+            self.totals["folded"] += k
+        for x in result.rejected:
+            metrics.RECORDS_DEAD_LETTERED.labels(x.reason.value).inc()
+        self.totals["rejected"] += len(result.rejected)
+        for sid, _round in result.closed_rounds:
+            metrics.ROUNDS_CLOSED.labels(sid).inc()
+            log.info("study %s: round %d closed", sid, _round)
+        self.totals["rounds_closed"] += len(result.closed_rounds)
+        for sid, (_round, count, n) in result.open_rounds.items():
+            metrics.ROUND_RECORDS.labels(sid).set(count)
+            metrics.ROUND_TARGET.labels(sid).set(n)
+            metrics.ROUND_PROGRESS.labels(sid).set(count / n)
+
+    def _dead_letter(self, rejections: list[Rejection]) -> None:
+        """Send rejected messages with their reason; flushed before the fold commits."""
+        for x in rejections:
+            m = x.message
+            value = m.value if isinstance(m.value, bytes | bytearray) else b""
+            if len(value) > self.settings.max_message_bytes:
+                value = b""
+            headers = [("reason", x.reason.value.encode()), ("detail", x.detail.encode()),
+                       ("source", f"{self.topics.records}:{m.partition}:{m.offset}".encode())]
+            self.producer.send(self.topics.dead_letter, key=f"{m.partition}:{m.offset}".encode(),
+                               value=bytes(value), headers=headers)
+        self.producer.flush()
+        log.info("dead-lettered %d records (%s)", len(rejections),
+                 ", ".join(sorted({x.reason.value for x in rejections})))
+
+    def _with_redis_retry(self, fn: Callable):
+        backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
+        while True:
+            try:
+                return fn()
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                if self.stop_event.is_set():
+                    raise
+                self._retry("redis", "fold", exc, backoff)
+
+    def _retry(self, backend: str, operation: str, exc: Exception, backoff: Backoff) -> None:
+        metrics.BACKEND_ERRORS.labels(backend, operation).inc()
+        metrics.BACKEND_RETRIES.labels(backend).inc()
+        delay = backoff.next()
+        log.warning("%s %s failed (%s); retrying in %.1f s", backend, operation, exc, delay)
+        self.stop_event.wait(delay)
+
+    def _refresh_lag(self) -> None:
+        if time.monotonic() - self._lag_at < LAG_REFRESH_S:
+            return
+        self._lag_at = time.monotonic()
+        assigned = self.consumer.assignment()
+        if not assigned:
+            return
+        try:
+            ends = self.consumer.end_offsets(list(assigned))
+        except KafkaError as exc:
+            metrics.BACKEND_ERRORS.labels("kafka", "end_offsets").inc()
+            log.debug("end_offsets failed: %s", exc)
+            return
+        for tp in assigned:
+            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(
+                max(0, ends.get(tp, 0) - self.consumer.position(tp)))
+
+    def close(self) -> None:
+        """Leave the group and close clients."""
+        for close in (self.consumer.close, self.producer.close):
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - closing must not mask the exit reason
+                log.debug("close failed: %s", exc)
+
+
+def cmd_run(args) -> int:
+    """Entry point of `ipdp aggregator run`."""
+    kafka, redis_settings, topics = KafkaSettings(), RedisSettings(), TopicSettings()
+    settings = AggregatorSettings()
+    metrics.serve(MetricsSettings())
+    agg = Aggregator(kafka, redis_settings, topics, settings)
+    install_signal_handlers(agg.stop_event)
+    log.info("aggregator: group %s, topic %s", settings.group, topics.records)
+    totals = agg.run(idle_exit_s=args.idle_exit)
+    log.info("aggregator stopped: %s", totals)
+    return 0

@@ -1,0 +1,130 @@
+"""Reading published models: every message on the models topic, each (study, round) once.
+
+The trainer publishes at least once (DESIGN.md §4.4), so a model can appear twice; a
+:class:`ModelSubscriber` drops the repeat. It assigns every partition itself (no consumer group),
+so any number of subscribers each see the whole topic, and none waits for a group rebalance.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Self
+
+from pydantic import ValidationError
+
+from ipdp.model_message import ModelMessage
+from ipdp.settings import KafkaSettings, TopicSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ModelSubscriber"]
+
+
+class ModelSubscriber:
+    """Iterate over published models.
+
+    ``study_id`` restricts to one study. ``from_beginning`` starts at the first retained message
+    (else at the end: only new models). ``follow=False`` stops at the end offsets taken when
+    iteration starts; ``follow=True`` waits for new models until :meth:`stop` (or the iterator is
+    closed). ``.duplicates_dropped`` counts repeats of a (study, round) already yielded;
+    ``.invalid`` counts messages that are not a valid ModelMessage (skipped, logged).
+    """
+
+    def __init__(self, kafka: KafkaSettings, topics: TopicSettings, study_id: str | None = None,
+                 from_beginning: bool = True, *, follow: bool = False,
+                 poll_timeout_ms: int = 500, metadata_timeout_s: float = 10.0):
+        self.kafka = kafka
+        self.topic = topics.models
+        self.study_id = study_id
+        self.from_beginning = from_beginning
+        self.follow = follow
+        self.poll_timeout_ms = poll_timeout_ms
+        self.metadata_timeout_s = metadata_timeout_s
+        self.duplicates_dropped = 0
+        self.invalid = 0
+        self._seen: set[tuple[str, int]] = set()
+        self._stop = threading.Event()
+        self._consumer = None
+
+    def stop(self) -> None:
+        """Make a following iteration return after its current poll (thread-safe)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Stop and close the consumer (from the iterating thread; elsewhere use :meth:`stop`)."""
+        self.stop()
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open(self):
+        from kafka import TopicPartition
+
+        from ipdp.clients import kafka_consumer
+
+        consumer = kafka_consumer(self.kafka, group_id=None, enable_auto_commit=False)
+        deadline = time.monotonic() + self.metadata_timeout_s
+        partitions = None
+        while not partitions:
+            partitions = consumer.partitions_for_topic(self.topic)
+            if partitions:
+                break
+            if time.monotonic() > deadline:
+                consumer.close()
+                raise TimeoutError(f"models topic {self.topic!r} not found on the broker")
+            time.sleep(0.1)
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        if self.from_beginning:
+            consumer.seek_to_beginning(*tps)
+        else:
+            consumer.seek_to_end(*tps)
+        return consumer, tps
+
+    def _accept(self, value: bytes | None) -> ModelMessage | None:
+        if value is None:
+            return None
+        try:
+            msg = ModelMessage.model_validate_json(value)
+        except ValidationError as exc:
+            self.invalid += 1
+            log.warning("skipping invalid model message: %s", exc.errors()[:1])
+            return None
+        if self.study_id is not None and msg.study_id != self.study_id:
+            return None
+        ident = (msg.study_id, msg.round)
+        if ident in self._seen:
+            self.duplicates_dropped += 1
+            return None
+        self._seen.add(ident)
+        return msg
+
+    def __iter__(self) -> Iterator[ModelMessage]:
+        consumer, tps = self._open()
+        self._consumer = consumer
+        try:
+            end = None if self.follow else consumer.end_offsets(tps)
+            pending = set(tps) if end is None else {
+                tp for tp in tps if consumer.position(tp) < end[tp]}
+            while not self._stop.is_set() and (self.follow or pending):
+                for tp, msgs in consumer.poll(timeout_ms=self.poll_timeout_ms).items():
+                    for m in msgs:
+                        if end is not None and m.offset >= end[tp]:
+                            continue
+                        msg = self._accept(m.value)
+                        if msg is not None:
+                            yield msg
+                if end is not None:
+                    pending = {tp for tp in pending if consumer.position(tp) < end[tp]}
+        finally:
+            consumer.close()
+            self._consumer = None

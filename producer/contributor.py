@@ -1,0 +1,211 @@
+"""The contributor SDK: one device's (x, y) in, one perturbed record out.
+
+Everything privacy-relevant happens inside :meth:`Contributor.submit`: encode (q, p) → clip to the
+public bounds → add the study's Gaussian noise → wire-encode → produce. The raw (x, y) never leave
+the call: they are not stored, logged, or sent; only (q̃, p̃), the study hash, a random record id
+and the creation time go on the wire (ipdp.wire).
+
+Noise comes from an OS-seeded generator (``np.random.default_rng()``) unless an ``rng`` is passed
+(tests only). Record ids are always 16 bytes from ``os.urandom`` (UUID4-shaped), never from
+``rng``: replay detection needs them unique across runs, even runs with a seeded ``rng``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Self
+
+import numpy as np
+
+from ipdp.losses import prepare
+from ipdp.settings import KafkaSettings, TopicSettings
+from ipdp.study import Study
+from ipdp.wire import encode_batch
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
+
+__all__ = [
+    "ContributionError",
+    "Contributor",
+    "StudyClosed",
+    "StudyNotFound",
+    "new_record_ids",
+    "now_ms",
+]
+
+
+class StudyNotFound(LookupError):
+    """The study is not on the studies topic."""
+
+
+class StudyClosed(RuntimeError):
+    """The study no longer accepts records."""
+
+
+class ContributionError(RuntimeError):
+    """Records were handed to the producer but Kafka did not accept them."""
+
+
+def now_ms() -> int:
+    """Milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def new_record_ids(k: int) -> np.ndarray:
+    """k random UUID4-shaped record ids as a (k, 16) uint8 array (os.urandom)."""
+    ids = np.frombuffer(os.urandom(16 * k), dtype=np.uint8).reshape(k, 16).copy()
+    ids[:, 6] = (ids[:, 6] & 0x0F) | 0x40  # version 4
+    ids[:, 8] = (ids[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
+    return ids
+
+
+def split_ids(ids: np.ndarray) -> list[bytes]:
+    """(k, 16) uint8 → k bytes objects (one tobytes, then slices)."""
+    raw = np.ascontiguousarray(ids, dtype=np.uint8).tobytes()
+    return [raw[i : i + 16] for i in range(0, len(raw), 16)]
+
+
+class _Delivery:
+    """Thread-safe success/failure counters fed by producer future callbacks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ok = 0
+        self.failed = 0
+        self.last_error: BaseException | None = None
+
+    def on_ok(self, _metadata) -> None:
+        with self._lock:
+            self.ok += 1
+
+    def on_error(self, exc: BaseException) -> None:
+        with self._lock:
+            self.failed += 1
+            self.last_error = exc
+
+    def snapshot(self) -> tuple[int, int]:
+        with self._lock:
+            return self.ok, self.failed
+
+
+class Contributor:
+    """Publishes perturbed records for one study.
+
+    >>> c = Contributor.connect("my-study", KafkaSettings(), TopicSettings())
+    >>> record_id = c.submit(x, y); c.flush()
+    """
+
+    def __init__(self, study: Study, producer: KafkaProducer, topic: str,
+                 rng: np.random.Generator | None = None):
+        self.study = study
+        self.producer = producer
+        self.topic = topic
+        # One OS-seeded generator per contributor unless a seeded one is passed (tests).
+        self._rng = np.random.default_rng() if rng is None else rng
+        self._cal = study.calibration
+        self._delivery = _Delivery()
+        self._reported_failures = 0
+        self._owns_producer = False
+
+    @classmethod
+    def connect(cls, study_id: str, kafka: KafkaSettings, topics: TopicSettings,
+                rng: np.random.Generator | None = None, timeout_s: float = 10.0,
+                **producer_overrides) -> Contributor:
+        """Read the study from the studies topic and build a producer of our own.
+
+        Raises :class:`StudyNotFound` for an unknown id and :class:`StudyClosed` for a closed
+        study.
+        """
+        from ipdp.clients import kafka_producer
+        from ipdp.registry import CLOSED, read_studies_topic
+
+        studies = read_studies_topic(kafka, topics, timeout_s=timeout_s)
+        if study_id not in studies:
+            raise StudyNotFound(
+                f"study {study_id!r} is not on the studies topic {topics.studies!r}")
+        study, status = studies[study_id]
+        if status == CLOSED:
+            raise StudyClosed(f"study {study_id!r} is closed and accepts no more records")
+        c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, rng=rng)
+        c._owns_producer = True
+        return c
+
+    # ------------------------------------------------------------------ submitting
+    def _check(self, x: np.ndarray, y: np.ndarray) -> None:
+        d = self.study.d
+        if x.ndim != 2 or x.shape[1] != d:
+            raise ValueError(f"x must have shape (k, {d}) for study {self.study.study_id!r}, "
+                             f"got {x.shape}")
+        if y.shape != (x.shape[0],):
+            raise ValueError(f"y must have shape ({x.shape[0]},), got {y.shape}")
+
+    def encode_many(self, x, y) -> tuple[np.ndarray, list[bytes]]:
+        """Perturb and wire-encode k examples without sending: (ids (k,16) uint8, values)."""
+        x = np.asarray(x, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+        self._check(x, y)
+        q, p = prepare(self.study.loss, x, y, self._cal, self._rng)
+        k = x.shape[0]
+        ids = new_record_ids(k)
+        values = encode_batch(self.study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
+        return ids, values
+
+    def _send(self, ids: np.ndarray, values: list[bytes]) -> None:
+        send, topic, d = self.producer.send, self.topic, self._delivery
+        for key, value in zip(split_ids(ids), values):
+            send(topic, key=key, value=value).add_callback(d.on_ok).add_errback(d.on_error)
+
+    def submit(self, x, y: float) -> bytes:
+        """Perturb and publish one example; returns its 16-byte record id.
+
+        The record is queued in the producer; :meth:`flush` waits for delivery.
+        """
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 1:
+            raise ValueError(f"x must have shape ({self.study.d},), got {x.shape}")
+        ids, values = self.encode_many(x[np.newaxis], np.asarray([y], dtype=np.float64))
+        self._send(ids, values)
+        return ids[0].tobytes()
+
+    def submit_many(self, x, y) -> np.ndarray:
+        """Perturb and publish k examples (x (k, d), y (k,)); returns their ids, (k, 16) uint8."""
+        ids, values = self.encode_many(x, y)
+        self._send(ids, values)
+        return ids
+
+    @property
+    def delivered(self) -> int:
+        """Records Kafka acknowledged so far."""
+        return self._delivery.snapshot()[0]
+
+    @property
+    def failed(self) -> int:
+        """Records Kafka refused so far."""
+        return self._delivery.snapshot()[1]
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait for every queued record; raise :class:`ContributionError` if any new failure."""
+        self.producer.flush(timeout=timeout_s)
+        failed = self.failed
+        if failed > self._reported_failures:
+            new = failed - self._reported_failures
+            self._reported_failures = failed
+            raise ContributionError(
+                f"{new} record(s) were not accepted by Kafka: {self._delivery.last_error!r}")
+
+    def close(self) -> None:
+        """Flush, and close the producer if :meth:`connect` built it."""
+        try:
+            self.flush()
+        finally:
+            if self._owns_producer:
+                self.producer.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

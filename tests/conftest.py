@@ -1,0 +1,113 @@
+"""Shared fixtures for the integration tests: one embedded broker + Redis per test session.
+
+* ``runtime``        session-scoped, started :class:`~ipdp.runtime.EmbeddedRuntime` (default
+                     topics created). Skips the test if no tansu / redis-server binary exists.
+* ``kafka_settings`` its :class:`~ipdp.settings.KafkaSettings`.
+* ``topics``         a :class:`~ipdp.settings.TopicSettings` with names unique to the test
+                     (uuid suffix), already created on the broker.
+* ``redis_settings`` / ``redis_url``  the session Redis, FLUSHALLed before the test.
+* ``fresh_redis``    a private, started :class:`~ipdp.runtime.EmbeddedRedis` (restart tests).
+
+Any test using one of these fixtures is marked ``integration`` automatically
+(``pytest -m "not integration"`` runs the rest).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from ipdp.settings import KafkaSettings, RedisSettings, TopicSettings
+
+SERVER_FIXTURES = frozenset(
+    {"runtime", "kafka_settings", "topics", "redis_settings", "redis_url", "fresh_redis"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+def _require_binaries(broker: bool = True) -> None:
+    from ipdp.runtime import find_redis_server, find_tansu
+
+    try:
+        find_redis_server()
+        if broker:
+            find_tansu()
+    except RuntimeError as exc:
+        pytest.skip(f"integration servers unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """One broker + Redis for the whole session, in a pytest temp dir (logs kept on failure)."""
+    from ipdp.runtime import EmbeddedRuntime
+
+    _require_binaries()
+    rt = EmbeddedRuntime(tmp_path_factory.mktemp("ipdp-runtime"))
+    rt.start()
+    try:
+        yield rt
+    finally:
+        rt.stop()
+
+
+@pytest.fixture
+def kafka_settings(runtime) -> KafkaSettings:
+    return runtime.kafka_settings()
+
+
+@pytest.fixture
+def topics(runtime) -> TopicSettings:
+    """Topic names unique to this test, created (records with 4 partitions)."""
+    from ipdp.runtime import ensure_topics
+
+    suffix = uuid.uuid4().hex[:12]
+    t = TopicSettings(
+        records=f"ipdp.records.{suffix}",
+        models=f"ipdp.models.{suffix}",
+        dead_letter=f"ipdp.dead-letter.{suffix}",
+        studies=f"ipdp.studies.{suffix}",
+        records_partitions=4,
+        replication_factor=1,
+    )
+    ensure_topics(runtime.kafka_settings(), t)
+    return t
+
+
+@pytest.fixture
+def redis_settings(runtime) -> Iterator[RedisSettings]:
+    """The session Redis, emptied (FLUSHALL) before the test."""
+    from ipdp.clients import redis_client
+
+    s = runtime.redis_settings()
+    client = redis_client(s)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    yield s
+
+
+@pytest.fixture
+def redis_url(redis_settings: RedisSettings) -> str:
+    return redis_settings.url
+
+
+@pytest.fixture
+def fresh_redis(tmp_path) -> Iterator:
+    """A private redis-server (AOF, appendfsync always) in tmp_path, stopped afterwards."""
+    from ipdp.runtime import EmbeddedRedis
+
+    _require_binaries(broker=False)
+    r = EmbeddedRedis(data_dir=tmp_path / "redis")
+    r.start()
+    try:
+        yield r
+    finally:
+        r.stop()

@@ -1,0 +1,167 @@
+"""`ipdp trainer run`: close round → solve → publish.
+
+The trainer blocks on the Redis stream `ipdp:rounds`, to which the aggregator appends an entry in
+the same transaction that closes a round — no polling of the statistics. Each entry is read
+through a Redis consumer group and acknowledged only after the model is on the models topic
+(acks=all) and the closed round's statistics are deleted, in one MULTI/EXEC. A trainer killed
+anywhere in between re-reads its pending entry on restart and publishes the same (study, round)
+again: at least once, under the same key, which consumers drop as a repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import redis
+
+from ipdp import metrics, registry, state
+from ipdp.backoff import Backoff
+from ipdp.clients import check_redis, kafka_producer, redis_client
+from ipdp.model_message import ModelMessage, PrivacyReport, model_key
+from ipdp.process import install_signal_handlers
+from ipdp.settings import (
+    KafkaSettings,
+    MetricsSettings,
+    RedisSettings,
+    TopicSettings,
+    TrainerSettings,
+)
+from ipdp.solver import solve_constrained
+from ipdp.study import Study
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT_S = 30.0
+CLAIM_IDLE_MS = 60_000
+
+
+class RoundRefused(RuntimeError):
+    """A closed round that must not produce a model (it does not hold exactly n records)."""
+
+
+def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no: int,
+                closed_ms: int) -> ModelMessage:
+    """Solve w = argmin_{‖w‖≤η} ½wᵀ(A + Δ_in I)w − bᵀw for one closed round of exactly n records."""
+    if count != study.n:
+        raise RoundRefused(f"study {study.study_id} round {round_no} holds {count} records, "
+                           f"not n={study.n}; no model is published")
+    cal = study.calibration
+    started = time.perf_counter()
+    solution = solve_constrained(a + cal.delta_in * np.eye(study.d), b, study.eta)
+    solve_s = time.perf_counter() - started
+    return ModelMessage(
+        study_id=study.study_id, round=round_no, n=count, d=study.d, loss=study.loss,
+        weights=solution.w.tolist(), constraint_active=solution.constrained,
+        privacy=PrivacyReport.from_calibration(cal), solve_seconds=solve_s,
+        round_closed_ms=closed_ms, published_ms=int(time.time() * 1000),
+    )
+
+
+class Trainer:
+    """Publishes one model per closed round."""
+
+    def __init__(self, kafka: KafkaSettings, redis_settings: RedisSettings, topics: TopicSettings,
+                 settings: TrainerSettings) -> None:
+        self.topics, self.settings = topics, settings
+        self.redis = redis_client(redis_settings)
+        check_redis(self.redis)
+        self.producer = kafka_producer(kafka)
+        self.stop_event = threading.Event()
+        self.published = 0
+        try:
+            self.redis.xgroup_create(state.ROUNDS_STREAM, settings.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def run(self, *, idle_exit_s: float | None = None) -> int:
+        """Publish models until stopped; returns how many this process published."""
+        backoff = Backoff(0.2, 10.0)
+        pending_first = True
+        idle_since = time.monotonic()
+        while not self.stop_event.is_set():
+            try:
+                entries = self._next_entries(pending_first)
+                pending_first = False
+                for entry_id, fields in entries:
+                    self._handle(entry_id, fields)
+                backoff.reset()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                metrics.BACKEND_ERRORS.labels("redis", "rounds").inc()
+                metrics.BACKEND_RETRIES.labels("redis").inc()
+                delay = backoff.next()
+                log.warning("redis unavailable (%s); retrying in %.1f s", exc, delay)
+                pending_first = True
+                self.stop_event.wait(delay)
+                continue
+            if entries:
+                idle_since = time.monotonic()
+            elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                break
+        self.producer.close()
+        return self.published
+
+    def _next_entries(self, pending_first: bool):
+        group, consumer = self.settings.group, self.settings.consumer
+        if pending_first:
+            # Our own unacknowledged entries (we died mid-publish), then other dead consumers'.
+            mine = self.redis.xreadgroup(group, consumer, {state.ROUNDS_STREAM: "0"}, count=100)
+            entries = mine[0][1] if mine else []
+            claimed = self.redis.xautoclaim(state.ROUNDS_STREAM, group, consumer,
+                                            min_idle_time=CLAIM_IDLE_MS, count=100)
+            entries += claimed[1]
+            if entries:
+                return entries
+        got = self.redis.xreadgroup(group, consumer, {state.ROUNDS_STREAM: ">"}, count=10,
+                                    block=self.settings.block_ms)
+        return got[0][1] if got else []
+
+    def _handle(self, entry_id: bytes, fields: dict) -> None:
+        sid, round_no = fields[b"study"].decode(), int(fields[b"round"])
+        raw = self.redis.hgetall(state.closed_key(sid, round_no))
+        if not raw:
+            log.info("study %s round %d already published", sid, round_no)
+            self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
+            return
+        found = registry.load_study(self.redis, sid)
+        if found is None:
+            raise RuntimeError(f"closed round for unknown study {sid}")
+        study = found[0]
+        a, b = state.unpack_stats(raw[b"A"], raw[b"b"], study.d)
+        try:
+            message = train_round(study, a, b, int(raw[b"count"]), round_no,
+                                  int(raw[b"closed_ms"]))
+        except (RoundRefused, ValueError) as exc:
+            log.error("study %s round %d: %s", sid, round_no, exc)
+            with self.redis.pipeline() as pipe:
+                pipe.hset(state.published_key(sid), str(round_no), f"refused: {exc}")
+                pipe.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
+                pipe.execute()
+            return
+        metrics.SOLVE_SECONDS.observe(message.solve_seconds)
+        self.producer.send(self.topics.models, key=model_key(sid, round_no),
+                           value=message.model_dump_json().encode()).get(timeout=PUBLISH_TIMEOUT_S)
+        with self.redis.pipeline() as pipe:
+            pipe.delete(state.closed_key(sid, round_no))
+            pipe.hset(state.published_key(sid), str(round_no), message.published_ms)
+            pipe.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
+            pipe.execute()
+        self.published += 1
+        metrics.MODELS_PUBLISHED.labels(sid).inc()
+        metrics.ROUND_TO_MODEL_SECONDS.observe(
+            max(0.0, (message.published_ms - message.round_closed_ms) / 1000))
+        log.info("study %s round %d: model published (‖w‖=%.4g, solve %.2f ms)", sid, round_no,
+                 float(np.linalg.norm(message.weights)), message.solve_seconds * 1000)
+
+
+def cmd_run(args) -> int:
+    """Entry point of `ipdp trainer run`."""
+    metrics.serve(MetricsSettings())
+    trainer = Trainer(KafkaSettings(), RedisSettings(), TopicSettings(), TrainerSettings())
+    install_signal_handlers(trainer.stop_event)
+    published = trainer.run(idle_exit_s=args.idle_exit)
+    log.info("trainer stopped after publishing %d models", published)
+    return 0
