@@ -9,6 +9,7 @@ keeps all of it. A zombie that lost its partitions finds the offsets moved and f
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -92,6 +93,8 @@ class Folder:
         self.max_message_bytes = max_message_bytes
         self.clock = clock
         self._studies: dict[bytes, Study] = {}
+        self._replay = r.register_script(
+            importlib.resources.files("ipdp").joinpath("replay.lua").read_text())
 
     def committed_offsets(self) -> dict[int, int]:
         """partition → next offset to fold, as stored with the statistics."""
@@ -185,24 +188,24 @@ class Folder:
         sid = study.study_id
         msgs = [m for m, k in zip(v.messages, mask, strict=True) if k]
         ids, q, p = v.record_id[mask], v.q[mask], v.p[mask]
-        created = v.created_ms[mask]
         status = pipe.hget(state.study_key(sid), "status")
         if status is None or status.decode() != "open":
             reason = RejectReason.UNKNOWN_STUDY if status is None else RejectReason.CLOSED_STUDY
             result.rejected += [Rejection(m, reason, f"study {sid} is {status and status.decode()}")
                                 for m in msgs]
             return
-        id_bytes = [bytes(row) for row in ids]
-        seen_before = pipe.zmscore(state.seen_key(sid), id_bytes)
+        seen_before = self._replay(keys=[state.seen_key(sid)],
+                                   args=[np.ascontiguousarray(ids).tobytes(), "check"],
+                                   client=pipe)
         _, first_idx = np.unique(ids.view("V16").ravel(), return_index=True)
         fresh = np.zeros(len(msgs), bool)
         fresh[first_idx] = True
-        fresh &= np.array([s is None for s in seen_before], bool)
+        fresh &= np.frombuffer(seen_before, np.uint8) == ord("0")
         for i in np.flatnonzero(~fresh):
             result.rejected.append(Rejection(msgs[i], RejectReason.REPLAYED,
                                              "record id already seen within the replay window"))
-        q, p, created = q[fresh], p[fresh], created[fresh]
-        keep_ids = [id_bytes[i] for i in np.flatnonzero(fresh)]
+        q, p = q[fresh], p[fresh]
+        keep_ids = ids[fresh]
         kept_msgs = [msgs[i] for i in np.flatnonzero(fresh)]
 
         raw = pipe.hmget(state.open_key(sid), ["round", "count", "A", "b"])
@@ -234,7 +237,7 @@ class Folder:
         result.folded[sid] = folded
         result.closed_rounds += [(sid, r) for r, _, _ in closed]
         result.open_rounds[sid] = (round_no, 0 if study_closed else count, n)
-        seen = {keep_ids[i]: int(created[i]) for i in range(folded)}
+        seen_blob = np.ascontiguousarray(keep_ids[:folded]).tobytes()
         final = (round_no, count, a, b)
         closed_ms = now_ms
 
@@ -252,9 +255,10 @@ class Folder:
                 a_raw, b_raw = state.pack_stats(fa, fb)
                 pipe.hset(state.open_key(sid), mapping={"round": r_no, "count": c,
                                                         "A": a_raw, "b": b_raw})
-            if seen:
-                pipe.zadd(state.seen_key(sid), seen)
-            pipe.zremrangebyscore(state.seen_key(sid), "-inf", f"({now_ms - self.window_ms}")
+            # Ids are scored with the fold time: an id expires no earlier than `window` after
+            # its record was created, and by then a replay of it is rejected as stale.
+            self._replay(keys=[state.seen_key(sid)],
+                         args=[seen_blob, now_ms, now_ms - self.window_ms, "add"], client=pipe)
             pipe.hincrby(state.counts_key(sid), "folded", folded)
             if closed:
                 pipe.hincrby(state.counts_key(sid), "rounds_closed", len(closed))
