@@ -16,6 +16,7 @@ demo: $(STAMP)
 	$(BIN)/ipdp demo
 
 test: $(STAMP)
+	bash scripts/install-test-deps.sh
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

@@ -141,8 +141,9 @@ class Folder:
                     continue
 
     def _reseek(self, partitions: list[int], first: dict[int, int]) -> dict[int, int]:
+        """Where to re-read every partition of a discarded batch: Redis's offset, else its start."""
         committed = self.committed_offsets()
-        return {p: committed[p] for p in partitions if p in committed and committed[p] < first[p]}
+        return {p: committed.get(p, first[p]) for p in partitions}
 
     def _fold_watched(self, pipe, partitions, first, last, stateless_rejects, valid, now_ms):
         """Reads under WATCH, then queues the writes; returns None when the batch must be re-read."""
@@ -174,7 +175,11 @@ class Folder:
         pipe.multi()
         for w in writes:
             w()
-        pipe.hset(self.offsets_key, mapping={str(p): last[p] + 1 for p in partitions})
+        # Never move an offset back: a batch wholly below it (a zombie's) must not make the next
+        # owner re-read records that are already folded.
+        advanced = {str(p): last[p] + 1 for p in partitions if last[p] + 1 > start[p]}
+        if advanced:
+            pipe.hset(self.offsets_key, mapping=advanced)
         if result.rejected:
             counts: dict[str, int] = {}
             for x in result.rejected:
@@ -255,10 +260,12 @@ class Folder:
                 a_raw, b_raw = state.pack_stats(fa, fb)
                 pipe.hset(state.open_key(sid), mapping={"round": r_no, "count": c,
                                                         "A": a_raw, "b": b_raw})
-            # Ids are scored with the fold time: an id expires no earlier than `window` after
-            # its record was created, and by then a replay of it is rejected as stale.
+            # Ids are scored with the fold time and kept `window + skew` after it: a record is
+            # created at most `skew` after its fold, so its id outlives `window` from its
+            # creation, and by then a replay of it is rejected as stale.
             self._replay(keys=[state.seen_key(sid)],
-                         args=[seen_blob, now_ms, now_ms - self.window_ms, "add"], client=pipe)
+                         args=[seen_blob, now_ms, now_ms - self.window_ms - self.skew_ms, "add"],
+                         client=pipe)
             pipe.hincrby(state.counts_key(sid), "folded", folded)
             if closed:
                 pipe.hincrby(state.counts_key(sid), "rounds_closed", len(closed))

@@ -33,6 +33,9 @@ from ipdp.settings import (
 log = logging.getLogger(__name__)
 
 LAG_REFRESH_S = 5.0
+LAG_TIMEOUT_MS = 2_000
+DEAD_LETTER_TIMEOUT_S = 30.0
+REDIS_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
 class _SeekToRedisOffsets(ConsumerRebalanceListener):
@@ -43,6 +46,8 @@ class _SeekToRedisOffsets(ConsumerRebalanceListener):
 
     def on_partitions_revoked(self, revoked) -> None:
         log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
+        for tp in revoked:  # its new owner reports the lag now; a stale value would double it
+            metrics.CONSUMER_LAG.remove(str(tp.partition))
 
     def on_partitions_assigned(self, assigned) -> None:
         self.service.seek_to_committed(assigned)
@@ -80,7 +85,7 @@ class Aggregator:
 
     def seek_to_committed(self, assigned) -> None:
         """Seek each assigned partition to the next offset Redis says is unfolded."""
-        committed = self._with_redis_retry(self.folder.committed_offsets)
+        committed = self._with_retry(self.folder.committed_offsets)
         for tp in assigned:
             if tp.partition in committed:
                 self.consumer.seek(tp, committed[tp.partition])
@@ -102,7 +107,9 @@ class Aggregator:
             backoff.reset()
             if not polled:
                 self._refresh_lag()
-                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                if not self.consumer.assignment():
+                    idle_since = time.monotonic()  # joining the group is not idleness
+                elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
                     break
                 continue
             idle_since = time.monotonic()
@@ -118,7 +125,7 @@ class Aggregator:
 
     def _fold(self, messages: list[Message]) -> None:
         started = time.perf_counter()
-        result = self._with_redis_retry(lambda: self.folder.fold(messages, self._dead_letter))
+        result = self._with_retry(lambda: self.folder.fold(messages, self._dead_letter))
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
         metrics.FOLD_BATCH_RECORDS.observe(len(messages))
         if result.conflicts:
@@ -131,6 +138,7 @@ class Aggregator:
         try:
             self.consumer.commit_async()
         except KafkaError as exc:  # Kafka's commit is informational; Redis holds the truth
+            metrics.BACKEND_ERRORS.labels("kafka", "commit").inc()
             log.debug("kafka commit failed: %s", exc)
 
     def _account(self, result: FoldResult) -> None:
@@ -150,7 +158,8 @@ class Aggregator:
             metrics.ROUND_PROGRESS.labels(sid).set(count / n)
 
     def _dead_letter(self, rejections: list[Rejection]) -> None:
-        """Send rejected messages with their reason; flushed before the fold commits."""
+        """Send rejected messages with their reason; delivered (or raising) before the fold commits."""
+        futures = []
         for x in rejections:
             m = x.message
             value = m.value if isinstance(m.value, bytes | bytearray) else b""
@@ -158,21 +167,30 @@ class Aggregator:
                 value = b""
             headers = [("reason", x.reason.value.encode()), ("detail", x.detail.encode()),
                        ("source", f"{self.topics.records}:{m.partition}:{m.offset}".encode())]
-            self.producer.send(self.topics.dead_letter, key=f"{m.partition}:{m.offset}".encode(),
-                               value=bytes(value), headers=headers)
-        self.producer.flush()
+            futures.append(self.producer.send(
+                self.topics.dead_letter, key=f"{m.partition}:{m.offset}".encode(),
+                value=bytes(value), headers=headers))
+        self.producer.flush(timeout=DEAD_LETTER_TIMEOUT_S)
+        for f in futures:  # a failed delivery raises here, so the fold does not commit without it
+            f.get(timeout=0)
         log.info("dead-lettered %d records (%s)", len(rejections),
                  ", ".join(sorted({x.reason.value for x in rejections})))
 
-    def _with_redis_retry(self, fn: Callable):
+    def _with_retry(self, fn: Callable):
+        """Run `fn` until Redis and the dead-letter producer let it through; nothing it did before
+        failing was committed (the fold is one MULTI/EXEC, after the dead letters are delivered)."""
         backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
         while True:
             try:
                 return fn()
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+            except REDIS_TRANSIENT as exc:
                 if self.stop_event.is_set():
                     raise
                 self._retry("redis", "fold", exc, backoff)
+            except KafkaError as exc:
+                if self.stop_event.is_set():
+                    raise
+                self._retry("kafka", "dead_letter", exc, backoff)
 
     def _retry(self, backend: str, operation: str, exc: Exception, backoff: Backoff) -> None:
         metrics.BACKEND_ERRORS.labels(backend, operation).inc()
@@ -189,14 +207,19 @@ class Aggregator:
         if not assigned:
             return
         try:
-            ends = self.consumer.end_offsets(list(assigned))
+            # Bounded: polling hides an unreachable broker, so this is also its health probe.
+            ends = self.consumer.end_offsets(list(assigned), timeout_ms=LAG_TIMEOUT_MS)
+            positions = {tp: self.consumer.position(tp, timeout_ms=LAG_TIMEOUT_MS)
+                         for tp in assigned}
         except KafkaError as exc:
             metrics.BACKEND_ERRORS.labels("kafka", "end_offsets").inc()
-            log.debug("end_offsets failed: %s", exc)
+            metrics.BACKEND_RETRIES.labels("kafka").inc()
+            log.warning("kafka end_offsets failed (%s); still polling", exc)
             return
-        for tp in assigned:
-            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(
-                max(0, ends.get(tp, 0) - self.consumer.position(tp)))
+        for tp, position in positions.items():
+            if position is not None:  # None until a fetch position is known
+                metrics.CONSUMER_LAG.labels(str(tp.partition)).set(
+                    max(0, ends.get(tp, 0) - position))
 
     def close(self) -> None:
         """Leave the group and close clients."""

@@ -116,7 +116,25 @@ def build_parser() -> argparse.ArgumentParser:
     ops_cli.add_commands(sub)
     producer_cli.add_commands(sub)
     demo.add_commands(sub)
+    _bench_commands(sub)
     return parser
+
+
+def _bench_commands(sub: argparse._SubParsersAction) -> None:
+    """`ipdp bench accuracy|throughput` and `ipdp soak` (bench/, installed with ipdp)."""
+    from bench import accuracy, soak, throughput
+
+    bench = sub.add_parser("bench", help="Benchmarks that print tables (docs/benchmarks.md).")
+    kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
+    p = kinds.add_parser("accuracy", help="The paper's Figures 1 and 2, and baselines.")
+    accuracy.add_arguments(p)
+    p.set_defaults(func=accuracy.run_from_args)
+    p = kinds.add_parser("throughput", help="Fold path, end to end, trainer and memory.")
+    throughput.add_arguments(p)
+    p.set_defaults(func=throughput.run)
+    p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times; check invariants.")
+    soak.add_arguments(p)
+    p.set_defaults(func=soak.run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,9 +149,20 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"ipdp {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except RuntimeError as exc:
+        from ipdp.clients import RedisAuthError  # only imported on this error path
+
+        if not isinstance(exc, RedisAuthError):
+            raise
+        print(f"ipdp {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m ipdp.cli` runs this file as __main__; commands raise ipdp.cli's UsageError, so
+    # run the imported module's main, whose except clauses name the same classes.
+    from ipdp.cli import main as imported_main
+
+    sys.exit(imported_main())

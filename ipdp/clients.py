@@ -17,6 +17,7 @@ from ipdp.settings import KafkaSettings, RedisSettings
 __all__ = [
     "CONSUMER_DEFAULTS",
     "PRODUCER_DEFAULTS",
+    "RedisAuthError",
     "check_redis",
     "kafka_admin",
     "kafka_consumer",
@@ -56,6 +57,10 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 # --------------------------------------------------------------------------- redis
 
 
+class RedisAuthError(RuntimeError):
+    """Redis refused our credentials: a configuration error, never worth a retry."""
+
+
 def redis_client(s: RedisSettings) -> redis.Redis:
     """A ``redis.Redis`` for ``s.url``; ``s.username``/``s.password`` override the URL's.
 
@@ -89,7 +94,7 @@ def _describe(client: redis.Redis) -> tuple[str, str]:
 
 
 def check_redis(client: redis.Redis) -> None:
-    """PING; a rejected login becomes ``RuntimeError("Redis authentication failed ...")``.
+    """PING; a rejected login becomes ``RedisAuthError("Redis authentication failed ...")``.
 
     Connection errors (server down, wrong port) propagate unchanged as
     ``redis.ConnectionError`` so callers can retry them.
@@ -101,14 +106,14 @@ def check_redis(client: redis.Redis) -> None:
         redis.exceptions.AuthenticationWrongNumberOfArgsError,
     ) as exc:
         user, where = _describe(client)
-        raise RuntimeError(
+        raise RedisAuthError(
             f"Redis authentication failed for user {user} at {where}: {exc}"
         ) from exc
     except redis.ResponseError as exc:
         msg = str(exc)
         if msg.startswith(("NOAUTH", "WRONGPASS")) or "NOAUTH" in msg or "WRONGPASS" in msg:
             user, where = _describe(client)
-            raise RuntimeError(
+            raise RedisAuthError(
                 f"Redis authentication failed for user {user} at {where}: {msg}"
             ) from exc
         raise

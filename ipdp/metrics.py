@@ -37,6 +37,10 @@ ROUND_PROGRESS = Gauge(
 ROUNDS_CLOSED = Counter("ipdp_rounds_closed_total", "Rounds closed at n records.", ["study"])
 MODELS_PUBLISHED = Counter(
     "ipdp_models_published_total", "Models published to the models topic.", ["study"])
+ROUNDS_REFUSED = Counter(
+    "ipdp_rounds_refused_total",
+    "Closed rounds the trainer refused to publish (not exactly n records, or unsolvable).",
+    ["study"])
 SOLVE_SECONDS = Histogram(
     "ipdp_solve_seconds", "Time to solve one round's constrained problem.",
     buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5))

@@ -98,7 +98,7 @@ def _redis(args: argparse.Namespace) -> Iterator[Any]:
         except RuntimeError as exc:  # authentication failure, already readable
             raise UsageError(str(exc)) from None
         except redis.RedisError as exc:
-            user, where = _describe(client)
+            _user, where = _describe(client)
             raise UsageError(f"cannot reach Redis at {where}: {exc}") from None
         try:
             yield client
@@ -116,7 +116,7 @@ def _producer(args: argparse.Namespace) -> Iterator[Any]:
 
     kafka = _kafka(args)
     try:
-        producer = kafka_producer(kafka, max_block_ms=15_000)
+        producer = kafka_producer(kafka, max_block_ms=15_000, bootstrap_timeout_ms=10_000)
     except KafkaError as exc:
         raise UsageError(f"cannot reach Kafka at {kafka.bootstrap}: {exc!r}") from None
     try:

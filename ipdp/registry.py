@@ -202,16 +202,18 @@ def read_studies_topic(kafka: KafkaSettings, topics: TopicSettings,
                        timeout_s: float = 10) -> dict[str, tuple[Study, str]]:
     """Replay the compacted studies topic: {id: (study, status)}, the last value per key winning.
 
-    Assigns every partition (no consumer group), seeks to the beginning and reads up to the end
-    offsets taken at the start. A tombstone (null value) removes the key. Raises TimeoutError if
+    Assigns every partition (no consumer group), seeks to the beginning and reads to the end
+    (ipdp.subscriber.read_to_end). A tombstone (null value) removes the key. Raises TimeoutError if
     the topic cannot be found or read within ``timeout_s``.
     """
     from kafka import TopicPartition
 
     from ipdp.clients import kafka_consumer
+    from ipdp.subscriber import read_to_end
 
     deadline = time.monotonic() + timeout_s
-    consumer = kafka_consumer(kafka, group_id=None, enable_auto_commit=False)
+    consumer = kafka_consumer(kafka, group_id=None, enable_auto_commit=False,
+                              bootstrap_timeout_ms=max(1000, int(timeout_s * 1000)))
     try:
         partitions = None
         while True:
@@ -224,26 +226,18 @@ def read_studies_topic(kafka: KafkaSettings, topics: TopicSettings,
         tps = [TopicPartition(topics.studies, p) for p in sorted(partitions)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
         out: dict[str, tuple[Study, str]] = {}
-        pending = {tp for tp in tps if end[tp] > consumer.position(tp)}
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"studies topic {topics.studies!r} not read to its end within {timeout_s}s")
-            for tp, msgs in consumer.poll(timeout_ms=200).items():
-                for m in msgs:
-                    if m.offset >= end[tp] or m.key is None:
-                        continue
-                    sid = m.key.decode("utf-8", "replace")
-                    if m.value is None:
-                        out.pop(sid, None)
-                        continue
-                    try:
-                        out[sid] = parse_study_message(m.value)
-                    except ValueError as exc:
-                        log.warning("skipping studies-topic offset %d: %s", m.offset, exc)
-            pending = {tp for tp in pending if consumer.position(tp) < end[tp]}
+        for m in read_to_end(consumer, tps, timeout_s=max(0.1, deadline - time.monotonic())):
+            if m.key is None:
+                continue
+            sid = m.key.decode("utf-8", "replace")
+            if m.value is None:
+                out.pop(sid, None)
+                continue
+            try:
+                out[sid] = parse_study_message(m.value)
+            except ValueError as exc:
+                log.warning("skipping studies-topic offset %d: %s", m.offset, exc)
         return out
     finally:
         consumer.close()

@@ -553,7 +553,17 @@ class EmbeddedBroker(_Server):
         return f"{self.host}:{self.port}"
 
     def settings(self) -> KafkaSettings:
-        return KafkaSettings(bootstrap=self.bootstrap, security_protocol="PLAINTEXT")
+        # Explicit values, so IPDP_KAFKA_SASL_* / SSL_* in the environment cannot leak in.
+        return KafkaSettings(
+            bootstrap=self.bootstrap,
+            security_protocol="PLAINTEXT",
+            sasl_mechanism=None,
+            sasl_username=None,
+            sasl_password=None,
+            ssl_cafile=None,
+            ssl_certfile=None,
+            ssl_keyfile=None,
+        )
 
     def cleanup(self) -> None:
         """Stop and remove the work directory if this object created it."""

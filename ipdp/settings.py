@@ -105,6 +105,12 @@ class TrainerSettings(BaseSettings):
     group: str = "ipdp-trainer"
     consumer: str = "trainer-1"
     block_ms: int = Field(1000, ge=1, description="How long one wait on the rounds stream blocks.")
+    # Test-only fault injection (tests/test_failures.py): the process exits with status 137, as
+    # if SIGKILLed, at a chosen point of publishing a round. Never set in a deployment.
+    fault_crash_before_publish: bool = Field(
+        False, description="Test only: exit(137) after solving a round, before publishing it.")
+    fault_crash_after_publish: bool = Field(
+        False, description="Test only: exit(137) after publishing a model, before the Redis ack.")
 
 
 class LoadgenSettings(BaseSettings):

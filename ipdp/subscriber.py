@@ -20,7 +20,44 @@ from ipdp.settings import KafkaSettings, TopicSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelSubscriber"]
+__all__ = ["ModelSubscriber", "read_to_end"]
+
+#: After the end offsets are reached, one poll this long must come back empty before stopping.
+QUIET_MS = 300
+#: Stop short of the reported end offsets if nothing arrives for this long (never with Kafka).
+STALL_S = 5.0
+
+
+def read_to_end(consumer, tps, *, timeout_s: float | None = None, quiet_ms: int = QUIET_MS,
+                poll_ms: int = 200, stop: threading.Event | None = None) -> Iterator:
+    """Yield every record of the assigned partitions ``tps`` from the current positions to the end.
+
+    Stops once every position has reached the end offsets taken at the start *and* a poll of
+    ``quiet_ms`` returns nothing. The quiet poll is needed with the embedded tansu broker: its
+    ListOffsets(latest) answers the last batch's base offset + 1, not the last offset + 1, so
+    after a multi-record batch ``end_offsets`` stops short of records that fetches do return.
+    Raises TimeoutError after ``timeout_s`` (None: no limit).
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    end = consumer.end_offsets(tps)
+    last_data = time.monotonic()
+    while stop is None or not stop.is_set():
+        caught_up = all(consumer.position(tp) >= end[tp] for tp in tps)
+        batch = consumer.poll(timeout_ms=quiet_ms if caught_up else poll_ms)
+        now = time.monotonic()
+        if batch:
+            last_data = now
+            for msgs in batch.values():
+                yield from msgs
+        elif caught_up:
+            return
+        elif now - last_data > STALL_S:
+            log.warning("no records for %.0fs short of the end offsets %s; stopping", STALL_S,
+                        {f"{tp.topic}[{tp.partition}]": end[tp] for tp in tps})
+            return
+        if deadline is not None and now > deadline:
+            raise TimeoutError(f"could not read {sorted({tp.topic for tp in tps})} to the end "
+                               f"within {timeout_s}s")
 
 
 class ModelSubscriber:
@@ -29,7 +66,7 @@ class ModelSubscriber:
     ``study_id`` restricts to one study. ``from_beginning`` starts at the first retained message
     (else at the end: only new models). ``follow=False`` stops at the end offsets taken when
     iteration starts; ``follow=True`` waits for new models until :meth:`stop` (or the iterator is
-    closed). ``.duplicates_dropped`` counts repeats of a (study, round) already yielded;
+    closed); both yield models in topic order. ``.duplicates_dropped`` counts repeats of a (study, round) already yielded;
     ``.invalid`` counts messages that are not a valid ModelMessage (skipped, logged).
     """
 
@@ -71,7 +108,8 @@ class ModelSubscriber:
 
         from ipdp.clients import kafka_consumer
 
-        consumer = kafka_consumer(self.kafka, group_id=None, enable_auto_commit=False)
+        consumer = kafka_consumer(self.kafka, group_id=None, enable_auto_commit=False,
+                                  bootstrap_timeout_ms=int(self.metadata_timeout_s * 1000))
         deadline = time.monotonic() + self.metadata_timeout_s
         partitions = None
         while not partitions:
@@ -88,6 +126,10 @@ class ModelSubscriber:
             consumer.seek_to_beginning(*tps)
         else:
             consumer.seek_to_end(*tps)
+            # tansu's end offset can sit inside the last batch (see read_to_end): skip what is
+            # already there so that only models published from now on are seen.
+            for _ in read_to_end(consumer, tps, poll_ms=self.poll_timeout_ms, stop=self._stop):
+                pass
         return consumer, tps
 
     def _accept(self, value: bytes | None) -> ModelMessage | None:
@@ -108,23 +150,24 @@ class ModelSubscriber:
         self._seen.add(ident)
         return msg
 
+    def _follow(self, consumer) -> Iterator:
+        while not self._stop.is_set():
+            for msgs in consumer.poll(timeout_ms=self.poll_timeout_ms).values():
+                yield from msgs
+
     def __iter__(self) -> Iterator[ModelMessage]:
         consumer, tps = self._open()
         self._consumer = consumer
         try:
-            end = None if self.follow else consumer.end_offsets(tps)
-            pending = set(tps) if end is None else {
-                tp for tp in tps if consumer.position(tp) < end[tp]}
-            while not self._stop.is_set() and (self.follow or pending):
-                for tp, msgs in consumer.poll(timeout_ms=self.poll_timeout_ms).items():
-                    for m in msgs:
-                        if end is not None and m.offset >= end[tp]:
-                            continue
-                        msg = self._accept(m.value)
-                        if msg is not None:
-                            yield msg
-                if end is not None:
-                    pending = {tp for tp in pending if consumer.position(tp) < end[tp]}
+            if self.follow:
+                records = self._follow(consumer)
+            else:
+                records = read_to_end(consumer, tps, poll_ms=self.poll_timeout_ms,
+                                      stop=self._stop)
+            for m in records:
+                msg = self._accept(m.value)
+                if msg is not None:
+                    yield msg
         finally:
             consumer.close()
             self._consumer = None

@@ -166,7 +166,7 @@ def train_test_split(ds: Dataset, test_fraction: float = 0.2, seed: int | None =
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     k = len(ds)
-    n_test = int(round(test_fraction * k))
+    n_test = round(test_fraction * k)
     if n_test < 1 or n_test >= k:
         raise ValueError(f"cannot split {k} rows with test_fraction={test_fraction}")
     perm = np.random.default_rng(seed).permutation(k)

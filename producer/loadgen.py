@@ -108,7 +108,7 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         from ipdp.clients import kafka_producer
 
         try:
-            producer = kafka_producer(kafka, max_block_ms=15_000)
+            producer = kafka_producer(kafka, max_block_ms=15_000, bootstrap_timeout_ms=10_000)
         except KafkaError as exc:
             raise LoadgenError(f"cannot reach Kafka at {kafka.bootstrap}: {exc!r}") from None
     delivery = _Delivery()
@@ -253,7 +253,7 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
     study = _find_study(args, kafka, topics)
     serve(MetricsSettings())
     progress = not args.no_progress
-    common = dict(rate=args.rate, progress=progress, batch=args.batch)
+    common = {"rate": args.rate, "progress": progress, "batch": args.batch}
     try:
         if args.dataset == "synthetic":
             _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,

@@ -90,8 +90,9 @@ def test_from_csv_squared_scales_into_bounds(tmp_path):
 
 def test_from_csv_logistic_thresholds_at_median(tmp_path):
     ds = from_csv(_write_csv(tmp_path), "target", "logistic", features=["a", "c"])
-    assert ds.x.shape == (4, 2)
-    assert ds.y.tolist() == [-1.0, 1.0, 1.0, -1.0]  # median of 10, 20, 30, 0 is 15
+    assert ds.x.shape == (5, 2)  # column b (with the missing value) is not used
+    assert ds.meta["y_threshold"] == 20.0
+    assert ds.y.tolist() == [-1.0, -1.0, 1.0, 1.0, -1.0]  # +1 strictly above the median
 
 
 def test_from_csv_errors(tmp_path):
@@ -171,14 +172,18 @@ def _read_all(kafka, topic, expected, timeout_s=20.0):
 
 
 def _end_total(kafka, topic) -> int:
+    """Records in the topic, counted by reading (tansu's end offsets can stop short)."""
     from kafka import TopicPartition
 
     from ipdp.clients import kafka_consumer
+    from ipdp.subscriber import read_to_end
 
     consumer = kafka_consumer(kafka, group_id=None)
     try:
         tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-        return sum(consumer.end_offsets(tps).values())
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        return sum(1 for _ in read_to_end(consumer, tps, timeout_s=20))
     finally:
         consumer.close()
 
@@ -211,18 +216,19 @@ def test_loadgen_sends_one_record_per_device(kafka_settings, topics):
     assert np.array_equal(np.sort(batch.q, axis=0), np.sort(q, axis=0))
 
 
-def test_loadgen_rate_limit(kafka_settings, topics):
+def test_loadgen_rate_limit(kafka_settings, topics, capsys):
     from producer.loadgen import run_loadgen
 
     study = Study(study_id="lg-rate", **STUDY)
     ds = synthetic(300, 5, "squared", seed=0)
     res = run_loadgen(study, kafka_settings, topics, ds.x, ds.y, rate=1000, batch=100,
-                      progress=False)
+                      progress=True)
     assert res.sent == 300 and res.errors == 0
     assert res.seconds >= 0.25  # 300 records at 1000/s: the last chunk is due at ≥ 0.25 s
+    assert "loadgen lg-rate" in capsys.readouterr().err  # the progress bar, on stderr
 
 
-def test_loadgen_cli(kafka_settings, topics, redis_settings, monkeypatch, capsys):
+def test_loadgen_cli(kafka_settings, topics, redis_settings, monkeypatch, capsys, tmp_path):
     from ipdp.clients import kafka_producer, redis_client
     from ipdp.registry import create_study
     from producer.cli import add_commands
@@ -249,6 +255,22 @@ def test_loadgen_cli(kafka_settings, topics, redis_settings, monkeypatch, capsys
     assert _end_total(kafka_settings, topics.records) == 1200
 
     from ipdp.cli import UsageError
+
+    csv_path = tmp_path / "rows.csv"
+    csv_path.write_text("a,b,c,d,e,y\n1,2,3,4,5,1\n0,1,0,1,0,2\n5,4,3,2,1,3\n")
+    args = parser.parse_args(["loadgen", "--study", "lg-cli", "--devices", "7", "--no-progress",
+                              "--dataset", f"csv:{csv_path}", "--target", "y",
+                              "--bootstrap", kafka_settings.bootstrap])
+    assert args.func(args) == 0
+    assert "records sent  7" in capsys.readouterr().out
+    assert _end_total(kafka_settings, topics.records) == 1207
+    narrow = tmp_path / "narrow.csv"
+    narrow.write_text("a,b,y\n1,2,3\n4,5,6\n")
+    args = parser.parse_args(["loadgen", "--study", "lg-cli", "--devices", "7", "--no-progress",
+                              "--dataset", f"csv:{narrow}", "--target", "y",
+                              "--bootstrap", kafka_settings.bootstrap])
+    with pytest.raises(UsageError, match="has 2 feature columns, study 'lg-cli' has d=5"):
+        args.func(args)
 
     args = parser.parse_args(["loadgen", "--study", "nope", "--devices", "5", "--no-progress",
                               "--bootstrap", kafka_settings.bootstrap])

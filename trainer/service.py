@@ -11,11 +11,13 @@ again: at least once, under the same key, which consumers drop as a repeat.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
 import numpy as np
 import redis
+from kafka.errors import KafkaError
 
 from ipdp import metrics, registry, state
 from ipdp.backoff import Backoff
@@ -89,11 +91,12 @@ class Trainer:
                 for entry_id, fields in entries:
                     self._handle(entry_id, fields)
                 backoff.reset()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                metrics.BACKEND_ERRORS.labels("redis", "rounds").inc()
-                metrics.BACKEND_RETRIES.labels("redis").inc()
+            except (redis.ConnectionError, redis.TimeoutError, KafkaError) as exc:
+                backend = "kafka" if isinstance(exc, KafkaError) else "redis"
+                metrics.BACKEND_ERRORS.labels(backend, "rounds").inc()
+                metrics.BACKEND_RETRIES.labels(backend).inc()
                 delay = backoff.next()
-                log.warning("redis unavailable (%s); retrying in %.1f s", exc, delay)
+                log.warning("%s unavailable (%s); retrying in %.1f s", backend, exc, delay)
                 pending_first = True
                 self.stop_event.wait(delay)
                 continue
@@ -136,14 +139,19 @@ class Trainer:
                                   int(raw[b"closed_ms"]))
         except (RoundRefused, ValueError) as exc:
             log.error("study %s round %d: %s", sid, round_no, exc)
+            metrics.ROUNDS_REFUSED.labels(sid).inc()
             with self.redis.pipeline() as pipe:
                 pipe.hset(state.published_key(sid), str(round_no), f"refused: {exc}")
                 pipe.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
                 pipe.execute()
             return
         metrics.SOLVE_SECONDS.observe(message.solve_seconds)
+        if self.settings.fault_crash_before_publish:
+            _crash(f"study {sid} round {round_no} solved, not published")
         self.producer.send(self.topics.models, key=model_key(sid, round_no),
                            value=message.model_dump_json().encode()).get(timeout=PUBLISH_TIMEOUT_S)
+        if self.settings.fault_crash_after_publish:
+            _crash(f"study {sid} round {round_no} published, not acknowledged")
         with self.redis.pipeline() as pipe:
             pipe.delete(state.closed_key(sid, round_no))
             pipe.hset(state.published_key(sid), str(round_no), message.published_ms)
@@ -155,6 +163,12 @@ class Trainer:
             max(0.0, (message.published_ms - message.round_closed_ms) / 1000))
         log.info("study %s round %d: model published (‖w‖=%.4g, solve %.2f ms)", sid, round_no,
                  float(np.linalg.norm(message.weights)), message.solve_seconds * 1000)
+
+
+def _crash(where: str) -> None:
+    """Test-only fault injection: die like SIGKILL would, with no cleanup."""
+    log.error("fault injection: exiting with 137 (%s)", where)
+    os._exit(137)
 
 
 def cmd_run(args) -> int:

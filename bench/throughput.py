@@ -1,0 +1,259 @@
+"""Throughput and cost of ipdp against the limits, in one run; prints markdown tables.
+
+    python -m bench.throughput            (or: ipdp bench throughput)
+
+Sections: the fold path without a broker (and its ceilings), end to end through the embedded
+broker next to a bare consumer of the same topic, the trainer, and memory. Every figure is
+measured here, in this run; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from ipdp import registry, state
+from ipdp.clients import kafka_consumer, kafka_producer, redis_client
+from ipdp.losses import prepare
+from ipdp.runtime import EmbeddedRedis, EmbeddedRuntime, ensure_topics
+from ipdp.settings import TopicSettings
+from ipdp.solver import solve_constrained
+from ipdp.study import Study
+from ipdp.wire import decode_batch, encode_batch
+
+from aggregator.fold import Folder, Message
+
+TARGETS = {
+    "fold": "≥ 1,000,000 records/s/core at d = 14",
+    "e2e": "≥ 90 % of the broker's bare consume rate",
+    "solve": "< 100 ms at d = 100",
+    "bytes": "statistics bytes identical at n = 10³ and 10⁶",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `ipdp bench throughput`."""
+    p.add_argument("--records", type=int, default=200_000,
+                   help="Records per fold-path measurement at d = 14 (default 200000).")
+    p.add_argument("--e2e-records", dest="e2e_records", type=int, default=100_000,
+                   help="Records through the embedded broker (default 100000).")
+    p.add_argument("--quick", action="store_true", help="Small sizes, for a smoke run.")
+
+
+def _records(study: Study, k: int, seed: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(k, study.d)) / np.sqrt(study.d)
+    x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
+    q, p = prepare("squared", x, np.clip(x[:, 0], -1, 1), study.calibration, rng)
+    ids = rng.integers(0, 256, size=(k, 16), dtype=np.uint8)
+    return encode_batch(study.hash, ids, np.full(k, int(time.time() * 1000)), q, p)
+
+
+def _register(r, study: Study) -> None:
+    r.hset(state.study_key(study.study_id), mapping={"json": study.to_json(), "status": "open"})
+    r.hset(state.STUDY_HASHES, study.hash, study.study_id)
+
+
+def fold_path(k14: int) -> list[list[str]]:
+    """Decode + validate + fold + atomic Redis commit, per batch size, and its ceilings."""
+    rows = []
+    srv = EmbeddedRedis()
+    srv.start()
+    try:
+        r = redis_client(srv.settings())
+        for d, k in ((14, k14), (100, max(10_000, k14 // 4))):
+            study = Study(study_id=f"bench-{d}", d=d, n=10**9, epsilon=1.0, delta=0.01)
+            _register(r, study)
+            values = _records(study, k, seed=d)
+            batches, _ = decode_batch(values)
+            q, p = batches[0].q, batches[0].p
+            t0 = time.perf_counter()
+            for s in range(0, k, 5000):
+                q[s:s + 5000].T @ q[s:s + 5000]
+                p[s:s + 5000].sum(axis=0)
+            numpy_rate = k / (time.perf_counter() - t0)
+            rows.append([str(d), "5000", "numpy fold only (ceiling)", f"{numpy_rate:,.0f}", "—"])
+            folder = Folder(r, group="bench", topic=f"t{d}", replay_window_s=86_400,
+                            max_future_skew_s=300, max_message_bytes=1 << 20)
+            msgs = [Message(0, i, v) for i, v in enumerate(values)]
+            t0 = time.perf_counter()
+            for s in range(0, k, 5000):
+                folder._validate(msgs[s:s + 5000], int(time.time() * 1000))
+            rows.append([str(d), "5000", "decode + validate, no Redis",
+                         f"{k / (time.perf_counter() - t0):,.0f}", "—"])
+            for batch in (500, 2000, 5000, 20000):
+                r.delete(state.offsets_key("bench", f"t{d}"), state.seen_key(study.study_id),
+                         state.open_key(study.study_id))
+                wall0, cpu0 = time.perf_counter(), time.process_time()
+                for s in range(0, k, batch):
+                    folder.fold(msgs[s:s + batch])
+                wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+                rows.append([str(d), str(batch), "full fold path (real Redis)",
+                             f"{k / wall:,.0f}", f"{k / cpu:,.0f}"])
+    finally:
+        srv.stop()
+    return rows
+
+
+def end_to_end(k: int) -> tuple[list[list[str]], dict]:
+    """The aggregator (a child process) against a bare consumer of the same topic."""
+    out = {}
+    with EmbeddedRuntime() as rt:
+        kafka = rt.kafka_settings()
+        topics = TopicSettings(records="bench.records", models="bench.models",
+                               dead_letter="bench.dlq", studies="bench.studies")
+        ensure_topics(kafka, topics)
+        study = Study(study_id="bench-e2e", d=14, n=k, epsilon=1.0, delta=0.01)
+        r = redis_client(rt.redis_settings())
+        producer = kafka_producer(kafka)
+        registry.create_study(r, producer, topics, study)
+        values = _records(study, k, seed=1)
+        t0 = time.perf_counter()
+        for v in values:
+            producer.send(topics.records, value=v)
+        producer.flush()
+        out["produce_rate"] = k / (time.perf_counter() - t0)
+
+        consumer = kafka_consumer(kafka, group_id=None)
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(topics.records, p)
+               for p in sorted(consumer.partitions_for_topic(topics.records))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        got, first = 0, None
+        while got < k:
+            for recs in consumer.poll(timeout_ms=1000, max_records=5000).values():
+                first = first or time.perf_counter()
+                got += len(recs)
+        out["bare_rate"] = k / (time.perf_counter() - first)
+        consumer.close()
+
+        env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0",
+               "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
+               "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter, "IPDP_TOPIC_STUDIES": topics.studies,
+               "IPDP_LOG_LEVEL": "WARNING"}
+        agg = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run",
+                                "--idle-exit", "3"], env=env)
+        trainer = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "trainer", "run",
+                                    "--idle-exit", "30"], env=env)
+        key = state.counts_key(study.study_id)
+        first = None
+        while int(r.hget(key, "folded") or 0) < k:
+            if agg.poll() is not None:
+                raise RuntimeError(f"the aggregator exited early with status {agg.returncode}")
+            if first is None and int(r.hget(key, "folded") or 0) > 0:
+                first = time.perf_counter()
+            time.sleep(0.005)
+        out["agg_rate"] = k / (time.perf_counter() - (first or time.perf_counter()))
+        deadline = time.monotonic() + 60
+        while not r.hexists(state.published_key(study.study_id), "1"):
+            if time.monotonic() > deadline:
+                raise TimeoutError("no model within 60 s")
+            time.sleep(0.01)
+        from ipdp.subscriber import ModelSubscriber
+
+        (model,) = list(ModelSubscriber(kafka, topics, study_id=study.study_id))
+        out["close_to_publish_ms"] = model.published_ms - model.round_closed_ms
+        agg.wait(timeout=60)
+        trainer.terminate()
+        trainer.wait(timeout=30)
+        out["agg_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    rows = [
+        ["produce (load generator path, 1 producer)", f"{out['produce_rate']:,.0f}"],
+        ["bare kafka-python consumer, same topic", f"{out['bare_rate']:,.0f}"],
+        ["ipdp aggregator (decode, validate, fold, commit)", f"{out['agg_rate']:,.0f}"],
+        ["aggregator / bare consumer", f"{out['agg_rate'] / out['bare_rate']:.0%}"],
+    ]
+    return rows, out
+
+
+def solve_times() -> list[list[str]]:
+    """Median time of solve_constrained on a noisy Gram matrix, both regimes."""
+    rows = []
+    rng = np.random.default_rng(0)
+    for d in (14, 100, 1000):
+        z = rng.normal(size=(4 * d, d))
+        h = z.T @ z + np.eye(d)
+        b = rng.normal(size=d) * 100
+        times = []
+        for _ in range(5 if d == 1000 else 50):
+            t0 = time.perf_counter()
+            solve_constrained(h, b, 1.0)
+            times.append(time.perf_counter() - t0)
+        rows.append([str(d), f"{np.median(times) * 1000:.3f}", f"{max(times) * 1000:.3f}"])
+    return rows
+
+
+def memory(quick: bool) -> list[list[str]]:
+    """Redis bytes of one study's statistics and offsets after 10³ and 10⁶ records."""
+    rows = []
+    srv = EmbeddedRedis()
+    srv.start()
+    try:
+        r = redis_client(srv.settings())
+        for k in (10**3, 10**4 if quick else 10**6):
+            study = Study(study_id=f"mem-{k}", d=14, n=10**9, epsilon=1.0, delta=0.01)
+            _register(r, study)
+            folder = Folder(r, group=f"mem{k}", topic="t", replay_window_s=86_400,
+                            max_future_skew_s=300, max_message_bytes=1 << 20)
+            for s in range(0, k, 100_000):
+                values = _records(study, min(100_000, k - s), seed=s)
+                folder.fold([Message(0, s + i, v) for i, v in enumerate(values)])
+            stats = r.memory_usage(state.open_key(study.study_id))
+            offsets = r.memory_usage(state.offsets_key(f"mem{k}", "t"))
+            seen = r.memory_usage(state.seen_key(study.study_id), samples=0)
+            rows.append([f"{k:,}", str(stats), str(offsets), f"{seen:,}", f"{seen / k:.0f}"])
+    finally:
+        srv.stop()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every section and print the tables."""
+    p = argparse.ArgumentParser(prog="ipdp bench throughput", description=__doc__)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`ipdp bench throughput`."""
+    k = 20_000 if args.quick else args.records
+    k_e2e = 20_000 if args.quick else args.e2e_records
+    print(f"# ipdp throughput — {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}, numpy {np.__version__}\n")
+    print(f"## Fold path without a broker (target {TARGETS['fold']})\n")
+    _md(["d", "batch", "what", "records/s (wall)", "records/s per aggregator CPU-second"],
+        fold_path(k))
+    print(f"\n## End to end on the embedded broker, {k_e2e:,} records "
+          f"(target {TARGETS['e2e']})\n")
+    rows, e2e = end_to_end(k_e2e)
+    _md(["path", "records/s"], rows)
+    print(f"\n## Trainer (target {TARGETS['solve']})\n")
+    print(f"round closed → model on Kafka: {e2e['close_to_publish_ms']} ms "
+          f"(n = {k_e2e:,}, d = 14)\n")
+    _md(["d", "solve median (ms)", "solve max (ms)"], solve_times())
+    print(f"\n## Memory (target {TARGETS['bytes']})\n")
+    _md(["records folded", "statistics bytes (open round)", "offsets bytes",
+         "replay ids bytes", "bytes per replay id"], memory(args.quick))
+    print(f"\naggregator peak RSS: {e2e['agg_peak_rss_mb']:.0f} MiB")
+    return 0
+
+
+def _md(header: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Tools the test suite drives as real programs, installed from Debian's packages:
+#   prometheus (+ promtool)  tests/test_prometheus.py, tests/test_compose.py
+#   docker-compose           tests/test_compose.py (`docker-compose config` validates compose/)
+# Idempotent: a tool already on PATH is left alone. Needs root (or sudo) for apt-get; without
+# either it says so and exits 0, and the tests then skip locally or fail under CI=true.
+set -euo pipefail
+
+missing=()
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "install-test-deps: prometheus, promtool and docker-compose already installed"
+    exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+    SUDO=()
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    SUDO=(sudo -n)
+else
+    echo "install-test-deps: need root or passwordless sudo to apt-get install ${missing[*]};" \
+         "skipping (tests needing them skip, or fail under CI=true)" >&2
+    exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "install-test-deps: no apt-get here; install ${missing[*]} yourself" >&2
+    exit 0
+fi
+
+echo "install-test-deps: apt-get install ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# A failed install does not stop the caller: the tests that need the tools then say why
+# (skip locally, fail under CI=true), and every other test still runs.
+if ! { "${SUDO[@]}" apt-get update -qq &&
+       "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    echo "install-test-deps: apt-get install ${missing[*]} failed" >&2
+    exit 0
+fi
+# Debian's package registers a prometheus service (not started in containers); the tests
+# start their own instances on free ports.
+command -v prometheus promtool docker-compose

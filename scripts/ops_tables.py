@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""The settings and metrics tables of docs/operations.md, derived from the code.
+
+    python scripts/ops_tables.py            # print both tables (descriptions from the code)
+    python scripts/ops_tables.py --check    # exit 1 if docs/operations.md has drifted
+
+The check (also run by tests/test_docs.py) requires the document's tables to list exactly
+every IPDP_* setting of ipdp/settings.py with its type and default, and exactly every metric of
+ipdp/metrics.py with its type and labels; the description column is written by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+
+import annotated_types
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+OPERATIONS_MD = REPO / "docs" / "operations.md"
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def settings_models() -> list[type[BaseSettings]]:
+    """Every pydantic-settings model of ipdp.settings, in definition order."""
+    from ipdp import settings
+
+    return [obj for obj in vars(settings).values()
+            if isinstance(obj, type) and issubclass(obj, BaseSettings)
+            and obj is not BaseSettings and obj.__module__ == settings.__name__]
+
+
+def env_name(model: type[BaseSettings], field: str) -> str:
+    return f"{model.model_config.get('env_prefix', '')}{field}".upper()
+
+
+def settings_env_names() -> set[str]:
+    """Every environment variable the settings models read."""
+    return {env_name(m, f) for m in settings_models() for f in m.model_fields}
+
+
+def _type_name(annotation) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{v}`" for v in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return " \\| ".join(_type_name(a) for a in args)
+    if annotation is SecretStr:
+        return "secret string"
+    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _bounds(metadata) -> str:
+    marks = []
+    for m in metadata:
+        for cls, attr, sym in ((annotated_types.Ge, "ge", "≥"), (annotated_types.Gt, "gt", ">"),
+                               (annotated_types.Le, "le", "≤"), (annotated_types.Lt, "lt", "<")):
+            if isinstance(m, cls):
+                marks.append(f"{sym} {getattr(m, attr)}")
+    return ", ".join(marks)
+
+
+def setting_type(info) -> str:
+    bounds = _bounds(info.metadata)
+    return _type_name(info.annotation) + (f" ({bounds})" if bounds else "")
+
+
+def setting_default(info) -> str:
+    value = info.default
+    return "unset" if value is None else f"`{value}`"
+
+
+def settings_rows() -> list[tuple[str, str, str, str]]:
+    """(variable, type, default, description from the code or '') per field."""
+    return [(env_name(m, f), setting_type(i), setting_default(i), i.description or "")
+            for m in settings_models() for f, i in m.model_fields.items()]
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def metric_objects() -> list:
+    """Every prometheus_client metric object defined in ipdp.metrics."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from ipdp import metrics
+
+    return [obj for obj in vars(metrics).values() if isinstance(obj, MetricWrapperBase)]
+
+
+def exposed_name(metric) -> str:
+    """The name as written in PromQL: counters with `_total`, others as declared."""
+    family = metric.describe()[0]
+    return family.name + ("_total" if family.type == "counter" else "")
+
+
+def metric_rows() -> list[tuple[str, str, str, str]]:
+    """(name, type, labels, help) per metric."""
+    rows = []
+    for m in metric_objects():
+        family = m.describe()[0]
+        labels = ", ".join(f"`{label}`" for label in m._labelnames) or "—"
+        rows.append((exposed_name(m), family.type, labels, family.documentation))
+    return rows
+
+
+def series_names() -> dict[str, str]:
+    """Every series name ipdp exports (histograms: _bucket/_sum/_count) → its metric's name."""
+    out = {}
+    for m in metric_objects():
+        family = m.describe()[0]
+        base = exposed_name(m)
+        out[base] = base
+        if family.type == "histogram":
+            for suffix in ("_bucket", "_sum", "_count"):
+                out[family.name + suffix] = base
+    return out
+
+
+# --------------------------------------------------------------------------- markdown
+
+_ROW = re.compile(r"^\|\s*`(?P<key>(?:IPDP|ipdp)_\w+)`\s*\|(?P<rest>.*)\|\s*$")
+
+
+def doc_rows(text: str, prefix: str) -> dict[str, list[str]]:
+    """Table rows of `text` whose first cell is a backticked name starting with `prefix`."""
+    rows: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = _ROW.match(line.strip())
+        if m and m["key"].startswith(prefix):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", m["rest"])]
+            if m["key"] in rows:
+                raise ValueError(f"{m['key']} is listed twice")
+            rows[m["key"]] = cells
+    return rows
+
+
+def check(text: str) -> list[str]:
+    """Every way the document's tables differ from the code (empty: in sync)."""
+    problems = []
+    documented = doc_rows(text, "IPDP_")
+    for name, typ, default, _ in settings_rows():
+        cells = documented.pop(name, None)
+        if cells is None:
+            problems.append(f"setting {name} is missing from the settings table")
+            continue
+        if len(cells) < 3 or not cells[2]:
+            problems.append(f"setting {name}: expected | type | default | description |")
+            continue
+        if cells[0] != typ:
+            problems.append(f"setting {name}: type {cells[0]!r}, the code says {typ!r}")
+        if cells[1] != default:
+            problems.append(f"setting {name}: default {cells[1]!r}, the code says {default!r}")
+    problems += [f"{name} is documented but no settings model reads it" for name in documented]
+    documented = doc_rows(text, "ipdp_")
+    for name, typ, labels, _ in metric_rows():
+        cells = documented.pop(name, None)
+        if cells is None:
+            problems.append(f"metric {name} is missing from the metrics table")
+            continue
+        if len(cells) < 3 or not cells[2]:
+            problems.append(f"metric {name}: expected | type | labels | meaning |")
+            continue
+        if cells[0] != typ:
+            problems.append(f"metric {name}: type {cells[0]!r}, the code says {typ!r}")
+        if cells[1] != labels:
+            problems.append(f"metric {name}: labels {cells[1]!r}, the code says {labels!r}")
+    problems += [f"{name} is documented but ipdp/metrics.py does not export it"
+                 for name in documented]
+    return problems
+
+
+def render() -> str:
+    lines = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]
+    lines += [f"| `{n}` | {t} | {d} | {desc or 'TODO'} |" for n, t, d, desc in settings_rows()]
+    lines += ["", "| Metric | Type | Labels | Meaning |", "|---|---|---|---|"]
+    lines += [f"| `{n}` | {t} | {labels} | {h} |" for n, t, labels, h in metric_rows()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="compare with docs/operations.md instead of printing")
+    args = parser.parse_args(argv)
+    if not args.check:
+        print(render())
+        return 0
+    problems = check(OPERATIONS_MD.read_text(encoding="utf-8"))
+    for p in problems:
+        print(f"docs/operations.md: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

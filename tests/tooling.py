@@ -1,0 +1,22 @@
+"""External programs some tests drive (installed by scripts/install-test-deps.sh)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+INSTALL_HINT = "run scripts/install-test-deps.sh (apt-get install prometheus docker-compose)"
+
+
+def require_tool(name: str, purpose: str) -> str:
+    """Path of `name` on PATH. Missing: the test fails under CI (a broken set-up must not look
+    green), and is skipped elsewhere."""
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"`{name}` is not on PATH, needed for {purpose}; {INSTALL_HINT}"
+    if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
