@@ -35,9 +35,9 @@ def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
         rows += [("λ′ (noisy smoothness)", fmt(cal.lambda_prime)),
                  ("ζ′ (noisy Lipschitz)", fmt(cal.zeta_prime))]
     rows.append(("δ split", ", ".join(f"{k}={fmt(v, 4)}" for k, v in cal.delta_split.items())))
-    rows.append(("local (ε, δ) of one record",
-                 f"({fmt(cal.local_epsilon, 5)}, {fmt(cal.local_delta)})  — each record alone is "
-                 "only weakly protected; the central guarantee is the one to quote"))
+    local = (f"({fmt(cal.local_epsilon, 5)}, {fmt(cal.local_delta)})  — each record alone is "
+             "only weakly protected; the central guarantee is the one to quote")
+    rows.append(("local (ε, δ) of one record", local))
     return rows
 
 

@@ -53,8 +53,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Entry point of `ipdp demo`."""
-    from ipdp.cli import UsageError, format_validation_error
     from pydantic import ValidationError
+
+    from ipdp.cli import UsageError, format_validation_error
 
     started = time.monotonic()
     devices = args.devices or args.n

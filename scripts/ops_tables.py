@@ -150,36 +150,27 @@ def doc_rows(text: str, prefix: str) -> dict[str, list[str]]:
 
 def check(text: str) -> list[str]:
     """Every way the document's tables differ from the code (empty: in sync)."""
-    problems = []
-    documented = doc_rows(text, "IPDP_")
-    for name, typ, default, _ in settings_rows():
-        cells = documented.pop(name, None)
-        if cells is None:
-            problems.append(f"setting {name} is missing from the settings table")
-            continue
-        if len(cells) < 3 or not cells[2]:
-            problems.append(f"setting {name}: expected | type | default | description |")
-            continue
-        if cells[0] != typ:
-            problems.append(f"setting {name}: type {cells[0]!r}, the code says {typ!r}")
-        if cells[1] != default:
-            problems.append(f"setting {name}: default {cells[1]!r}, the code says {default!r}")
-    problems += [f"{name} is documented but no settings model reads it" for name in documented]
-    documented = doc_rows(text, "ipdp_")
-    for name, typ, labels, _ in metric_rows():
-        cells = documented.pop(name, None)
-        if cells is None:
-            problems.append(f"metric {name} is missing from the metrics table")
-            continue
-        if len(cells) < 3 or not cells[2]:
-            problems.append(f"metric {name}: expected | type | labels | meaning |")
-            continue
-        if cells[0] != typ:
-            problems.append(f"metric {name}: type {cells[0]!r}, the code says {typ!r}")
-        if cells[1] != labels:
-            problems.append(f"metric {name}: labels {cells[1]!r}, the code says {labels!r}")
-    problems += [f"{name} is documented but ipdp/metrics.py does not export it"
-                 for name in documented]
+    problems: list[str] = []
+    for kind, prefix, rows, columns, where in (
+        ("setting", "IPDP_", settings_rows(), ("type", "default"), "no settings model reads it"),
+        ("metric", "ipdp_", metric_rows(), ("type", "labels"),
+         "ipdp/metrics.py does not export it"),
+    ):
+        documented = doc_rows(text, prefix)
+        for name, first, second, _ in rows:
+            cells = documented.pop(name, None)
+            if cells is None:
+                problems.append(f"{kind} {name} is missing from the {kind}s table")
+                continue
+            if len(cells) < 3 or not cells[2]:
+                problems.append(f"{kind} {name}: expected | {columns[0]} | {columns[1]} | … |")
+                continue
+            for column, doc_value, code_value in zip(columns, cells[:2], (first, second),
+                                                      strict=True):
+                if doc_value != code_value:
+                    problems.append(f"{kind} {name}: {column} {doc_value!r}, "
+                                    f"the code says {code_value!r}")
+        problems += [f"{name} is documented but {where}" for name in documented]
     return problems
 
 

@@ -69,6 +69,30 @@ def contribute(study: Study, kafka: KafkaSettings, topics: TopicSettings, k: int
     return prepare(study.loss, x, y, study.calibration, np.random.default_rng(seed + 1))
 
 
+def read_records(kafka: KafkaSettings, topic: str, expected: int, timeout_s: float = 20.0):
+    """Every record of `topic` from the beginning, until `expected` arrived or the time is up.
+
+    Reads by count, not by end offsets: tansu's end offsets can stop short of the last record.
+    """
+    from kafka import TopicPartition
+
+    from ipdp.clients import kafka_consumer
+
+    consumer = kafka_consumer(kafka, group_id=None)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < expected and time.monotonic() < deadline:
+            for msgs in consumer.poll(timeout_ms=200).values():
+                out.extend(msgs)
+        return out
+    finally:
+        consumer.close()
+
+
 @contextmanager
 def services(kafka: KafkaSettings, redis_settings: RedisSettings, topics: TopicSettings, *,
              aggregators: int = 1, trainer: bool = True,

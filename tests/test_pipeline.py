@@ -40,7 +40,7 @@ def test_two_and_a_half_rounds_give_two_models_of_exactly_n_and_keep_the_rest_op
         kafka_settings, redis_settings, topics):
     study = create(kafka_settings, redis_settings, topics, study_id="rounds", d=4, n=400,
                    epsilon=1.0, delta=0.01)
-    q, p = contribute(study, kafka_settings, topics, 1000, seed=2)
+    contribute(study, kafka_settings, topics, 1000, seed=2)
     with services(kafka_settings, redis_settings, topics):
         wait_for(lambda: len(_models(kafka_settings, topics, study.study_id)) == 2,
                  GROUP_JOIN_TIMEOUT_S, "two models")
@@ -67,7 +67,7 @@ def test_two_aggregators_in_one_group_fold_the_same_statistics_as_one(
 
     params = {"d": 6, "n": 100_000, "epsilon": 1.0, "delta": 0.01}
     single = create(kafka_settings, redis_settings, topics, study_id="single", **params)
-    q, p = contribute(single, kafka_settings, topics, 4000, seed=3)
+    q, _ = contribute(single, kafka_settings, topics, 4000, seed=3)
     with services(kafka_settings, redis_settings, topics, trainer=False):
         wait_for(lambda: total_stats(redis_settings, single)[2] == 4000,
                  GROUP_JOIN_TIMEOUT_S, "one aggregator to fold 4000 records")

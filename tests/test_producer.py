@@ -14,6 +14,7 @@ from ipdp.study import Study
 from ipdp.wire import decode_batch
 from producer.contributor import Contributor, new_record_ids
 from producer.datasets import from_csv, synthetic, synthetic_batches, train_test_split
+from tests.pipeline import read_records
 
 STUDY = {"d": 5, "n": 10_000, "epsilon": 1.0, "delta": 0.01}
 
@@ -151,26 +152,6 @@ def test_contributor_checks_shapes():
 # --------------------------------------------------------------------------- load generator
 
 
-def _read_all(kafka, topic, expected, timeout_s=20.0):
-    from kafka import TopicPartition
-
-    from ipdp.clients import kafka_consumer
-
-    consumer = kafka_consumer(kafka, group_id=None)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        out = []
-        deadline = time.monotonic() + timeout_s
-        while len(out) < expected and time.monotonic() < deadline:
-            for msgs in consumer.poll(timeout_ms=200).values():
-                out.extend(msgs)
-        return out
-    finally:
-        consumer.close()
-
-
 def _end_total(kafka, topic) -> int:
     """Records in the topic, counted by reading (tansu's end offsets can stop short)."""
     from kafka import TopicPartition
@@ -202,7 +183,7 @@ def test_loadgen_sends_one_record_per_device(kafka_settings, topics):
     assert LOADGEN_RECORDS_SENT.labels(study.study_id)._value.get() - before == 3001
     assert _end_total(kafka_settings, topics.records) == 3001
 
-    msgs = _read_all(kafka_settings, topics.records, 3001)
+    msgs = read_records(kafka_settings, topics.records, 3001)
     assert len(msgs) == 3001
     (batch,), rejects = decode_batch([m.value for m in msgs])
     assert not rejects and len(batch) == 3001

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ipdp.cli import UsageError
-from ipdp.clients import kafka_consumer, kafka_producer, redis_client
+from ipdp.clients import kafka_producer, redis_client
 from ipdp.losses import clip, encode, prepare
 from ipdp.model_message import ModelMessage, PrivacyReport
 from ipdp.registry import (
@@ -31,6 +31,7 @@ from ipdp.study import Study
 from ipdp.subscriber import ModelSubscriber
 from ipdp.wire import decode_record
 from producer.contributor import Contributor, StudyClosed, StudyNotFound
+from tests.pipeline import read_records
 
 pytestmark = pytest.mark.integration
 
@@ -59,24 +60,6 @@ def env_topics(topics, kafka_settings, redis_settings, monkeypatch):
     monkeypatch.setenv("IPDP_KAFKA_BOOTSTRAP", kafka_settings.bootstrap)
     monkeypatch.setenv("IPDP_REDIS_URL", redis_settings.url)
     return topics
-
-
-def _records(kafka, topic, expected, timeout_s=15.0):
-    from kafka import TopicPartition
-
-    consumer = kafka_consumer(kafka, group_id=None)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        out = []
-        deadline = time.monotonic() + timeout_s
-        while len(out) < expected and time.monotonic() < deadline:
-            for msgs in consumer.poll(timeout_ms=200).values():
-                out.extend(msgs)
-        return out
-    finally:
-        consumer.close()
 
 
 # --------------------------------------------------------------------------- registry
@@ -129,7 +112,7 @@ def test_submit_publishes_a_perturbed_record(r, producer, kafka_settings, topics
         c.flush()
         assert c.delivered == 1 and c.failed == 0
     assert isinstance(rid, bytes) and len(rid) == 16
-    (msg,) = _records(kafka_settings, topics.records, 1)
+    (msg,) = read_records(kafka_settings, topics.records, 1)
     assert msg.key == rid
     rec = decode_record(msg.value)
     assert rec.study_hash == study.hash and rec.record_id == rid
@@ -150,7 +133,7 @@ def test_submit_many_with_seeded_rng_matches_prepare(r, producer, kafka_settings
     ids = c.submit_many(x, y)
     c.flush()
     assert ids.shape == (200, 16) and len({i.tobytes() for i in ids}) == 200
-    msgs = _records(kafka_settings, topics.records, 200)
+    msgs = read_records(kafka_settings, topics.records, 200)
     got = {m.key: decode_record(m.value) for m in msgs}
     assert len(got) == 200
     q_exp, p_exp = prepare("logistic", x, y, study.calibration, np.random.default_rng(7))
