@@ -50,6 +50,7 @@ from bench.baselines import (
     objpert_gauss,
     project_ball,
 )
+from bench.markdown import markers, replace_block
 from ipdp.calibration import Calibration, CalibrationError, calibrate
 from ipdp.losses import clip, encode
 from ipdp.solver import solve_constrained
@@ -68,7 +69,7 @@ OUTPUT_REGS = tuple(2.0**-k for k in (14, 12, 10, 8, 6, 4, 2))
 METHODS = ("NP", "IP-rigorous", "IP-paper", "ObjPert-Gauss", "OutPert-Laplace", "OutPert-Gauss")
 PRIVATE = METHODS[1:]
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-BEGIN, END = "<!-- bench.accuracy:begin -->", "<!-- bench.accuracy:end -->"
+BEGIN, END = markers("bench.accuracy")
 
 
 @dataclass(frozen=True)
@@ -624,11 +625,10 @@ def write_section(md: Path, generated: str) -> None:
     if not md.exists():
         md.write_text(SKELETON.format(block=block), encoding="utf-8")
         return
+    if replace_block(md, "bench.accuracy", generated):
+        return
     text = md.read_text(encoding="utf-8")
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block.rstrip("\n") + rest.split(END, 1)[1]
-    elif "## Accuracy" in text:
+    if "## Accuracy" in text:
         head, rest = text.split("## Accuracy", 1)
         nxt = re.search(r"^## ", rest, flags=re.MULTILINE)
         cut = nxt.start() if nxt else len(rest)

@@ -10,15 +10,19 @@ measured here, in this run; nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import platform
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from aggregator.fold import Folder, Message
+from bench.markdown import replace_block
 from ipdp import registry, state
 from ipdp.clients import kafka_consumer, kafka_producer, redis_client
 from ipdp.losses import prepare
@@ -43,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e-records", dest="e2e_records", type=int, default=100_000,
                    help="Records through the embedded broker (default 100000).")
     p.add_argument("--quick", action="store_true", help="Small sizes, for a smoke run.")
+    p.add_argument("--write", metavar="MD", default=None,
+                   help="Also put the tables into MD between the bench.throughput markers "
+                        "(docs/benchmarks.md).")
 
 
 def _records(study: Study, k: int, seed: int) -> list[bytes]:
@@ -232,9 +239,11 @@ def memory(quick: bool) -> list[list[str]]:
                 values = _records(study, min(100_000, k - s), seed=s)
                 folder.fold([Message(0, s + i, v) for i, v in enumerate(values)])
             stats = r.memory_usage(state.open_key(study.study_id))
+            payload = sum(r.hstrlen(state.open_key(study.study_id), f) for f in ("A", "b"))
             offsets = r.memory_usage(state.offsets_key(f"mem{k}", "t"))
             seen = r.memory_usage(state.seen_key(study.study_id), samples=0)
-            rows.append([f"{k:,}", str(stats), str(offsets), f"{seen:,}", f"{seen / k:.0f}"])
+            rows.append([f"{k:,}", str(payload), str(stats), str(offsets), f"{seen:,}",
+                         f"{seen / k:.0f}"])
     finally:
         srv.stop()
     return rows
@@ -248,28 +257,55 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`ipdp bench throughput`."""
+    """`ipdp bench throughput`: print the tables (and write them with --write)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(_Tee(sys.stdout, buffer)):
+        _run(args)
+    if args.write:
+        command = "ipdp bench throughput" + (" --quick" if args.quick else "")
+        text = f"Command: `{command}`\n\n{buffer.getvalue()}"
+        if not replace_block(Path(args.write), "bench.throughput", text):
+            print(f"{args.write} has no bench.throughput markers; nothing written",
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams) -> None:
+        self.streams = streams
+
+    def write(self, s: str) -> int:
+        for stream in self.streams:
+            stream.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+def _run(args: argparse.Namespace) -> None:
     k = 20_000 if args.quick else args.records
     k_e2e = 20_000 if args.quick else args.e2e_records
-    print(f"# ipdp throughput — {platform.processor() or platform.machine()}, "
+    print(f"Machine: {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}, numpy {np.__version__}\n")
-    print(f"## Fold path without a broker (target {TARGETS['fold']})\n")
+    print(f"### Fold path without a broker (target {TARGETS['fold']})\n")
     _md(["d", "batch", "what", "records/s (wall)", "records/s per aggregator CPU-second"],
         fold_path(k))
-    print(f"\n## End to end on the embedded broker, {k_e2e:,} records "
+    print(f"\n### End to end on the embedded broker, {k_e2e:,} records "
           f"(target {TARGETS['e2e']})\n")
     rows, e2e = end_to_end(k_e2e)
     _md(["path", "records/s", "client CPU µs per record"], rows)
-    print(f"\n## Trainer (target {TARGETS['solve']})\n")
+    print(f"\n### Trainer (target {TARGETS['solve']})\n")
     print(f"n-th record produced → model on Kafka and acknowledged in Redis: "
           f"{e2e['last_record_to_model_ms']:.0f} ms; of which round closed → model published: "
           f"{e2e['close_to_publish_ms']} ms (n = {k_e2e + 1:,}, d = 14)\n")
     _md(["d", "solve median (ms)", "solve max (ms)"], solve_times())
-    print(f"\n## Memory (target {TARGETS['bytes']})\n")
-    _md(["records folded", "statistics bytes (open round)", "offsets bytes",
+    print(f"\n### Memory (target {TARGETS['bytes']})\n")
+    _md(["records folded", "A and b bytes", "open-round hash, MEMORY USAGE", "offsets bytes",
          "replay ids bytes", "bytes per replay id"], memory(args.quick))
     print(f"\naggregator peak RSS: {e2e['agg_peak_rss_mb']:.0f} MiB")
-    return 0
 
 
 def _md(header: list[str], rows: list[list[str]]) -> None:

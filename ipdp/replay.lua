@@ -6,9 +6,22 @@
 local mode = ARGV[#ARGV]
 local key, ids = KEYS[1], ARGV[1]
 if mode == 'check' then
-  local out = {}
+  local out, chunk = {}, {}
+  local function flush()
+    local scores = redis.call('ZMSCORE', key, unpack(chunk))
+    for j = 1, #chunk do
+      out[#out + 1] = scores[j] and '1' or '0'
+    end
+    chunk = {}
+  end
   for i = 1, #ids, 16 do
-    out[#out + 1] = redis.call('ZSCORE', key, string.sub(ids, i, i + 15)) and '1' or '0'
+    chunk[#chunk + 1] = string.sub(ids, i, i + 15)
+    if #chunk >= 4000 then
+      flush()
+    end
+  end
+  if #chunk > 0 then
+    flush()
   end
   return table.concat(out)
 end

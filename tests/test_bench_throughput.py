@@ -1,0 +1,31 @@
+"""The throughput benchmark runs and measures what it says (no timing is asserted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import throughput
+from bench.markdown import replace_block
+
+
+def test_fold_path_and_memory_sections_report_positive_rates_and_flat_statistics_bytes():
+    rows = throughput.fold_path(2_000)
+    assert {r[0] for r in rows} == {"14", "100"}
+    assert all(float(r[3].replace(",", "")) > 0 for r in rows)
+    memory = throughput.memory(quick=True)
+    # The open round's statistics are d×d + d floats whatever the record count.
+    assert memory[0][1] == memory[1][1] == str((14 * 14 + 14) * 8)
+    assert int(memory[1][4].replace(",", "")) > int(memory[0][4].replace(",", ""))
+
+
+def test_solve_times_cover_the_three_dimensions():
+    assert [r[0] for r in throughput.solve_times()] == ["14", "100", "1000"]
+
+
+def test_generated_block_replaces_only_the_text_between_its_markers(tmp_path: Path):
+    md = tmp_path / "b.md"
+    md.write_text("intro\n<!-- x:begin -->\nold\n<!-- x:end -->\noutro\n", encoding="utf-8")
+    assert replace_block(md, "x", "new table\n")
+    assert md.read_text(encoding="utf-8") == (
+        "intro\n<!-- x:begin -->\nnew table\n<!-- x:end -->\noutro\n")
+    assert not replace_block(md, "y", "anything")
