@@ -223,6 +223,32 @@ def solve_times() -> list[list[str]]:
     return rows
 
 
+def replay_set(k: int) -> list[list[str]]:
+    """The replay-id script alone (ipdp/replay.lua) against a fresh Redis: check, then insert."""
+    import importlib.resources
+
+    rows = []
+    script = importlib.resources.files("ipdp").joinpath("replay.lua").read_text()
+    for label, extra in (("AOF appendfsync always (as deployed)", []),
+                         ("AOF off", ["--appendonly", "no"])):
+        srv = EmbeddedRedis(extra_args=extra)
+        srv.start()
+        try:
+            r = redis_client(srv.settings())
+            replay = r.register_script(script)
+            ids = np.random.default_rng(0).integers(0, 256, (k, 16), dtype=np.uint8)
+            for op, args in (("check, ids absent", lambda c: [c, "check"]),
+                             ("insert + trim", lambda c: [c, 1, 0, "add"]),
+                             ("check, ids present", lambda c: [c, "check"])):
+                t0 = time.perf_counter()
+                for s in range(0, k, 5000):
+                    replay(keys=["seen"], args=args(ids[s:s + 5000].tobytes()))
+                rows.append([label, op, f"{k / (time.perf_counter() - t0):,.0f}"])
+        finally:
+            srv.stop()
+    return rows
+
+
 def memory(quick: bool) -> list[list[str]]:
     """Redis bytes of one study's statistics and offsets after 10³ and 10⁶ records."""
     rows = []
@@ -293,6 +319,8 @@ def _run(args: argparse.Namespace) -> None:
     print(f"### Fold path without a broker (target {TARGETS['fold']})\n")
     _md(["d", "batch", "what", "records/s (wall)", "records/s per aggregator CPU-second"],
         fold_path(k))
+    print("\nThe replay-id script alone, batches of 5,000 ids:\n")
+    _md(["redis-server", "operation", "ids/s"], replay_set(k))
     print(f"\n### End to end on the embedded broker, {k_e2e:,} records "
           f"(target {TARGETS['e2e']})\n")
     rows, e2e = end_to_end(k_e2e)
