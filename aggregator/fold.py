@@ -67,7 +67,6 @@ class _Valid:
     study: Study
     messages: list[Message]
     record_id: np.ndarray
-    created_ms: np.ndarray
     q: np.ndarray
     p: np.ndarray
 
@@ -109,13 +108,16 @@ class Folder:
         """Validate and fold `messages`; `dead_letter` is called before the commit (at least once)."""
         now_ms = int(self.clock() * 1000)
         stateless_rejects, valid = self._validate(messages, now_ms)
-        partitions = sorted({m.partition for m in messages})
-        first = {p: min(m.offset for m in messages if m.partition == p) for p in partitions}
-        last = {p: max(m.offset for m in messages if m.partition == p) for p in partitions}
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for m in messages:
+            first[m.partition] = min(first.get(m.partition, m.offset), m.offset)
+            last[m.partition] = max(last.get(m.partition, m.offset), m.offset)
+        partitions = sorted(first)
         watched = [self.offsets_key]
-        for study in {v.study.study_id: v.study for v in valid}.values():
-            watched += [state.open_key(study.study_id), state.study_key(study.study_id),
-                        state.seen_key(study.study_id)]
+        for v in valid:
+            sid = v.study.study_id
+            watched += [state.open_key(sid), state.study_key(sid), state.seen_key(sid)]
         sent: set[tuple[int, int, str]] = set()
         conflicts = 0
         with self.r.pipeline() as pipe:
@@ -294,12 +296,10 @@ class Folder:
                 v = valid.get(study.study_id)
                 msgs = [messages[i] for i in rows.index]
                 if v is None:
-                    valid[study.study_id] = _Valid(study, msgs, rows.record_id, rows.created_ms,
-                                                   rows.q, rows.p)
+                    valid[study.study_id] = _Valid(study, msgs, rows.record_id, rows.q, rows.p)
                 else:
                     v.messages += msgs
                     v.record_id = np.concatenate([v.record_id, rows.record_id])
-                    v.created_ms = np.concatenate([v.created_ms, rows.created_ms])
                     v.q = np.concatenate([v.q, rows.q])
                     v.p = np.concatenate([v.p, rows.p])
         for v in valid.values():
@@ -307,7 +307,7 @@ class Folder:
                            key=lambda i: (v.messages[i].partition, v.messages[i].offset))
             if order != list(range(len(order))):
                 v.messages = [v.messages[i] for i in order]
-                v.record_id, v.created_ms = v.record_id[order], v.created_ms[order]
+                v.record_id = v.record_id[order]
                 v.q, v.p = v.q[order], v.p[order]
         rejects.sort(key=lambda x: (x.message.partition, x.message.offset))
         return rejects, list(valid.values())
