@@ -19,7 +19,7 @@ from kafka.errors import KafkaError
 
 from aggregator.fold import Folder, FoldResult, Message, Rejection
 from ipdp import metrics
-from ipdp.backoff import Backoff
+from ipdp.backoff import Backoff, pause_after_failure
 from ipdp.clients import check_redis, kafka_consumer, kafka_producer, redis_client
 from ipdp.process import install_signal_handlers
 from ipdp.settings import (
@@ -102,7 +102,7 @@ class Aggregator:
                 polled = self.consumer.poll(timeout_ms=self.settings.poll_timeout_ms,
                                             max_records=self.settings.max_batch)
             except KafkaError as exc:
-                self._retry("kafka", "poll", exc, backoff)
+                pause_after_failure(backoff, self.stop_event, "kafka", "poll", exc)
                 continue
             backoff.reset()
             if not polled:
@@ -186,18 +186,11 @@ class Aggregator:
             except REDIS_TRANSIENT as exc:
                 if self.stop_event.is_set():
                     raise
-                self._retry("redis", "fold", exc, backoff)
+                pause_after_failure(backoff, self.stop_event, "redis", "fold", exc)
             except KafkaError as exc:
                 if self.stop_event.is_set():
                     raise
-                self._retry("kafka", "dead_letter", exc, backoff)
-
-    def _retry(self, backend: str, operation: str, exc: Exception, backoff: Backoff) -> None:
-        metrics.BACKEND_ERRORS.labels(backend, operation).inc()
-        metrics.BACKEND_RETRIES.labels(backend).inc()
-        delay = backoff.next()
-        log.warning("%s %s failed (%s); retrying in %.1f s", backend, operation, exc, delay)
-        self.stop_event.wait(delay)
+                pause_after_failure(backoff, self.stop_event, "kafka", "dead_letter", exc)
 
     def _refresh_lag(self) -> None:
         if time.monotonic() - self._lag_at < LAG_REFRESH_S:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
+
+from ipdp import metrics
+
+log = logging.getLogger(__name__)
 
 
 class Backoff:
@@ -21,3 +27,14 @@ class Backoff:
     def reset(self) -> None:
         """After a success."""
         self.attempt = 0
+
+
+def pause_after_failure(backoff: Backoff, stop_event: threading.Event, backend: str,
+                        operation: str, exc: Exception) -> None:
+    """Count a failed Kafka or Redis call and its retry, log it, then wait out the next delay
+    (returning early if the process is asked to stop)."""
+    metrics.BACKEND_ERRORS.labels(backend, operation).inc()
+    metrics.BACKEND_RETRIES.labels(backend).inc()
+    delay = backoff.next()
+    log.warning("%s %s failed (%s); retrying in %.1f s", backend, operation, exc, delay)
+    stop_event.wait(delay)

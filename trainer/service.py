@@ -20,7 +20,7 @@ import redis
 from kafka.errors import KafkaError
 
 from ipdp import metrics, registry, state
-from ipdp.backoff import Backoff
+from ipdp.backoff import Backoff, pause_after_failure
 from ipdp.clients import check_redis, kafka_producer, redis_client
 from ipdp.model_message import ModelMessage, PrivacyReport, model_key
 from ipdp.process import install_signal_handlers
@@ -93,12 +93,8 @@ class Trainer:
                 backoff.reset()
             except (redis.ConnectionError, redis.TimeoutError, KafkaError) as exc:
                 backend = "kafka" if isinstance(exc, KafkaError) else "redis"
-                metrics.BACKEND_ERRORS.labels(backend, "rounds").inc()
-                metrics.BACKEND_RETRIES.labels(backend).inc()
-                delay = backoff.next()
-                log.warning("%s unavailable (%s); retrying in %.1f s", backend, exc, delay)
+                pause_after_failure(backoff, self.stop_event, backend, "rounds", exc)
                 pending_first = True
-                self.stop_event.wait(delay)
                 continue
             if entries:
                 idle_since = time.monotonic()
