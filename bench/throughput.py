@@ -61,11 +61,6 @@ def _records(study: Study, k: int, seed: int) -> list[bytes]:
     return encode_batch(study.hash, ids, np.full(k, int(time.time() * 1000)), q, p)
 
 
-def _register(r, study: Study) -> None:
-    r.hset(state.study_key(study.study_id), mapping={"json": study.to_json(), "status": "open"})
-    r.hset(state.STUDY_HASHES, study.hash, study.study_id)
-
-
 def fold_path(k14: int) -> list[list[str]]:
     """Decode + validate + fold + atomic Redis commit, per batch size, and its ceilings."""
     rows = []
@@ -75,7 +70,7 @@ def fold_path(k14: int) -> list[list[str]]:
         r = redis_client(srv.settings())
         for d, k in ((14, k14), (100, max(10_000, k14 // 4))):
             study = Study(study_id=f"bench-{d}", d=d, n=10**9, epsilon=1.0, delta=0.01)
-            _register(r, study)
+            registry.register_study(r, study)
             values = _records(study, k, seed=d)
             batches, _ = decode_batch(values)
             q, p = batches[0].q, batches[0].p
@@ -258,7 +253,7 @@ def memory(quick: bool) -> list[list[str]]:
         r = redis_client(srv.settings())
         for k in (10**3, 10**4 if quick else 10**6):
             study = Study(study_id=f"mem-{k}", d=14, n=10**9, epsilon=1.0, delta=0.01)
-            _register(r, study)
+            registry.register_study(r, study)
             folder = Folder(r, group=f"mem{k}", topic="t", replay_window_s=86_400,
                             max_future_skew_s=300, max_message_bytes=1 << 20)
             for s in range(0, k, 100_000):

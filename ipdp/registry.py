@@ -84,13 +84,11 @@ def _publish(producer: KafkaProducer, topics: TopicSettings, study: Study, statu
     fut.get(timeout=timeout_s)  # raise the delivery error, if any
 
 
-def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
-                 study: Study) -> bool:
-    """Register ``study`` in Redis and publish it on the studies topic.
+def register_study(r: redis.Redis, study: Study) -> tuple[Study, str, bool]:
+    """Store ``study`` in Redis unless an identical one is there: (stored study, status, created).
 
-    Returns True when the study was created, False when an identical study already existed (its
-    current state is re-published, which a compacted topic absorbs). Raises :class:`StudyExists`
-    if the id is taken by different parameters, or its wire hash by another id.
+    Raises :class:`StudyExists` if the id is taken by different parameters, or its wire hash by
+    another id.
     """
     key = study_key(study.study_id)
     with r.pipeline() as pipe:
@@ -105,9 +103,7 @@ def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
                         raise StudyExists(
                             f"study {study.study_id!r} already exists with different parameters"
                             " (a study is immutable: choose a new id)")
-                    status = _text(r.hget(key, "status")) or OPEN
-                    _publish(producer, topics, old, status)
-                    return False
+                    return old, _text(r.hget(key, "status")) or OPEN, False
                 owner = _text(pipe.hget(STUDY_HASHES, study.hash))
                 if owner is not None and owner != study.study_id:
                     pipe.reset()
@@ -118,11 +114,22 @@ def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
                                         "created_ms": int(time.time() * 1000)})
                 pipe.hset(STUDY_HASHES, study.hash, study.study_id)
                 pipe.execute()
-                break
+                return study, OPEN, True
             except redis.WatchError:
                 continue
-    _publish(producer, topics, study, OPEN)
-    return True
+
+
+def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
+                 study: Study) -> bool:
+    """Register ``study`` in Redis and publish it on the studies topic.
+
+    Returns True when the study was created, False when an identical study already existed (its
+    current state is re-published, which a compacted topic absorbs). Raises :class:`StudyExists`
+    as :func:`register_study` does.
+    """
+    stored, status, created = register_study(r, study)
+    _publish(producer, topics, stored, status)
+    return created
 
 
 def _load_key(r: redis.Redis, study_id: str) -> tuple[Study, str] | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ipdp import registry
+from ipdp import registry, state
 from ipdp.clients import kafka_producer, redis_client
 from ipdp.model_message import ModelMessage
 from ipdp.report import calibration_rows, table
@@ -87,7 +87,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "waiting for the model …")
             model = _first_model(kafka, topics, study.study_id, children)
             folded = int(redis_client(rt.redis_settings()).hget(
-                f"ipdp:counts:{study.study_id}", "folded") or 0)
+                state.counts_key(study.study_id), "folded") or 0)
         finally:
             _stop_services(children)
     result = _evaluate(study, model, train, test)
