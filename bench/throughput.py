@@ -64,9 +64,7 @@ def _records(study: Study, k: int, seed: int) -> list[bytes]:
 def fold_path(k14: int) -> list[list[str]]:
     """Decode + validate + fold + atomic Redis commit, per batch size, and its ceilings."""
     rows = []
-    srv = EmbeddedRedis()
-    srv.start()
-    try:
+    with EmbeddedRedis() as srv:
         r = redis_client(srv.settings())
         for d, k in ((14, k14), (100, max(10_000, k14 // 4))):
             study = Study(study_id=f"bench-{d}", d=d, n=10**9, epsilon=1.0, delta=0.01)
@@ -97,8 +95,6 @@ def fold_path(k14: int) -> list[list[str]]:
                 wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
                 rows.append([str(d), str(batch), "full fold path (real Redis)",
                              f"{k / wall:,.0f}", f"{k / cpu:,.0f}"])
-    finally:
-        srv.stop()
     return rows
 
 
@@ -226,9 +222,7 @@ def replay_set(k: int) -> list[list[str]]:
     script = importlib.resources.files("ipdp").joinpath("replay.lua").read_text()
     for label, extra in (("AOF appendfsync always (as deployed)", []),
                          ("AOF off", ["--appendonly", "no"])):
-        srv = EmbeddedRedis(extra_args=extra)
-        srv.start()
-        try:
+        with EmbeddedRedis(extra_args=extra) as srv:
             r = redis_client(srv.settings())
             replay = r.register_script(script)
             ids = np.random.default_rng(0).integers(0, 256, (k, 16), dtype=np.uint8)
@@ -239,17 +233,13 @@ def replay_set(k: int) -> list[list[str]]:
                 for s in range(0, k, 5000):
                     replay(keys=["seen"], args=args(ids[s:s + 5000].tobytes()))
                 rows.append([label, op, f"{k / (time.perf_counter() - t0):,.0f}"])
-        finally:
-            srv.stop()
     return rows
 
 
 def memory(quick: bool) -> list[list[str]]:
     """Redis bytes of one study's statistics and offsets after 10³ and 10⁶ records."""
     rows = []
-    srv = EmbeddedRedis()
-    srv.start()
-    try:
+    with EmbeddedRedis() as srv:
         r = redis_client(srv.settings())
         for k in (10**3, 10**4 if quick else 10**6):
             study = Study(study_id=f"mem-{k}", d=14, n=10**9, epsilon=1.0, delta=0.01)
@@ -265,8 +255,6 @@ def memory(quick: bool) -> list[list[str]]:
             seen = r.memory_usage(state.seen_key(study.study_id), samples=0)
             rows.append([f"{k:,}", str(payload), str(stats), str(offsets), f"{seen:,}",
                          f"{seen / k:.0f}"])
-    finally:
-        srv.stop()
     return rows
 
 

@@ -350,6 +350,12 @@ class _Server:
         _terminate(self.proc, self.stop_timeout_s)
         _unregister(self)
 
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def restart(self):
         """Stop and start again on the same port (and, for Redis, the same data directory)."""
         self.stop()

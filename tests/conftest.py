@@ -109,9 +109,5 @@ def fresh_redis(tmp_path) -> Iterator:
     from ipdp.runtime import EmbeddedRedis
 
     _require_binaries(broker=False)
-    r = EmbeddedRedis(data_dir=tmp_path / "redis")
-    r.start()
-    try:
+    with EmbeddedRedis(data_dir=tmp_path / "redis") as r:
         yield r
-    finally:
-        r.stop()
