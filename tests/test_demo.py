@@ -1,0 +1,40 @@
+"""`ipdp demo`, the README's main job, run as a user runs it (embedded broker and Redis)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import _require_binaries
+
+
+def _demo(*flags: str) -> dict:
+    _require_binaries()
+    out = subprocess.run([sys.executable, "-m", "ipdp.cli", "demo", "--json", *flags],
+                         check=False, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.integration
+def test_demo_squared_loss_reports_a_private_model_from_exactly_n_records():
+    result = _demo("--n", "20000")
+    assert {"n", "records_folded", "round", "rmse_private", "rmse_nonprivate", "epsilon",
+            "delta", "elapsed_s"} <= result.keys()
+    assert (result["n"], result["records_folded"], result["round"]) == (20000, 20000, 1)
+    assert (result["epsilon"], result["delta"]) == (1.0, 0.01)
+    # At n = 20,000 the private fit is about 0.05 and predicting 0 about 0.26.
+    assert result["rmse_private"] < result["rmse_zero_model"] / 2
+    assert result["rmse_nonprivate"] < result["rmse_zero_model"] / 2
+
+
+@pytest.mark.integration
+def test_demo_logistic_loss_reports_accuracy_instead_of_rmse():
+    result = _demo("--n", "20000", "--loss", "logistic")
+    assert {"accuracy_private", "accuracy_nonprivate"} <= result.keys()
+    assert "rmse_private" not in result
+    assert result["records_folded"] == 20000
+    assert result["accuracy_private"] > 0.75  # about 0.92 here; chance is 0.5
