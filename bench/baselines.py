@@ -2,7 +2,7 @@
 
 Everything is in the "sum" form the trainer uses: the empirical risk of n records is
 J(w) = Σᵢ ½ (qᵢᵀw)² − pᵢᵀw over the ball ‖w‖ ≤ η, each record has smoothness ‖qᵢ‖² ≤ λ and is
-ζ-Lipschitz on the ball with ζ = λη + P (DESIGN.md §2). Neighbouring data sets differ in one record
+ζ-Lipschitz on the ball with ζ = λη + P (docs/privacy.md). Neighbouring data sets differ in one record
 (replace-one), as in all three references.
 
 - Objective perturbation, Gaussian variant (Kifer, Smith & Thakurta 2012, Algorithm 1 and
