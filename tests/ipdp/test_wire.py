@@ -454,3 +454,31 @@ def test_single_byte_mutation_is_decoded_or_rejected_for_the_right_reason(d, dat
     else:
         assert batches == [] and [(i, e.reason) for i, e in rejects] == [(0, expected)]
         assert reason_of(mutated) is expected
+
+
+def test_a_container_holds_the_devices_bytes_unchanged_and_splits_back():
+    from ipdp.wire import encode_container, split_container
+
+    rid, ms, q, p = make_arrays(np.random.default_rng(11), 3, 4)
+    records = encode_batch(b"\x01" * 16, rid, ms, q, p)
+    value = encode_container(records)
+    assert value[:8] == bytes((2, 0, 0, 0, 3, 0, 0, 0))
+    assert split_container(value) == records
+    assert split_container(records[0]) is None  # a single record is not a container
+
+
+@pytest.mark.parametrize("value", [bytes((2, 0, 0, 0, 0, 0, 0, 0)),  # zero records
+                                   bytes((2, 0, 0, 0, 3, 0, 0, 0)) + b"x" * 10,  # 10 % 3 != 0
+                                   bytes((2, 1, 0, 0, 1, 0, 0, 0)) + b"x" * 80,  # reserved set
+                                   bytes((2, 0, 0))])
+def test_a_malformed_container_is_not_split(value):
+    from ipdp.wire import split_container
+
+    assert split_container(value) is None
+
+
+def test_a_container_refuses_records_of_different_lengths():
+    from ipdp.wire import encode_container
+
+    with pytest.raises(ValueError, match="same length"):
+        encode_container([b"a" * 80, b"b" * 96])
