@@ -415,6 +415,20 @@ def _least_input_noise(pr: _Problem, reference_b2: float) -> _Point | None:
     return largest_eps1(*_gammas(pr, lg1, lg2))
 
 
+def _smallest_share(pr: _Problem, gamma1: float, gamma2: float) -> float | None:
+    """Least ε₁/ε (to 1e-9) for which Step 5 has a finite σ_u², or None."""
+    if _point(pr, 0.999 * pr.epsilon, gamma1, gamma2) is None:
+        return None
+    lo, hi = 0.0, 0.999
+    while hi - lo > 1e-9:
+        mid = 0.5 * (lo + hi)
+        if _point(pr, mid * pr.epsilon, gamma1, gamma2) is None:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 def _balanced(pr: _Problem, share: float | None) -> _Point | None:
     """Stage 2 of Step 8: least σ_u²·σ_b² over the splits (ε₁ = share·ε when share is given)."""
 
@@ -425,16 +439,20 @@ def _balanced(pr: _Problem, share: float | None) -> _Point | None:
             return math.inf
         return math.log(pt.sigma_u2) + math.log(_sigma_b2(pr, pt))
 
-    x = 0.5 if share is None else share
     lg1, lg2 = math.log(0.1), math.log(0.3)
-    if math.isinf(cost(x, lg1, lg2)):
-        x = next((k / 64 for k in range(33, 64) if share is None
-                  and not math.isinf(cost(k / 64, lg1, lg2))), x)
+    if share is None:
+        lowest = _smallest_share(pr, *_gammas(pr, lg1, lg2))
+        if lowest is None:
+            return None
+        x = 0.5 * (lowest + 1.0)
+    else:
+        x = share
     if math.isinf(cost(x, lg1, lg2)):
         return None
     for _ in range(2):
         if share is None:
-            x = _golden(lambda v, a=lg1, b=lg2: cost(v, a, b), 0.02, 0.995)
+            lowest = _smallest_share(pr, *_gammas(pr, lg1, lg2))
+            x = _golden(lambda v, a=lg1, b=lg2: cost(v, a, b), lowest, 0.995)
         lg1 = _golden(lambda v, x=x, b=lg2: cost(x, v, b), *_LOG_GAMMA_RANGE)
         lg2 = _golden(lambda v, x=x, a=lg1: cost(x, a, v), *_LOG_GAMMA_RANGE)
     gs = _gammas(pr, lg1, lg2)
