@@ -252,7 +252,7 @@ def linear_term_delta(epsilon2: float, sigma: float, kappa: float, p_bound: floa
 
 
 def linear_term_sigma(epsilon2: float, delta_k: float, kappa: float, p_bound: float) -> float:
-    """Smallest σ (to a relative 1e-9, rounded up) with linear_term_delta ≤ δ_K (Step 6)."""
+    """Least σ (relative 1e-9, rounded up) with linear_term_delta ≤ δ_K: Step 6 (linear term)."""
     gamma = kappa + 2.0 * p_bound
     hi = gamma * math.sqrt(2.0 * math.log(1.25 / delta_k)) / epsilon2
     while linear_term_delta(epsilon2, hi, kappa, p_bound) > delta_k:
@@ -299,7 +299,7 @@ class _Point:
 
 
 def _sigma_u2(pr: _Problem, eps1: float, gamma1: float, gamma2: float) -> float | None:
-    """Smallest σ_u² with Δ_in + eigenvalue_bound ≥ λ′/(e^{ε₁} − 1) (Step 5), None if none.
+    """Least σ_u² with Δ_in + eigenvalue_bound ≥ λ′/(e^{ε₁} − 1) (Step 5 (log-det term)).
 
     In s = σ_u/√n the condition is E(Δ_in + g²s²) ≥ (√λ + z s)² + c s² with E = e^{ε₁} − 1,
     a quadratic whose larger root is exact up to Step 3's negligible two-sided correction to z;
@@ -383,7 +383,7 @@ def _fits_reference(pr: _Problem, pt: _Point | None, sigma_b: float) -> bool:
 
 
 def _least_input_noise(pr: _Problem, reference_b2: float) -> _Point | None:
-    """Stage 1 of Step 8: least σ_u² over the splits whose σ_b² is at most the reference."""
+    """Stage 1 of Step 8 (choice of the splits): least σ_u² with σ_b² at most the reference."""
     sigma_b = math.sqrt(reference_b2)
 
     def largest_eps1(g1: float, g2: float) -> _Point | None:
@@ -430,7 +430,7 @@ def _smallest_share(pr: _Problem, gamma1: float, gamma2: float) -> float | None:
 
 
 def _balanced(pr: _Problem, share: float | None) -> _Point | None:
-    """Stage 2 of Step 8: least σ_u²·σ_b² over the splits (ε₁ = share·ε when share is given)."""
+    """Stage 2 of Step 8 (choice of the splits): least σ_u²·σ_b² (ε₁ = share·ε if given)."""
 
     def cost(x: float, lg1: float, lg2: float) -> float:
         gs = _gammas(pr, lg1, lg2)
@@ -461,7 +461,7 @@ def _balanced(pr: _Problem, share: float | None) -> _Point | None:
 
 def reference_sigma_b2(*, epsilon: float, delta: float, lam: float, p_bound: float,
                        eta: float) -> float:
-    """Noise of objective perturbation with Kifer et al.'s published constant (Step 8's cap)."""
+    """σ_b² cap of Step 8 (choice of the splits): objective perturbation at Kifer's constant."""
     return kifer_sigma_b2(lam * eta + p_bound, epsilon, delta)
 
 
@@ -470,6 +470,9 @@ def calibrate_rigorous(
     delta_in: float, log_det_share: float | None = None,
 ) -> Calibration:
     """The proven calibration of docs/privacy.md, Steps 1–8, with its free splits optimised.
+
+    Step 2 (conditioning on the noise) and Step 7 (the budget): on the event of Steps 3–4 the
+    conditional mechanism is (ε₁ + ε₂, δ_K)-DP, so the released w is (ε, δ_K + γ₁ + γ₂)-DP.
 
     Step 8 (choice of the splits): the least σ_u² whose σ_b² does not exceed the noise of
     objective perturbation with Kifer et al.'s published constant; where no split reaches that,
