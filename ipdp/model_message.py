@@ -19,8 +19,12 @@ class PrivacyReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     mode: str
+    proven: bool = Field(description="Whether docs/privacy.md proves (epsilon, delta) for mode.")
+    neighbouring: str = Field(description="The neighbouring relation: replace one record.")
     epsilon: float
     delta: float
+    epsilon_split: dict[str, float]
+    linear_sensitivity: float
     sigma_u2: float
     sigma_b2: float
     delta_in: float

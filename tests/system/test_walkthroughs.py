@@ -32,6 +32,7 @@ RUN_ELSEWHERE = {
     "ipdp bench accuracy": "tests/bench/test_bench_commands.py",
     "ipdp bench throughput": "tests/bench/test_bench_commands.py",
     "ipdp soak": "tests/bench/test_bench_commands.py",
+    "ipdp audit": "tests/bench/test_bench_commands.py",
 }
 
 
