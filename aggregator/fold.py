@@ -205,7 +205,7 @@ class Folder:
             pos += take
             if count == n:
                 closed.append((round_no, a, b))
-                if study.max_rounds is not None and round_no >= study.max_rounds:
+                if study.round_limit is not None and round_no >= study.round_limit:
                     study_closed = True
                     break
                 round_no, count = round_no + 1, 0
@@ -213,7 +213,8 @@ class Folder:
         folded = pos
         for i in range(folded, m):
             result.rejected.append(Rejection(kept_msgs[i], RejectReason.CLOSED_STUDY,
-                                             f"study {sid} closed after {study.max_rounds} rounds"))
+                                             f"study {sid} closed after {study.round_limit} "
+                                             "rounds (max_rounds or its privacy budget)"))
         result.folded[sid] = folded
         result.closed_rounds += [(sid, r) for r, _, _ in closed]
         result.open_rounds[sid] = (round_no, 0 if study_closed else count, n)
