@@ -255,5 +255,6 @@ class Folder:
             if found is None:
                 return None
             study = self._studies[key] = found[0]
+            study.round_limit  # noqa: B018 - the budget's accounting, once, outside any fold
         return study
 

@@ -39,6 +39,9 @@ class StudyStatus(enum.StrEnum):
 #: its size is a utility knob, and 1e-6 leaves the solution practically unregularised.
 PAPER_DEFAULT_DELTA_IN = 1e-6
 OPTIONAL_BUDGET_FIELDS = ("budget_epsilon", "budget_delta")
+#: A budget is counted up to this many rounds (a few seconds of accounting); a budget that
+#: would allow more closes the study here, which spends less than the budget, never more.
+BUDGET_ROUNDS_COUNTED = 10_000
 
 
 class Study(BaseModel):
@@ -123,7 +126,7 @@ class Study(BaseModel):
 
         within = rounds_within_budget(self.epsilon, self.delta, self.budget_epsilon,
                                       self.budget_delta,
-                                      limit=self.max_rounds if self.max_rounds else 1_000_000)
+                                      limit=self.max_rounds or BUDGET_ROUNDS_COUNTED)
         return max(1, within)
 
     @cached_property
