@@ -239,14 +239,15 @@ class Folder:
             pos += take
             if count == n:
                 closed.append((round_no, a, b))
-                if study.max_rounds is not None and round_no >= study.max_rounds:
+                if study.round_limit is not None and round_no >= study.round_limit:
                     study_closed = True
                     break
                 round_no, count = round_no + 1, 0
                 a, b = np.zeros((study.d, study.d)), np.zeros(study.d)
         folded = pos
         result.rejected += [rows.rejection(i, RejectReason.CLOSED_STUDY,
-                                           f"study {sid} closed after {study.max_rounds} rounds")
+                                           f"study {sid} closed after {study.round_limit} "
+                                           "rounds (max_rounds or its privacy budget)")
                             for i in row[folded:].tolist()]
         result.folded[sid] = folded
         result.closed_rounds += [(sid, r) for r, _, _ in closed]
@@ -288,5 +289,6 @@ class Folder:
             if found is None:
                 return None
             study = self._studies[key] = found[0]
+            study.round_limit  # noqa: B018 - the budget's accounting, once, outside any fold
         return study
 

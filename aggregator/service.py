@@ -17,9 +17,10 @@ import numpy as np
 import redis
 from kafka import TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, OffsetOutOfRangeError
 
 from aggregator.fold import Folder, FoldResult
+from aggregator.logs import LogGuard, Pause
 from aggregator.settings import AggregatorSettings
 from aggregator.validate import Polled, Rejection
 from ipdp import metrics
@@ -48,6 +49,7 @@ class _SeekToRedisOffsets(ConsumerRebalanceListener):
         log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
         for tp in revoked:  # its new owner reports the lag now; a stale value would double it
             metrics.CONSUMER_LAG.remove(str(tp.partition))
+        self.service.logs.release([tp.partition for tp in revoked])
 
     def on_partitions_assigned(self, assigned) -> None:
         self.service.seek_to_committed(assigned)
@@ -72,9 +74,12 @@ class Aggregator:
             max_future_skew_s=settings.max_future_skew_s,
             max_message_bytes=settings.max_message_bytes,
         )
+        self.logs = LogGuard(self.redis, kafka, group=settings.group, topic=topics.records)
         self.producer = kafka_producer(kafka)
+        # No automatic reset: a vanished offset must pause its partition, never jump in the log.
         self.consumer = kafka_consumer(
             kafka, group_id=settings.group, max_poll_records=settings.max_batch,
+            auto_offset_reset="none",
             session_timeout_ms=settings.session_timeout_ms,
             max_partition_fetch_bytes=max(settings.max_message_bytes * 4, 1 << 20),
         )
@@ -84,14 +89,54 @@ class Aggregator:
         self._lag_at = 0.0
 
     def seek_to_committed(self, assigned) -> None:
-        """Seek each assigned partition to the next offset Redis says is unfolded."""
+        """Seek each assigned partition to the next offset Redis says is unfolded (its log's
+        start if none), and pause those whose log is not the one that offset belongs to."""
         committed = self._with_retry(self.folder.committed_offsets)
         for tp in assigned:
             if tp.partition in committed:
                 self.consumer.seek(tp, committed[tp.partition])
+            else:
+                self.consumer.seek_to_beginning(tp)
         log.info("assigned partitions %s; resuming from Redis offsets %s",
                  sorted(tp.partition for tp in assigned),
                  {tp.partition: committed.get(tp.partition) for tp in assigned})
+        self._pause(self._with_retry(
+            lambda: self.logs.check(sorted(tp.partition for tp in assigned))))
+
+    def _pause(self, pauses: list[Pause]) -> None:
+        if pauses:
+            self.consumer.pause(*(TopicPartition(self.topics.records, x.partition)
+                                  for x in pauses))
+        for x in pauses:
+            self.logs.pause(x)
+
+    def _resume_released(self) -> None:
+        """Resume the paused partitions an operator has pointed at the current log."""
+        ready = self._with_retry(self.logs.resumable)
+        committed = self._with_retry(self.folder.committed_offsets)
+        for p in ready:
+            tp = TopicPartition(self.topics.records, p)
+            self.consumer.seek(tp, committed[p])
+            self.consumer.resume(tp)
+            log.warning("topic %s partition %d resumed by the operator at offset %d",
+                        self.topics.records, p, committed[p])
+
+    def _from_verified_log(self, messages: Polled) -> Polled:
+        """Drop a batch fetched from another log than the one checked at assignment.
+
+        The client learns a recreated topic's new id from its metadata, possibly before the
+        rebalance that re-checks it; until then every assigned partition is paused.
+        """
+        seen = self.consumer._client.cluster.topic_id(self.topics.records)  # ids: metadata only
+        if seen is not None and self.logs.verified_id is not None \
+                and str(seen) != self.logs.verified_id:
+            self._pause(self._with_retry(lambda: self.logs.replaced(
+                sorted(tp.partition for tp in self.consumer.assignment()), str(seen))))
+            return messages.take(np.zeros(0, np.int64))
+        if not self.logs.paused:
+            return messages
+        keep = ~np.isin(messages.partition, np.fromiter(self.logs.paused, np.int64))
+        return messages.take(np.flatnonzero(keep))
 
     def run(self, *, idle_exit_s: float | None = None) -> dict[str, int]:
         """Fold until stopped (SIGTERM/SIGINT or stop_event); returns the totals folded here."""
@@ -101,6 +146,11 @@ class Aggregator:
             try:
                 polled = self.consumer.poll(timeout_ms=self.settings.poll_timeout_ms,
                                             max_records=self.settings.max_batch)
+            except OffsetOutOfRangeError as exc:
+                offsets = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+                self._pause(self._with_retry(lambda o=offsets: self.logs.out_of_range(
+                    {tp.partition: offset for tp, offset in o.items()})))
+                continue
             except KafkaError as exc:
                 pause_after_failure(backoff, self.stop_event, "kafka", "poll", exc)
                 continue
@@ -130,6 +180,9 @@ class Aggregator:
         return Polled(np.concatenate(parts), np.concatenate(offsets), values)
 
     def _fold(self, messages: Polled) -> None:
+        messages = self._from_verified_log(messages)
+        if not len(messages):
+            return
         started = time.perf_counter()
         result = self._with_retry(lambda: self.folder.fold(messages, self._dead_letter))
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
@@ -201,6 +254,8 @@ class Aggregator:
         if time.monotonic() - self._lag_at < LAG_REFRESH_S:
             return
         self._lag_at = time.monotonic()
+        if self.logs.paused:
+            self._resume_released()
         assigned = self.consumer.assignment()
         if not assigned:
             return

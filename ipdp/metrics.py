@@ -29,6 +29,13 @@ FOLD_CONFLICTS = Counter(
     "ipdp_fold_conflicts_total", "Fold transactions retried because another writer raced.")
 CONSUMER_LAG = Gauge(
     "ipdp_consumer_lag_records", "Records behind the end of the partition.", ["partition"])
+PARTITIONS_PAUSED = Gauge(
+    "ipdp_partitions_paused",
+    "Partitions this aggregator holds paused: their log does not match Redis's offsets.")
+PARTITION_PAUSES = Counter(
+    "ipdp_partition_pauses_total",
+    "Partitions paused because their log was replaced or truncated, or the offset vanished.",
+    ["reason"])
 ROUND_RECORDS = Gauge(
     "ipdp_round_records", "Records folded into the open round.", ["study"])
 ROUND_TARGET = Gauge("ipdp_round_target_records", "Records per round (n).", ["study"])

@@ -41,6 +41,11 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
         p.add_argument("--study-id", dest="study_id", help="Study id (letters, digits, . _ -).")
         p.add_argument("--loss", choices=["squared", "logistic"], default=None)
         p.add_argument("--max-rounds", dest="max_rounds", type=int, default=None)
+        p.add_argument("--budget-epsilon", dest="budget_epsilon", type=float, default=None,
+                       help="Total ε over the rounds (with --budget-delta): the study closes "
+                       "before a round that would exceed it (docs/accounting.md).")
+        p.add_argument("--budget-delta", dest="budget_delta", type=float, default=None,
+                       help="Total δ of the budget.")
     p.add_argument("--epsilon", type=float, help="Central ε of each model.")
     p.add_argument("--delta", type=float, help="Central δ of each model.")
     p.add_argument("--n", type=int, help="Records per round.")
@@ -59,8 +64,9 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
                    help="Δ_in ≥ 0, the trainer's ridge (paper mode: > 0).")
 
 
-STUDY_FIELDS = ("study_id", "loss", "max_rounds", "epsilon", "delta", "n", "d", "x_bound",
-                "y_bound", "lam", "p_bound", "eta", "mode", "delta_in")
+STUDY_FIELDS = ("study_id", "loss", "max_rounds", "budget_epsilon", "budget_delta", "epsilon",
+                "delta", "n", "d", "x_bound", "y_bound", "lam", "p_bound", "eta", "mode",
+                "delta_in")
 
 
 def study_from_args(args: argparse.Namespace, base: dict | None = None):

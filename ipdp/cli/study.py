@@ -152,6 +152,9 @@ def cmd_study_show(args: argparse.Namespace) -> int:
         ("created", _iso(info["created_ms"])),
         ("loss", study.loss),
         ("max rounds", "unlimited" if study.max_rounds is None else str(study.max_rounds)),
+        ("budget (ε, δ)", "none" if study.budget_epsilon is None else
+         f"({fmt(study.budget_epsilon)}, {fmt(study.budget_delta)}): at most "
+         f"{study.round_limit} rounds"),
         ("rounds published", str(info["rounds_published"])),
         ("open round", "none yet" if o is None else f"{o['round']}: {o['count']}/{study.n}"),
         ("Δ_in given", "mode default" if study.delta_in is None else fmt(study.delta_in)),
