@@ -8,10 +8,12 @@ Redis's offsets, not Kafka's. Kafka commits are made too, but only so lag tools 
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
 import redis
 from kafka import TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
@@ -19,7 +21,7 @@ from kafka.errors import KafkaError
 
 from aggregator.fold import Folder, FoldResult
 from aggregator.settings import AggregatorSettings
-from aggregator.validate import Message, Rejection
+from aggregator.validate import Polled, Rejection
 from ipdp import metrics
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
@@ -32,6 +34,8 @@ LAG_REFRESH_S = 5.0
 LAG_TIMEOUT_MS = 2_000
 DEAD_LETTER_TIMEOUT_S = 30.0
 REDIS_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+_OFFSET = operator.attrgetter("offset")
+_VALUE = operator.attrgetter("value")
 
 
 class _SeekToRedisOffsets(ConsumerRebalanceListener):
@@ -109,17 +113,23 @@ class Aggregator:
                     break
                 continue
             idle_since = time.monotonic()
-            messages = [Message(tp.partition, rec.offset, rec.value)
-                        for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition)
-                        for rec in recs]
-            for tp, recs in polled.items():
-                metrics.RECORDS_CONSUMED.labels(str(tp.partition)).inc(len(recs))
-            self._fold(messages)
+            self._fold(self._as_arrays(polled))
             self._refresh_lag()
         self.close()
         return self.totals
 
-    def _fold(self, messages: list[Message]) -> None:
+    @staticmethod
+    def _as_arrays(polled) -> Polled:
+        """A poll result as arrays, gathered once per partition (no object per record)."""
+        parts, offsets, values = [], [], []
+        for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition):
+            metrics.RECORDS_CONSUMED.labels(str(tp.partition)).inc(len(recs))
+            parts.append(np.full(len(recs), tp.partition, np.int64))
+            offsets.append(np.fromiter(map(_OFFSET, recs), np.int64, len(recs)))
+            values += map(_VALUE, recs)
+        return Polled(np.concatenate(parts), np.concatenate(offsets), values)
+
+    def _fold(self, messages: Polled) -> None:
         started = time.perf_counter()
         result = self._with_retry(lambda: self.folder.fold(messages, self._dead_letter))
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
@@ -157,14 +167,13 @@ class Aggregator:
         """Send rejected messages with their reason; delivered (or raising) before the fold commits."""
         futures = []
         for x in rejections:
-            m = x.message
-            value = m.value if isinstance(m.value, bytes | bytearray) else b""
+            value = x.message.value if isinstance(x.message.value, bytes | bytearray) else b""
             if len(value) > self.settings.max_message_bytes:
                 value = b""
             headers = [("reason", x.reason.value.encode()), ("detail", x.detail.encode()),
-                       ("source", f"{self.topics.records}:{m.partition}:{m.offset}".encode())]
+                       ("source", f"{self.topics.records}:{x.source}".encode())]
             futures.append(self.producer.send(
-                self.topics.dead_letter, key=f"{m.partition}:{m.offset}".encode(),
+                self.topics.dead_letter, key=x.source.encode(),
                 value=bytes(value), headers=headers))
         self.producer.flush(timeout=DEAD_LETTER_TIMEOUT_S)
         for f in futures:  # a failed delivery raises here, so the fold does not commit without it

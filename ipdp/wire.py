@@ -218,7 +218,8 @@ def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None
     """The records of a container value, or None if ``value`` is not a well-formed container.
 
     A value whose first byte is not 2 is not a container (a single record, or garbage for the
-    record decoder to reject). A container whose count or length does not add up is malformed:
+    record decoder to reject). A container whose count or length does not add up (k records of
+    48 + 16·d bytes each, d ≥ 1) is malformed:
     None as well, and the caller rejects the whole value as undecodable.
     """
     buf = bytes(value)
@@ -229,6 +230,8 @@ def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None
     if k < 1 or body % k:
         return None
     size = body // k
+    if size < HEADER_SIZE + 16 or (size - HEADER_SIZE) % 16:
+        return None  # not k records of one dimension: no record decoder could read them
     return [buf[CONTAINER_HEADER_SIZE + i * size: CONTAINER_HEADER_SIZE + (i + 1) * size]
             for i in range(k)]
 
