@@ -19,13 +19,21 @@ def serve(settings: GatewaySettings) -> None:
     producer and studies follower. Access logs are off: the metrics count requests, and a log
     line per request would cost more than the request's own checks.
     """
+    import signal
+
     import uvicorn
 
+    # uvicorn drains, then re-raises the SIGTERM it caught; exit 0 then, like the other roles.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     log.info("gateway: http://%s:%d, %d worker(s), Kafka %s, records topic %s", settings.host,
              settings.port, settings.workers, KafkaSettings().bootstrap, TopicSettings().records)
     uvicorn.run("gateway.app:create_app_from_env", factory=True, host=settings.host,
                 port=settings.port, workers=settings.workers, access_log=False,
                 log_level="warning", server_header=False)
+
+
+def _exit_cleanly(signum, frame) -> None:
+    raise SystemExit(0)
 
 
 def cmd_run(args) -> int:
