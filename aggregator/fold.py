@@ -51,6 +51,16 @@ class FoldResult:
     conflicts: int = 0
 
 
+def _first_of_each_id(ids: np.ndarray) -> np.ndarray:
+    """Positions of the first occurrence of each distinct 16-byte id (rows of uint8)."""
+    halves = np.ascontiguousarray(ids).view("<u8")
+    _, first = np.unique(halves[:, 0], return_index=True)  # an integer sort, not a bytes sort
+    if len(first) == len(ids):
+        return first
+    _, first = np.unique(ids.view("V16").ravel(), return_index=True)
+    return first
+
+
 class Folder:
     """Folds batches for one consumer group and records topic into Redis."""
 
@@ -201,7 +211,7 @@ class Folder:
         seen_before = self._replay(keys=[state.seen_key(sid)],
                                    args=[np.ascontiguousarray(ids).tobytes(), "check"],
                                    client=pipe)
-        _, first_idx = np.unique(ids.view("V16").ravel(), return_index=True)
+        first_idx = _first_of_each_id(ids)
         fresh = np.zeros(len(row), bool)
         fresh[first_idx] = True
         fresh &= np.frombuffer(seen_before, np.uint8) == ord("0")
