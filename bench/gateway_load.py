@@ -25,7 +25,7 @@ import numpy as np
 from gateway.app import check_binary
 from ipdp import registry, state
 from ipdp.embedded import EmbeddedRuntime
-from ipdp.kafka_io import ensure_topics, kafka_producer
+from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.settings import TopicSettings
 from ipdp.study import Study
@@ -76,6 +76,25 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None
             if time.monotonic() > deadline:
                 raise TimeoutError(f"gateway at {url} not ready within {timeout_s} s")
             time.sleep(0.1)
+
+
+def _bare_consume(kafka, topic: str, records: int) -> float:
+    """Records/s of a bare kafka-python consumer reading the same containers (no decoding)."""
+    from kafka import TopicPartition
+
+    consumer = kafka_consumer(kafka, group_id=None)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        got, first, deadline = 0, None, time.monotonic() + 120
+        while got < records and time.monotonic() < deadline:
+            for msgs in consumer.poll(timeout_ms=500).values():
+                first = first or time.perf_counter()
+                got += sum(int.from_bytes(m.value[4:8], "little") for m in msgs)
+        return got / (time.perf_counter() - first)
+    finally:
+        consumer.close()
 
 
 def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
@@ -135,7 +154,10 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                         if answer.status != 202:
                             refused.append(answer.status)
 
-            gw_cpu0, agg_cpu0 = _cpu_seconds(gw.pid), _cpu_seconds(agg.pid)
+            pids = {"gateway": gw.pid, "aggregator": agg.pid, "broker": rt.broker.pid,
+                    "redis": rt.redis.pid}
+            cpu0 = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+            client_cpu0 = time.process_time()
             threads = [threading.Thread(target=client) for _ in range(connections)]
             t0 = time.perf_counter()
             for t in threads:
@@ -143,7 +165,6 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
             for t in threads:
                 t.join()
             t_http = time.perf_counter() - t0
-            gw_cpu = _cpu_seconds(gw.pid) - gw_cpu0
             if refused:
                 raise RuntimeError(f"the gateway refused {len(refused)} requests: "
                                    f"{sorted(set(refused))}")
@@ -155,7 +176,9 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                     raise TimeoutError("the aggregator did not fold every record within 300 s")
                 time.sleep(0.002)
             t_total = time.perf_counter() - t0
-            agg_cpu = _cpu_seconds(agg.pid) - agg_cpu0
+            cpu = {name: _cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+            cpu["clients"] = time.process_time() - client_cpu0
+            bare = _bare_consume(kafka, topics.records, records + 1)
         finally:
             for proc in (gw, agg):
                 proc.terminate()
@@ -172,8 +195,9 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
         "gateway_workers": workers,
         "gateway_e2e_records_per_second": records / t_total,
         "gateway_accept_records_per_second": records / t_http,
-        "gateway_cpu_us_per_record": gw_cpu / records * 1e6,
-        "aggregator_cpu_us_per_record": agg_cpu / records * 1e6,
+        "cpu_us_per_record": {name: c / records * 1e6 for name, c in cpu.items()},
+        "cores_busy": sum(cpu.values()) / t_total,
+        "bare_consumer_records_per_second": bare,
         "seconds": t_total,
     }
 
@@ -203,8 +227,12 @@ def print_tables(e2e: dict, hot: list[dict]) -> None:
           f"{e2e['gateway_e2e_records_per_second']:,.0f} records/s |")
     print(f"| first POST → last 202 (Kafka acknowledged) | "
           f"{e2e['gateway_accept_records_per_second']:,.0f} records/s |")
-    print(f"| gateway CPU per record | {e2e['gateway_cpu_us_per_record']:.2f} µs |")
-    print(f"| aggregator CPU per record | {e2e['aggregator_cpu_us_per_record']:.2f} µs |")
+    for name, us in e2e["cpu_us_per_record"].items():
+        print(f"| {name} CPU per record | {us:.2f} µs |")
+    print(f"| bare consumer of the same containers, afterwards | "
+          f"{e2e['bare_consumer_records_per_second']:,.0f} records/s |")
+    print(f"| cores busy on average (all of the above) | {e2e['cores_busy']:.2f} of "
+          f"{os.cpu_count()} |")
     print("\nThe gateway's own work per request (checks + container, no HTTP, no Kafka):\n")
     print("| records per request | µs per request | µs per record | records/s on one core |")
     print("|---|---|---|---|")
