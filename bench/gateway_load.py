@@ -56,10 +56,20 @@ def _free_port() -> int:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a live process so far (from /proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time so far of a live process and its live children (uvicorn's
+    workers), from /proc."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
@@ -130,9 +140,18 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
             url = f"http://127.0.0.1:{port}"
             _wait_ready(url, gw)
             # One warm-up request: the aggregator's group join and first fetch are not ingest.
-            with GatewayClient(url) as c:
-                warm = _bodies(study, 1, 1, seed=2)[0]
-                assert c.post_records(study.study_id, warm).status == 202
+            # Every worker must be ready: post until one is accepted by each (keep-alive
+            # connections spread over the workers).
+            warm = _bodies(study, 1, 1, seed=2)[0]
+            deadline = time.monotonic() + 60
+            while True:
+                with GatewayClient(url) as c:
+                    if c.post_records(study.study_id, warm).status == 202:
+                        break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the gateway accepted nothing within 60 s")
+                time.sleep(0.2)
+            time.sleep(3 if workers > 1 else 0)
             key = state.counts_key(study.study_id)
             deadline = time.monotonic() + 60
             while int(r.hget(key, "folded") or 0) < 1:
