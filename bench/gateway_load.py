@@ -108,7 +108,8 @@ def _bare_consume(kafka, topic: str, records: int) -> float:
 
 
 def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
-                per_request: int = 1000, workers: int = 1, partitions: int = 4) -> dict:
+                per_request: int = 1000, workers: int = 1, aggregators: int = 1,
+                partitions: int = 4) -> dict:
     """Records/s from the first POST to the last record folded in Redis, and where time goes.
 
     The request bodies are built before the clock starts (devices perturb in parallel on their
@@ -135,7 +136,8 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                "IPDP_GATEWAY_HOST": "127.0.0.1", "IPDP_GATEWAY_PORT": str(port),
                "IPDP_GATEWAY_WORKERS": str(workers)}
         gw = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway"], env=env)
-        agg = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"], env=env)
+        aggs = [subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"], env=env)
+                for _ in range(aggregators)]
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_ready(url, gw)
@@ -173,9 +175,9 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                         if answer.status != 202:
                             refused.append(answer.status)
 
-            pids = {"gateway": gw.pid, "aggregator": agg.pid, "broker": rt.broker.pid,
-                    "redis": rt.redis.pid}
-            cpu0 = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+            pids = {"gateway": [gw.pid], "aggregator": [a.pid for a in aggs],
+                    "broker": [rt.broker.pid], "redis": [rt.redis.pid]}
+            cpu0 = {name: sum(map(_cpu_seconds, p)) for name, p in pids.items()}
             client_cpu0 = time.process_time()
             threads = [threading.Thread(target=client) for _ in range(connections)]
             t0 = time.perf_counter()
@@ -189,19 +191,19 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                                    f"{sorted(set(refused))}")
             deadline = time.monotonic() + 300
             while int(r.hget(key, "folded") or 0) < records + 1:
-                if agg.poll() is not None:
-                    raise RuntimeError(f"the aggregator exited with status {agg.returncode}")
+                if any(a.poll() is not None for a in aggs):
+                    raise RuntimeError("an aggregator exited early")
                 if time.monotonic() > deadline:
                     raise TimeoutError("the aggregator did not fold every record within 300 s")
                 time.sleep(0.002)
             t_total = time.perf_counter() - t0
-            cpu = {name: _cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+            cpu = {name: sum(map(_cpu_seconds, p)) - cpu0[name] for name, p in pids.items()}
             cpu["clients"] = time.process_time() - client_cpu0
             bare = _bare_consume(kafka, topics.records, records + 1)
         finally:
-            for proc in (gw, agg):
+            for proc in (gw, *aggs):
                 proc.terminate()
-            for proc in (gw, agg):
+            for proc in (gw, *aggs):
                 try:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
@@ -212,6 +214,7 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
         "connections": connections,
         "per_request": per_request,
         "gateway_workers": workers,
+        "aggregators": aggregators,
         "gateway_e2e_records_per_second": records / t_total,
         "gateway_accept_records_per_second": records / t_http,
         "cpu_us_per_record": {name: c / records * 1e6 for name, c in cpu.items()},
@@ -239,7 +242,7 @@ def print_tables(e2e: dict, hot: list[dict]) -> None:
     """Markdown tables of :func:`gateway_e2e` and :func:`hot_path` results."""
     print(f"### Devices over HTTP: gateway end to end, {e2e['records']:,} records, d = "
           f"{e2e['d']}, {e2e['per_request']} records per POST, {e2e['connections']} connections, "
-          f"{e2e['gateway_workers']} gateway worker(s)\n")
+          f"{e2e['gateway_workers']} gateway worker(s), {e2e['aggregators']} aggregator(s)\n")
     print("| what | figure |")
     print("|---|---|")
     print(f"| first POST → last record folded in Redis | "
@@ -267,10 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=8)
     p.add_argument("--per-request", dest="per_request", type=int, default=1000)
     p.add_argument("--workers", type=int, default=1, help="gateway worker processes")
+    p.add_argument("--aggregators", type=int, default=1, help="aggregator processes")
     args = p.parse_args(argv)
     hot = [hot_path(k) for k in (1, 100, 1000, 3000)]
     e2e = gateway_e2e(args.records, connections=args.connections, per_request=args.per_request,
-                      workers=args.workers)
+                      workers=args.workers, aggregators=args.aggregators)
     print_tables(e2e, hot)
     return 0
 
