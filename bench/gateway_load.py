@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import numpy as np
 from gateway.app import check_binary
 from ipdp import registry, state
 from ipdp.embedded import EmbeddedRuntime
+from ipdp.embedded.children import free_port
 from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.settings import TopicSettings
@@ -49,12 +49,6 @@ def _bodies(study: Study, records: int, per_request: int, seed: int) -> list[byt
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU time so far of a live process and its live children (uvicorn's
     workers), from /proc."""
@@ -70,22 +64,6 @@ def _cpu_seconds(pid: int) -> float:
         if int(entry) == pid or int(fields[1]) == pid:
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    with GatewayClient(url, timeout_s=5) as client:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the gateway exited with status {proc.returncode}")
-            try:
-                if client.request("GET", "/readyz").status == 200:
-                    return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"gateway at {url} not ready within {timeout_s} s")
-            time.sleep(0.1)
 
 
 def _bare_consume(kafka, topic: str, records: int) -> float:
@@ -129,7 +107,7 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
         producer.close()
         bodies = _bodies(study, records, per_request, seed=1)
 
-        port = _free_port()
+        port = free_port()
         env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
                "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
                "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter, "IPDP_TOPIC_STUDIES": topics.studies,
@@ -140,7 +118,8 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                 for _ in range(aggregators)]
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_ready(url, gw)
+            with GatewayClient(url, timeout_s=5) as c:
+                c.wait_ready(60, alive=lambda: gw.poll() is None)
             # One warm-up request: the aggregator's group join and first fetch are not ingest.
             # Every worker must be ready: post until one is accepted by each (keep-alive
             # connections spread over the workers).

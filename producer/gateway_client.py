@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 from urllib.parse import quote, urlsplit
@@ -89,6 +91,24 @@ class GatewayClient:
         if answer.status != 200:
             raise ConnectionError(f"GET /studies/{study_id}: {answer.status} {answer.error}")
         return parse_study_message(answer.raw)
+
+    def wait_ready(self, timeout_s: float = 60.0, path: str = "/readyz",
+                   alive: Callable[[], bool] = lambda: True) -> None:
+        """Poll ``path`` until it answers 200; TimeoutError after ``timeout_s``, RuntimeError as
+        soon as ``alive()`` is False (a child gateway that exited)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not alive():
+                raise RuntimeError(f"the gateway at {self._host}:{self._port} is gone")
+            try:
+                if self.request("GET", path).status == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gateway at {self._host}:{self._port} did not answer "
+                                   f"{path} with 200 within {timeout_s:.0f} s")
+            time.sleep(0.1)
 
     def close(self) -> None:
         if self._conn is not None:

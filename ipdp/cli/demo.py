@@ -21,6 +21,7 @@ import numpy as np
 
 from ipdp import registry, state
 from ipdp.cli.common import UsageError, format_validation_error
+from ipdp.embedded.children import free_port
 from ipdp.embedded.runtime import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer
 from ipdp.losses import clip, encode
@@ -30,6 +31,7 @@ from ipdp.report import calibration_rows, table
 from ipdp.study import Study
 from ipdp.subscriber import ModelSubscriber
 from producer.datasets import synthetic, train_test_split
+from producer.gateway_client import GatewayClient
 from producer.loadgen import run_loadgen, run_loadgen_http
 from trainer.solver import solve_constrained
 
@@ -90,7 +92,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             if args.via_gateway:
                 url = f"http://127.0.0.1:{gateway_port}"
-                _wait_ready(url, children["gateway"])
+                with GatewayClient(url, timeout_s=5) as client:
+                    client.wait_ready(60, alive=lambda: children["gateway"].poll() is None)
                 say(f"simulating {devices} devices through the gateway at {url} …")
                 sent = run_loadgen_http(study, url, _batches(train.x, train.y, 2000),
                                         total=devices, progress=not args.json)
@@ -134,34 +137,6 @@ def _start_services(rt: EmbeddedRuntime, directory: Path, roles: tuple[str, ...]
             [sys.executable, "-m", "ipdp.cli", *command], env=env, stdout=logfile,
             stderr=subprocess.STDOUT)
     return children
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    """Wait until the gateway child answers /readyz with 200."""
-    from producer.gateway_client import GatewayClient
-
-    deadline = time.monotonic() + timeout_s
-    with GatewayClient(url, timeout_s=5) as client:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the gateway exited with status {proc.returncode}; see "
-                                   "gateway.log in the runtime directory")
-            try:
-                if client.request("GET", "/readyz").status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-    raise TimeoutError(f"the gateway at {url} was not ready within {timeout_s:.0f} s")
 
 
 def _batches(x: np.ndarray, y: np.ndarray, size: int):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -12,14 +10,9 @@ import pytest
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from ipdp.embedded.children import free_port
 from ipdp.settings import KafkaSettings, TopicSettings
 from producer.gateway_client import GatewayClient
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -38,19 +31,13 @@ def running_gateway(kafka: KafkaSettings, topics: TopicSettings, ready: bool = T
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{gs.port}"
-    deadline = time.monotonic() + 30
-    with GatewayClient(url) as client:
-        while True:
-            try:
-                status = client.request("GET", "/readyz" if ready else "/healthz").status
-            except OSError:
-                status = None
-            if status == 200:
-                break
-            if time.monotonic() > deadline:
-                server.should_exit = True
-                raise AssertionError(f"gateway at {url} not ready within 30 s")
-            time.sleep(0.1)
+    try:
+        with GatewayClient(url) as client:
+            client.wait_ready(30, "/readyz" if ready else "/healthz")
+    except BaseException:
+        server.should_exit = True
+        thread.join(timeout=30)
+        raise
     try:
         yield url
     finally:

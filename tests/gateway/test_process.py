@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 
+from ipdp.embedded.children import free_port
 from producer.gateway_client import GatewayClient
-from tests.gateway.conftest import free_port
 from tests.gateway.test_gateway import records
 from tests.pipeline import create, read_records
 
