@@ -58,6 +58,18 @@ LOADGEN_RECORDS_SENT = Counter(
     "ipdp_loadgen_records_sent_total", "Records the load generator produced.", ["study"])
 LOADGEN_SEND_ERRORS = Counter(
     "ipdp_loadgen_send_errors_total", "Records the load generator failed to produce.", ["study"])
+GATEWAY_REQUESTS = Counter(
+    "ipdp_gateway_requests_total", "HTTP requests the gateway answered.", ["route", "status"])
+GATEWAY_RECORDS_ACCEPTED = Counter(
+    "ipdp_gateway_records_accepted_total",
+    "Records the gateway answered 202 for (Kafka acknowledged them).")
+GATEWAY_RECORDS_REJECTED = Counter(
+    "ipdp_gateway_records_rejected_total",
+    "Records in requests the gateway refused, by the request's reason.", ["reason"])
+GATEWAY_KAFKA_SECONDS = Histogram(
+    "ipdp_gateway_kafka_produce_seconds",
+    "From handing a request's container(s) to the producer to Kafka's acks=all acknowledgement.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 BACKEND_ERRORS = Counter(
     "ipdp_backend_errors_total", "Errors talking to Kafka or Redis.", ["backend", "operation"])
 BACKEND_RETRIES = Counter(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ipdp.cli import bench, demo, loadgen, models, study, up
+from ipdp.cli import bench, demo, gateway, loadgen, models, study, up
 from ipdp.cli.common import lazy
 from ipdp.errors import IpdpError
 
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         run.set_defaults(func=lazy(f"{role}.service", "cmd_run"))
         if role == "aggregator":
             add_resume(actions)
+    gateway.add_commands(sub)
     loadgen.add_commands(sub)
     models.add_commands(sub)
     demo.add_commands(sub)

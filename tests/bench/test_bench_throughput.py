@@ -40,8 +40,5 @@ def test_scale_out_folds_every_record_of_every_process_once():
     assert [r[1] for r in rows] == ["2,000", "4,000", "8,000"]
 
 
-def test_the_gateway_figure_is_absent_until_its_benchmark_exists():
-    from importlib.util import find_spec
-
-    figure = throughput.gateway_e2e_records_per_second(10)
-    assert (figure is None) == (find_spec("bench.gateway_load") is None)
+def test_the_gateway_figure_is_a_measured_positive_rate():
+    assert throughput.gateway_e2e_records_per_second(2000) > 0

@@ -29,9 +29,9 @@ from ipdp.model_message import model_key
 from ipdp.redis_io import redis_client
 from ipdp.settings import TopicSettings
 from ipdp.subscriber import ModelSubscriber
+from tests.aggregator.test_hostile_input import honest, make_folder
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, total_stats, wait_for
 from tests.proc_services import service_env, start, stop
-from tests.aggregator.test_hostile_input import honest, make_folder
 from trainer.service import Trainer
 from trainer.settings import TrainerSettings
 from trainer.solver import solve_constrained
