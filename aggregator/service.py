@@ -19,12 +19,19 @@ from kafka.errors import KafkaError
 
 from aggregator.fold import Folder, FoldResult
 from aggregator.settings import AggregatorSettings
-from aggregator.validate import Message, Rejection
+from aggregator.validate import Message, Rejection, header_study
 from ipdp import metrics
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
 from ipdp.redis_io import check_redis, redis_client
-from ipdp.settings import KafkaSettings, MetricsSettings, RedisSettings, TopicSettings
+from ipdp.settings import (
+    KafkaSettings,
+    MetricsSettings,
+    RedisSettings,
+    TopicSettings,
+    TrustSettings,
+)
+from ipdp.signing import parse_trusted_keys
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +65,20 @@ class Aggregator:
         redis_settings: RedisSettings,
         topics: TopicSettings,
         settings: AggregatorSettings,
+        trust: TrustSettings | None = None,
     ) -> None:
         self.kafka, self.topics, self.settings = kafka, topics, settings
         self.redis = redis_client(redis_settings)
         check_redis(self.redis)
+        trusted = parse_trusted_keys((trust or TrustSettings()).trusted_study_keys)
+        if trusted:
+            log.info("aggregator: studies must be signed by one of keys %s", trusted.ids)
+        else:
+            log.warning("aggregator: no trusted study key (IPDP_TRUSTED_STUDY_KEYS) — UNSIGNED "
+                        "studies are accepted; anyone who can write Redis defines what is folded "
+                        "(docs/security.md)")
         self.folder = Folder(
-            self.redis, group=settings.group, topic=topics.records,
+            self.redis, group=settings.group, topic=topics.records, trusted=trusted,
             replay_window_s=settings.replay_window_s,
             max_future_skew_s=settings.max_future_skew_s,
             max_message_bytes=settings.max_message_bytes,
@@ -109,7 +124,7 @@ class Aggregator:
                     break
                 continue
             idle_since = time.monotonic()
-            messages = [Message(tp.partition, rec.offset, rec.value)
+            messages = [Message(tp.partition, rec.offset, rec.value, header_study(rec.headers))
                         for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition)
                         for rec in recs]
             for tp, recs in polled.items():

@@ -3,6 +3,12 @@
 Decode (ipdp.wire) → known study → dimension → norm bounds → time window. What passes is grouped
 per study as arrays, in (partition, offset) order, for the fold; what fails becomes a
 :class:`Rejection` with its reason, for the dead-letter topic.
+
+The study hash binds every parameter a device used (ipdp.study), so a record perturbed under
+anything but a registered study's exact calibration matches no study: ``study_mismatch`` when the
+record's ``study`` header names a registered study (the device was handed other parameters under
+that id), ``unknown_study`` otherwise. The lookup refuses (raises MalformedRecord) a study whose
+signature does not verify: ``untrusted_study``.
 """
 
 from __future__ import annotations
@@ -14,16 +20,25 @@ import numpy as np
 
 from ipdp.calibration import record_norm_bounds
 from ipdp.study import Study
-from ipdp.wire import RecordBatch, RejectReason, decode_batch
+from ipdp.wire import MalformedRecord, RecordBatch, RejectReason, decode_batch
 
 
 @dataclass(frozen=True)
 class Message:
-    """The parts of a Kafka record the fold needs."""
+    """The parts of a Kafka record the fold needs; ``study_id`` is the device's ``study`` header."""
 
     partition: int
     offset: int
     value: bytes | None
+    study_id: str | None = None
+
+
+def header_study(headers) -> str | None:
+    """The ``study`` header of a Kafka record (producer.contributor.study_headers), if any."""
+    for name, value in headers or ():
+        if name == "study" and value is not None:
+            return bytes(value).decode("utf-8", "replace")
+    return None
 
 
 @dataclass(frozen=True)
@@ -47,11 +62,17 @@ class ValidRows:
 
 
 class Validator:
-    """Stateless checks for one aggregator; ``lookup`` maps a 16-byte wire hash to its study."""
+    """Stateless checks for one aggregator.
 
-    def __init__(self, lookup: Callable[[bytes], Study | None], *, replay_window_s: int,
+    ``lookup`` maps a 16-byte wire hash to its study (None: no such study; raises MalformedRecord
+    to refuse it); ``registered`` says whether a study id exists.
+    """
+
+    def __init__(self, lookup: Callable[[bytes], Study | None],
+                 registered: Callable[[str], bool], *, replay_window_s: int,
                  max_future_skew_s: int, max_message_bytes: int) -> None:
         self.lookup = lookup
+        self.registered = registered
         self.window_ms = replay_window_s * 1000
         self.skew_ms = max_future_skew_s * 1000
         self.max_message_bytes = max_message_bytes
@@ -66,11 +87,14 @@ class Validator:
             keys = batch.study_hash.view("V16").ravel()
             for key in np.unique(keys):
                 rows = batch.take(np.flatnonzero(keys == key))
-                study = self.lookup(bytes(key))
-                if study is None:
-                    rejects += [Rejection(messages[i], RejectReason.UNKNOWN_STUDY,
-                                          f"no study has hash {bytes(key).hex()}")
+                try:
+                    study = self.lookup(bytes(key))
+                except MalformedRecord as exc:
+                    rejects += [Rejection(messages[i], exc.reason, exc.detail)
                                 for i in rows.index]
+                    continue
+                if study is None:
+                    rejects += [self._unmatched(messages[i], bytes(key)) for i in rows.index]
                     continue
                 rows = self._check_rows(study, rows, messages, now_ms, rejects)
                 if len(rows) == 0:
@@ -93,6 +117,14 @@ class Validator:
                 v.q, v.p = v.q[order], v.p[order]
         rejects.sort(key=lambda x: (x.message.partition, x.message.offset))
         return rejects, list(valid.values())
+
+    def _unmatched(self, message: Message, key: bytes) -> Rejection:
+        sid = message.study_id
+        if sid is not None and self.registered(sid):
+            return Rejection(message, RejectReason.STUDY_MISMATCH,
+                             f"hash {key.hex()} is not study {sid}'s: the record was perturbed "
+                             "under other parameters than the registered ones")
+        return Rejection(message, RejectReason.UNKNOWN_STUDY, f"no study has hash {key.hex()}")
 
     def _check_rows(self, study: Study, rows: RecordBatch, messages, now_ms,
                     rejects) -> RecordBatch:

@@ -47,3 +47,7 @@ class StudyExists(StudyError, ValueError):
 
 class ContributionError(IpdpError):
     """Records were handed to Kafka but not acknowledged."""
+
+
+class SignatureError(IpdpError):
+    """A signed study or model whose signature is missing, not by a trusted key, or wrong."""

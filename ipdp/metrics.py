@@ -51,6 +51,13 @@ LOADGEN_RECORDS_SENT = Counter(
     "ipdp_loadgen_records_sent_total", "Records the load generator produced.", ["study"])
 LOADGEN_SEND_ERRORS = Counter(
     "ipdp_loadgen_send_errors_total", "Records the load generator failed to produce.", ["study"])
+STUDIES_REFUSED = Counter(
+    "ipdp_studies_refused_total",
+    "Study definitions refused because their signature does not verify under a trusted key.",
+    ["reader"])
+MODELS_REFUSED = Counter(
+    "ipdp_models_refused_total",
+    "Model messages dropped because their signature does not verify under a trusted key.")
 BACKEND_ERRORS = Counter(
     "ipdp_backend_errors_total", "Errors talking to Kafka or Redis.", ["backend", "operation"])
 BACKEND_RETRIES = Counter(

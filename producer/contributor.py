@@ -15,13 +15,15 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
-from ipdp.errors import ContributionError, StudyClosed, UnknownStudy
+from ipdp.errors import ContributionError, SignatureError, StudyClosed, UnknownStudy
 from ipdp.losses import prepare
-from ipdp.settings import KafkaSettings, TopicSettings
+from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
+from ipdp.signing import TrustedKeys, parse_trusted_keys
 from ipdp.study import Study
 from ipdp.wire import encode_batch
 
@@ -32,6 +34,7 @@ __all__ = [
     "ContributionError",
     "Contributor",
     "DeliveryCounter",
+    "SignatureError",
     "StudyClosed",
     "UnknownStudy",
     "new_record_ids",
@@ -70,6 +73,23 @@ def perturb_records(study: Study, x: np.ndarray, y: np.ndarray,
     k = x.shape[0]
     ids = new_record_ids(k)
     return ids, encode_batch(study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
+
+
+def study_headers(study: Study) -> list[tuple[str, bytes]]:
+    """Kafka headers of a record: the study id the device meant, so that a record whose hash
+    matches no registered study can be dead-lettered as ``study_mismatch`` (the device was given
+    other parameters than the registered ones) rather than ``unknown_study``. Diagnostic only:
+    the aggregator trusts the hash, never this header."""
+    return [("study", study.study_id.encode("utf-8"))]
+
+
+def trusted_study_keys(keys: TrustedKeys | str | Iterable[str] | None) -> TrustedKeys:
+    """Pinned study keys: ``keys`` as given, or IPDP_TRUSTED_STUDY_KEYS when None."""
+    if isinstance(keys, TrustedKeys):
+        return keys
+    if keys is None:
+        keys = TrustSettings().trusted_study_keys
+    return parse_trusted_keys(keys)
 
 
 class DeliveryCounter:
@@ -116,16 +136,21 @@ class Contributor:
     @classmethod
     def connect(cls, study_id: str, kafka: KafkaSettings, topics: TopicSettings,
                 rng: np.random.Generator | None = None, timeout_s: float = 10.0,
+                trusted_keys: TrustedKeys | str | Iterable[str] | None = None,
                 **producer_overrides) -> Contributor:
         """Read the study from the studies topic and build a producer of our own.
 
-        Raises :class:`UnknownStudy` for an unknown id and :class:`StudyClosed` for a closed
-        study.
+        ``trusted_keys`` pins the study owner's public keys (base64 lines or ``.pub`` paths, or
+        a :class:`TrustedKeys`); the study is used only if its signature verifies under one of
+        them. None reads ``IPDP_TRUSTED_STUDY_KEYS``; with no key at all the study is unverified.
+        Raises :class:`UnknownStudy` for an unknown id, :class:`StudyClosed` for a closed study
+        and :class:`SignatureError` for a study whose signature does not verify.
         """
         from ipdp.kafka_io import kafka_producer
         from producer.studies import find_open_study
 
-        study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s)
+        trusted = trusted_study_keys(trusted_keys)
+        study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s, trusted=trusted)
         c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, rng=rng)
         c._owns_producer = True
         return c
@@ -148,8 +173,10 @@ class Contributor:
 
     def _send(self, ids: np.ndarray, values: list[bytes]) -> None:
         send, topic, d = self.producer.send, self.topic, self._delivery
+        headers = study_headers(self.study)
         for key, value in zip(split_ids(ids), values):
-            send(topic, key=key, value=value).add_callback(d.on_ok).add_errback(d.on_error)
+            send(topic, key=key, value=value, headers=headers).add_callback(
+                d.on_ok).add_errback(d.on_error)
 
     def submit(self, x, y: float) -> bytes:
         """Perturb and publish one example; returns its 16-byte record id.

@@ -27,7 +27,7 @@ from ipdp.errors import BackendUnavailable
 from ipdp.metrics import LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
-from producer.contributor import DeliveryCounter, perturb_records, split_ids
+from producer.contributor import DeliveryCounter, perturb_records, split_ids, study_headers
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -149,6 +149,7 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         start = time.monotonic()
         send = producer.send
         on_ok, on_error = delivery.on_ok, delivery.on_error
+        headers = study_headers(study)
         try:
             for xb, yb in batches:
                 k = xb.shape[0]
@@ -163,8 +164,8 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                             time.sleep(wait)
                     for i in range(lo, hi):
                         try:
-                            send(topic, key=keys[i], value=values[i]).add_callback(
-                                on_ok).add_errback(on_error)
+                            send(topic, key=keys[i], value=values[i],
+                                 headers=headers).add_callback(on_ok).add_errback(on_error)
                             consecutive = 0
                         except KafkaError as exc:
                             sync_failures += 1

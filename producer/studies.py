@@ -1,6 +1,9 @@
 """A device's first step: learn the study's public parameters from the compacted studies topic.
 
-Devices read the topic, never Redis, so a device needs Kafka access and nothing else.
+Devices read the topic, never Redis, so a device needs Kafka access and nothing else. A device
+that pins study-owner keys (``trusted``) uses a study only if its signed envelope verifies; the
+last value per key decides, so a forged redefinition makes the study *refused* (SignatureError),
+never silently replaced. Without pinned keys anything on the topic is believed, and we say so.
 """
 
 from __future__ import annotations
@@ -8,24 +11,21 @@ from __future__ import annotations
 import logging
 import time
 
-from ipdp.errors import StudyClosed, UnknownStudy
+from ipdp.errors import ConfigurationError, SignatureError, StudyClosed, UnknownStudy
 from ipdp.kafka_io import assign_all, kafka_consumer, read_to_end
+from ipdp.metrics import STUDIES_REFUSED
 from ipdp.settings import KafkaSettings, TopicSettings
+from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus, parse_study_message
 
 log = logging.getLogger(__name__)
 
-__all__ = ["find_open_study", "read_studies_topic"]
+__all__ = ["find_open_study", "find_study", "read_studies_topic"]
 
 
-def read_studies_topic(kafka: KafkaSettings, topics: TopicSettings,
-                       timeout_s: float = 10) -> dict[str, tuple[Study, StudyStatus]]:
-    """Replay the compacted studies topic: {id: (study, status)}, the last value per key winning.
-
-    Assigns every partition (no consumer group), seeks to the beginning and reads to the end. A
-    tombstone (null value) removes the key; a malformed value is logged and skipped. Raises
-    TimeoutError if the topic cannot be found or read within ``timeout_s``.
-    """
+def _replay(kafka: KafkaSettings, topics: TopicSettings, timeout_s: float,
+            trusted: TrustedKeys | None,
+            ) -> tuple[dict[str, tuple[Study, StudyStatus]], dict[str, SignatureError]]:
     deadline = time.monotonic() + timeout_s
     consumer = kafka_consumer(kafka, group_id=None, enable_auto_commit=False,
                               bootstrap_timeout_ms=max(1000, int(timeout_s * 1000)))
@@ -33,29 +33,66 @@ def read_studies_topic(kafka: KafkaSettings, topics: TopicSettings,
         tps = assign_all(consumer, topics.studies, timeout_s, label="studies topic")
         consumer.seek_to_beginning(*tps)
         out: dict[str, tuple[Study, StudyStatus]] = {}
+        refused: dict[str, SignatureError] = {}
         for m in read_to_end(consumer, tps, timeout_s=max(0.1, deadline - time.monotonic())):
             if m.key is None:
                 continue
             sid = m.key.decode("utf-8", "replace")
+            out.pop(sid, None)
+            refused.pop(sid, None)
             if m.value is None:
-                out.pop(sid, None)
                 continue
             try:
-                out[sid] = parse_study_message(m.value)
-            except ValueError as exc:
+                study, status = parse_study_message(m.value, trusted)
+                if study.study_id != sid:
+                    raise ConfigurationError(f"value holds study {study.study_id!r}")
+                out[sid] = (study, status)
+            except SignatureError as exc:
+                refused[sid] = exc
+            except ConfigurationError as exc:
                 log.warning("skipping studies-topic offset %d: %s", m.offset, exc)
-        return out
     finally:
         consumer.close()
+    for sid, exc in refused.items():
+        STUDIES_REFUSED.labels("device").inc()
+        log.error("study %s refused: %s", sid, exc)
+    if not trusted and out:
+        log.warning("no trusted study key pinned: studies on %r are used UNVERIFIED; anyone who "
+                    "can write that topic can change what this device does (docs/security.md)",
+                    topics.studies)
+    return out, refused
+
+
+def read_studies_topic(kafka: KafkaSettings, topics: TopicSettings, timeout_s: float = 10,
+                       trusted: TrustedKeys | None = None,
+                       ) -> dict[str, tuple[Study, StudyStatus]]:
+    """Replay the compacted studies topic: {id: (study, status)}, the last value per key winning.
+
+    Assigns every partition (no consumer group), seeks to the beginning and reads to the end. A
+    tombstone (null value) removes the key; a malformed value is logged and skipped; with
+    ``trusted`` keys, a study whose last value does not verify is left out (logged, counted).
+    Raises TimeoutError if the topic cannot be found or read within ``timeout_s``.
+    """
+    return _replay(kafka, topics, timeout_s, trusted)[0]
+
+
+def find_study(study_id: str, kafka: KafkaSettings, topics: TopicSettings,
+               timeout_s: float = 10, trusted: TrustedKeys | None = None,
+               ) -> tuple[Study, StudyStatus]:
+    """(study, status) from the topic; raises UnknownStudy, or SignatureError when refused."""
+    out, refused = _replay(kafka, topics, timeout_s, trusted)
+    if study_id in refused:
+        raise refused[study_id]
+    found = out.get(study_id)
+    if found is None:
+        raise UnknownStudy(f"study {study_id!r} is not on the studies topic {topics.studies!r}")
+    return found
 
 
 def find_open_study(study_id: str, kafka: KafkaSettings, topics: TopicSettings,
-                    timeout_s: float = 10) -> Study:
-    """The study a device contributes to; raises UnknownStudy or StudyClosed."""
-    found = read_studies_topic(kafka, topics, timeout_s=timeout_s).get(study_id)
-    if found is None:
-        raise UnknownStudy(f"study {study_id!r} is not on the studies topic {topics.studies!r}")
-    study, status = found
+                    timeout_s: float = 10, trusted: TrustedKeys | None = None) -> Study:
+    """The study a device contributes to; raises UnknownStudy, StudyClosed or SignatureError."""
+    study, status = find_study(study_id, kafka, topics, timeout_s, trusted)
     if status is StudyStatus.CLOSED:
         raise StudyClosed(f"study {study_id!r} is closed and accepts no more records")
     return study
