@@ -5,9 +5,11 @@ public bounds → add the study's Gaussian noise → wire-encode → produce. Th
 the call: they are not stored, logged, or sent; only (q̃, p̃), the study hash, a random record id
 and the creation time go on the wire (ipdp.wire).
 
-Noise comes from an OS-seeded generator (``np.random.default_rng()``) unless an ``rng`` is passed
-(tests only). Record ids are always 16 bytes from ``os.urandom`` (UUID4-shaped), never from
-``rng``: replay detection needs them unique across runs, even runs with a seeded ``rng``.
+Noise comes from the operating system's CSPRNG (:class:`ipdp.noise.SystemNoise`: ``os.urandom``,
+Box–Muller) unless another ``noise`` source is passed (tests only; the load generator passes its
+fast seeded generator to :func:`perturb_records`, because its devices are simulated). Record ids
+are always 16 bytes from ``os.urandom`` (UUID4-shaped), never from the noise source: replay
+detection needs them unique across runs, even runs with seeded noise.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from ipdp.errors import ContributionError, SignatureError, StudyClosed, UnknownStudy
 from ipdp.losses import prepare
+from ipdp.noise import NoiseSource, SystemNoise
 from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
 from ipdp.signing import TrustedKeys, parse_trusted_keys
 from ipdp.study import Study
@@ -63,13 +66,14 @@ def split_ids(ids: np.ndarray) -> list[bytes]:
 
 
 def perturb_records(study: Study, x: np.ndarray, y: np.ndarray,
-                    rng: np.random.Generator | None = None) -> tuple[np.ndarray, list[bytes]]:
+                    noise: NoiseSource) -> tuple[np.ndarray, list[bytes]]:
     """What k devices do before anything leaves them: encode → clip → perturb → wire-encode.
 
-    x (k, d), y (k,) → (record ids (k, 16) uint8, k wire values). The one device step: the SDK,
-    the load generator and the benchmarks all call it.
+    x (k, d), y (k,) → (record ids (k, 16) uint8, k wire values). The one device step: the SDK
+    (with :class:`SystemNoise`), the load generator and the benchmarks (with numpy's seeded
+    generator, for simulated devices) all call it, each naming its noise source.
     """
-    q, p = prepare(study.loss, x, y, study.calibration, rng)
+    q, p = prepare(study.loss, x, y, study.calibration, noise)
     k = x.shape[0]
     ids = new_record_ids(k)
     return ids, encode_batch(study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
@@ -123,19 +127,19 @@ class Contributor:
     """
 
     def __init__(self, study: Study, producer: KafkaProducer, topic: str,
-                 rng: np.random.Generator | None = None):
+                 noise: NoiseSource | None = None):
         self.study = study
         self.producer = producer
         self.topic = topic
-        # One OS-seeded generator per contributor unless a seeded one is passed (tests).
-        self._rng = np.random.default_rng() if rng is None else rng
+        # The OS's CSPRNG unless a seeded source is passed (tests only).
+        self.noise: NoiseSource = SystemNoise() if noise is None else noise
         self._delivery = DeliveryCounter()
         self._reported_failures = 0
         self._owns_producer = False
 
     @classmethod
     def connect(cls, study_id: str, kafka: KafkaSettings, topics: TopicSettings,
-                rng: np.random.Generator | None = None, timeout_s: float = 10.0,
+                noise: NoiseSource | None = None, timeout_s: float = 10.0,
                 trusted_keys: TrustedKeys | str | Iterable[str] | None = None,
                 **producer_overrides) -> Contributor:
         """Read the study from the studies topic and build a producer of our own.
@@ -151,7 +155,7 @@ class Contributor:
 
         trusted = trusted_study_keys(trusted_keys)
         study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s, trusted=trusted)
-        c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, rng=rng)
+        c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, noise=noise)
         c._owns_producer = True
         return c
 
@@ -169,7 +173,7 @@ class Contributor:
         x = np.asarray(x, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
         self._check(x, y)
-        return perturb_records(self.study, x, y, self._rng)
+        return perturb_records(self.study, x, y, self.noise)
 
     def _send(self, ids: np.ndarray, values: list[bytes]) -> None:
         send, topic, d = self.producer.send, self.topic, self._delivery

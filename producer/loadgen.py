@@ -5,8 +5,10 @@ its own noise draw (exactly what each device would do alone), :func:`ipdp.wire.e
 encodes the rows in one structured-array pass, and each value goes to ``producer.send`` with its
 record id as the key. The only per-record Python work is the ``send`` call itself.
 
-Noise is OS-seeded unless an ``rng`` is passed (tests); ``--seed`` on the command line seeds only
-the simulated dataset. Record ids always come from ``os.urandom``.
+Simulated devices draw their noise from numpy's PCG64 (OS-seeded unless an ``rng`` is passed, in
+tests), not from the CSPRNG real devices use (ipdp.noise): a simulator needs speed and
+reproducibility, and its records protect no one. ``--seed`` on the command line seeds only the
+simulated dataset. Record ids always come from ``os.urandom``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=None, metavar="COL",
                    help="Target column of a CSV dataset.")
     p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="Seed of the simulated dataset (the privacy noise is always OS-seeded).")
+                   help="Seed of the simulated dataset (the simulated noise is always OS-seeded).")
     p.add_argument("--batch", type=int, default=LoadgenSettings().batch, metavar="B",
                    help="Devices simulated per vectorised step (IPDP_LOADGEN_BATCH).")
     p.add_argument("--no-progress", dest="no_progress", action="store_true",

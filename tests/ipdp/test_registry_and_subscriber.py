@@ -128,7 +128,7 @@ def test_submit_many_with_seeded_rng_matches_prepare(r, producer, kafka_settings
     rng = np.random.default_rng(42)
     x = rng.uniform(-0.5, 0.5, (200, 4))
     y = np.where(rng.uniform(size=200) > 0.5, 1.0, -1.0)
-    c = Contributor(study, producer, topics.records, rng=np.random.default_rng(7))
+    c = Contributor(study, producer, topics.records, noise=np.random.default_rng(7))
     ids = c.submit_many(x, y)
     c.flush()
     assert ids.shape == (200, 16) and len({i.tobytes() for i in ids}) == 200
