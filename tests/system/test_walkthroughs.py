@@ -29,6 +29,7 @@ BLOCK = re.compile(r"<!-- run: (shell|file (\S+)) -->\s*```(\w+)\n(.*?)```", re.
 #: README table commands that the walkthrough does not run, and the test that runs each for real.
 RUN_ELSEWHERE = {
     "ipdp demo": "tests/system/test_demo.py",
+    "ipdp keys": "tests/system/test_cli.py",
     "ipdp bench accuracy": "tests/bench/test_bench_commands.py",
     "ipdp bench throughput": "tests/bench/test_bench_commands.py",
     "ipdp soak": "tests/bench/test_bench_commands.py",
