@@ -94,7 +94,7 @@ class Validator:
                                 for i in rows.index]
                     continue
                 if study is None:
-                    rejects += [self._unmatched(messages[i], bytes(key)) for i in rows.index]
+                    rejects += self._unmatched([messages[i] for i in rows.index], bytes(key))
                     continue
                 rows = self._check_rows(study, rows, messages, now_ms, rejects)
                 if len(rows) == 0:
@@ -118,13 +118,15 @@ class Validator:
         rejects.sort(key=lambda x: (x.message.partition, x.message.offset))
         return rejects, list(valid.values())
 
-    def _unmatched(self, message: Message, key: bytes) -> Rejection:
-        sid = message.study_id
-        if sid is not None and self.registered(sid):
-            return Rejection(message, RejectReason.STUDY_MISMATCH,
-                             f"hash {key.hex()} is not study {sid}'s: the record was perturbed "
-                             "under other parameters than the registered ones")
-        return Rejection(message, RejectReason.UNKNOWN_STUDY, f"no study has hash {key.hex()}")
+    def _unmatched(self, msgs: list[Message], key: bytes) -> list[Rejection]:
+        registered = {sid: self.registered(sid) for sid in {m.study_id for m in msgs} if sid}
+        return [
+            Rejection(m, RejectReason.STUDY_MISMATCH,
+                      f"hash {key.hex()} is not study {m.study_id}'s: the record was perturbed "
+                      "under other parameters than the registered ones")
+            if registered.get(m.study_id) else
+            Rejection(m, RejectReason.UNKNOWN_STUDY, f"no study has hash {key.hex()}")
+            for m in msgs]
 
     def _check_rows(self, study: Study, rows: RecordBatch, messages, now_ms,
                     rejects) -> RecordBatch:

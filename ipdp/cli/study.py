@@ -133,12 +133,13 @@ def _study_info(r, study_id: str) -> dict:
     if got is None:
         raise UnknownStudy(f"unknown study {study_id!r}")
     study, status = got
-    created_ms = _int(r.hget(study_key(study_id), "created_ms"))
+    created_ms, envelope = r.hmget(study_key(study_id), ["created_ms", "envelope"])
     rnd, count = r.hmget(open_key(study_id), ["round", "count"])
     return {
         "study": study,
         "status": status,
-        "created_ms": created_ms,
+        "created_ms": _int(created_ms),
+        "key_id": json.loads(envelope).get("key_id", "") if envelope else "",
         "rounds_published": rounds_published(r, study_id),
         "open_round": None if rnd is None else {"round": int(rnd), "count": _int(count) or 0},
     }
@@ -165,6 +166,8 @@ def cmd_study_show(args: argparse.Namespace) -> int:
         ("rounds published", str(info["rounds_published"])),
         ("open round", "none yet" if o is None else f"{o['round']}: {o['count']}/{study.n}"),
         ("Δ_in given", "mode default" if study.delta_in is None else fmt(study.delta_in)),
+        ("signed by", f"key {info['key_id']}" if info["key_id"] else "nobody (unsigned)"),
+        ("study hash", study.hash.hex()),
     ]
     print(table(rows, title=f"study {study.study_id}"))
     print()

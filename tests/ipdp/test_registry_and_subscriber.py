@@ -339,3 +339,30 @@ def test_models_cli(env_topics, producer, capsys):
     objs = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [(o["study_id"], o["round"]) for o in objs] == [("m-a", 1), ("m-a", 2)]
     assert ModelMessage.model_validate(objs[1]).weights == [0.6, 0.8, 0.0, 0.0]
+
+
+def test_a_signed_study_from_the_cli_verifies_and_closing_it_needs_its_key(
+        env_topics, kafka_settings, r, capsys, tmp_path, monkeypatch):
+    from ipdp.errors import ConfigurationError
+    from ipdp.signing import generate_key_files, parse_trusted_keys
+
+    owner = generate_key_files(tmp_path / "owner")
+    monkeypatch.delenv("IPDP_STUDY_SIGNING_KEY", raising=False)
+    assert _run(["study", "create", "--study-id", "cli-signed", "--d", "4", "--n", "10000",
+                 "--epsilon", "1", "--delta", "0.01", "--signing-key",
+                 str(tmp_path / "owner.key")]) == 0
+    assert f"signed by key {owner.key_id}" in capsys.readouterr().out
+    pinned = parse_trusted_keys(str(tmp_path / "owner.pub"))
+    study, _ = load_study(r, "cli-signed", pinned)
+    assert read_studies_topic(kafka_settings, env_topics, trusted=pinned)["cli-signed"] == \
+        (study, OPEN)
+    assert _run(["study", "show", "cli-signed"]) == 0
+    assert f"key {owner.key_id}" in capsys.readouterr().out
+
+    with pytest.raises(ConfigurationError, match="closing it needs that signing key"):
+        _run(["study", "close", "cli-signed"])
+    assert load_study(r, "cli-signed")[1] == OPEN
+    monkeypatch.setenv("IPDP_STUDY_SIGNING_KEY", str(tmp_path / "owner.key"))
+    assert _run(["study", "close", "cli-signed"]) == 0
+    assert read_studies_topic(kafka_settings, env_topics, trusted=pinned)["cli-signed"][1] == \
+        CLOSED
