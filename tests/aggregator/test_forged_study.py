@@ -33,17 +33,6 @@ PARAMS = {"d": 4, "n": 2_000, "epsilon": 1.0, "delta": 0.01}
 DEVICES = 2_000
 
 
-@pytest.fixture
-def env(topics, kafka_settings, redis_settings, monkeypatch):
-    """Point the env-driven CLI at this test's topics, broker and Redis."""
-    for name, value in topics.model_dump().items():
-        monkeypatch.setenv(f"IPDP_TOPIC_{name.upper()}", str(value))
-    monkeypatch.setenv("IPDP_KAFKA_BOOTSTRAP", kafka_settings.bootstrap)
-    monkeypatch.setenv("IPDP_REDIS_URL", redis_settings.url)
-    monkeypatch.delenv("IPDP_TRUSTED_STUDY_KEYS", raising=False)
-    return topics
-
-
 def _sample(name: str, labels: dict) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
@@ -66,8 +55,8 @@ def _create(kafka_settings, redis_settings, topics, study: Study, key=None) -> N
 
 @pytest.mark.slow
 def test_records_perturbed_under_a_forged_study_are_dead_lettered_never_folded(
-        kafka_settings, redis_settings, env, tmp_path, capsys):
-    topics = env
+        kafka_settings, redis_settings, env_topics, tmp_path, capsys):
+    topics = env_topics
     study = Study(study_id="s1", **PARAMS)
     _create(kafka_settings, redis_settings, topics, study)
     forged = Study(study_id="s1", **{**PARAMS, "epsilon": PARAMS["epsilon"] * 1000})
@@ -94,8 +83,8 @@ def test_records_perturbed_under_a_forged_study_are_dead_lettered_never_folded(
 
 
 def test_a_device_that_pins_the_owner_key_refuses_a_forged_study(
-        kafka_settings, redis_settings, env, tmp_path, capsys):
-    topics = env
+        kafka_settings, redis_settings, env_topics, tmp_path, capsys):
+    topics = env_topics
     owner = generate_key_files(tmp_path / "owner")
     stranger = generate_key_files(tmp_path / "stranger")
     study = Study(study_id="s2", **PARAMS)
@@ -117,8 +106,8 @@ def test_a_device_that_pins_the_owner_key_refuses_a_forged_study(
 
 
 def test_an_aggregator_that_pins_keys_refuses_an_unsigned_study_and_counts_it(
-        kafka_settings, redis_settings, env, tmp_path):
-    topics = env
+        kafka_settings, redis_settings, env_topics, tmp_path):
+    topics = env_topics
     owner = generate_key_files(tmp_path / "owner")
     unsigned = Study(study_id="u1", **PARAMS)
     signed = Study(study_id="s3", **PARAMS)

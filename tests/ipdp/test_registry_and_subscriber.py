@@ -51,16 +51,6 @@ def producer(kafka_settings):
     p.close()
 
 
-@pytest.fixture
-def env_topics(topics, kafka_settings, redis_settings, monkeypatch):
-    """Point the env-driven CLI settings at this test's topics, broker and Redis."""
-    for name, value in topics.model_dump().items():
-        monkeypatch.setenv(f"IPDP_TOPIC_{name.upper()}", str(value))
-    monkeypatch.setenv("IPDP_KAFKA_BOOTSTRAP", kafka_settings.bootstrap)
-    monkeypatch.setenv("IPDP_REDIS_URL", redis_settings.url)
-    return topics
-
-
 # --------------------------------------------------------------------------- registry
 
 
@@ -347,7 +337,6 @@ def test_a_signed_study_from_the_cli_verifies_and_closing_it_needs_its_key(
     from ipdp.signing import generate_key_files, parse_trusted_keys
 
     owner = generate_key_files(tmp_path / "owner")
-    monkeypatch.delenv("IPDP_STUDY_SIGNING_KEY", raising=False)
     assert _run(["study", "create", "--study-id", "cli-signed", "--d", "4", "--n", "10000",
                  "--epsilon", "1", "--delta", "0.01", "--signing-key",
                  str(tmp_path / "owner.key")]) == 0

@@ -28,7 +28,8 @@ def _model(round_no: int, w=(0.3, 0.4, 0.0, 0.0)) -> ModelMessage:
 
 
 def test_forged_models_on_the_models_topic_are_dropped_and_counted(
-        kafka_settings, redis_settings, topics, tmp_path, monkeypatch, capsys):
+        kafka_settings, redis_settings, env_topics, tmp_path, capsys):
+    topics = env_topics
     generate_key_files(tmp_path / "trainer")
     stranger = generate_key_files(tmp_path / "stranger")
     trainer = Trainer(kafka_settings, redis_settings, topics,
@@ -61,9 +62,6 @@ def test_forged_models_on_the_models_topic_are_dropped_and_counted(
     assert [m.round for m in ModelSubscriber(kafka_settings, topics, trusted_keys=[])] == \
         [1, 2, 3]
 
-    for name, value in topics.model_dump().items():
-        monkeypatch.setenv(f"IPDP_TOPIC_{name.upper()}", str(value))
-    monkeypatch.setenv("IPDP_KAFKA_BOOTSTRAP", kafka_settings.bootstrap)
     capsys.readouterr()
     assert main(["models", "--json", "--trust", f"{tmp_path / 'trainer'}.pub"]) == 0
     out = capsys.readouterr()
