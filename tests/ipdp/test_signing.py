@@ -79,3 +79,16 @@ def test_without_pinned_keys_an_unsigned_study_is_read_and_a_non_canonical_one_r
     env["study"] = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     with pytest.raises(ConfigurationError, match="canonical"):
         parse_study_message(json.dumps(env).encode())
+
+
+def test_devices_read_pinned_keys_from_the_environment_or_as_given(owner, monkeypatch):
+    from producer.contributor import trusted_study_keys
+
+    key, prefix = owner
+    monkeypatch.setenv("IPDP_TRUSTED_STUDY_KEYS", f" {prefix}.pub , {key.public_b64}")
+    assert trusted_study_keys(None).ids == [key.key_id]
+    assert not trusted_study_keys([])  # an explicit empty list pins nothing
+    monkeypatch.delenv("IPDP_TRUSTED_STUDY_KEYS")
+    assert not trusted_study_keys(None)
+    with pytest.raises(ConfigurationError, match="3 bytes, not 32"):
+        parse_trusted_keys("AAAA")
