@@ -33,7 +33,8 @@ from ipdp.metrics import (
     GATEWAY_RECORDS_REJECTED,
     GATEWAY_REQUESTS,
 )
-from ipdp.settings import KafkaSettings, TopicSettings
+from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
+from ipdp.signing import parse_trusted_keys
 from ipdp.studies_topic import StudiesFollower
 from ipdp.study import Study, StudyStatus
 from ipdp.wire import (
@@ -195,7 +196,10 @@ class Gateway:
     def __init__(self, settings: GatewaySettings, kafka: KafkaSettings,
                  topics: TopicSettings) -> None:
         self.settings, self.kafka, self.topics = settings, kafka, topics
-        self.studies = StudiesFollower(kafka, topics)
+        # The gateway refuses, like a device, a study whose signature does not verify under the
+        # pinned owner keys (IPDP_TRUSTED_STUDY_KEYS); GET /studies/{id} serves only verified ones.
+        self.studies = StudiesFollower(
+            kafka, topics, trusted=parse_trusted_keys(TrustSettings().trusted_study_keys))
         self.producer = None
         self.limiter = (RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
                         if settings.rate_limit_per_s > 0 else None)
@@ -276,7 +280,7 @@ class Gateway:
             raise Refusal(400, "undecodable", "the client closed the request early") from None
         return b"".join(chunks)
 
-    async def produce(self, records: list[bytes], d: int) -> None:
+    async def produce(self, records: list[bytes], d: int, study_id: str) -> None:
         """Send the records as container(s) and wait for acks=all; Refusal(503) if Kafka fails."""
         from kafka.errors import KafkaError
 
@@ -291,8 +295,11 @@ class Gateway:
         try:
             for lo in range(0, len(records), per):
                 chunk = records[lo:lo + per]
+                # The study header is diagnostic (study_mismatch vs unknown_study); the
+                # aggregator trusts only each record's hash.
                 future = producer.send(self.topics.records, key=chunk[0][_RECORD_ID],
-                                       value=encode_container(chunk))
+                                       value=encode_container(chunk),
+                                       headers=[("study", study_id.encode("utf-8"))])
                 waits.append(_as_asyncio(future, loop))
             await asyncio.wait_for(asyncio.gather(*waits), self.settings.kafka_timeout_s + 1)
         except (KafkaError, TimeoutError) as exc:
@@ -355,7 +362,7 @@ async def post_records(gw: Gateway, request: Request) -> Response:
                       f"Content-Type must be {OCTET_STREAM} or {JSON_TYPE}, got {media!r}")
     body = await gw.read_body(request)
     records = check_binary(body, study) if media == OCTET_STREAM else encode_json(body, study)
-    await gw.produce(records, study.d)
+    await gw.produce(records, study.d, study.study_id)
     GATEWAY_RECORDS_ACCEPTED.inc(len(records))
     return JSONResponse({"accepted": len(records)}, status_code=202)
 

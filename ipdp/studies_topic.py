@@ -2,8 +2,10 @@
 
 The device reads it once to learn a study's public parameters (producer/studies.py); the gateway
 follows it to know which studies are open and to serve each study's current message unchanged.
-Both go through :func:`apply_study_message`, so a tombstone or a malformed value means the same
-thing everywhere.
+Both go through :func:`apply_study_message`, so a tombstone, a malformed value or a signature
+that does not verify means the same thing everywhere: the last value per key decides, so a forged
+redefinition makes the study *refused* (SignatureError), never silently replaced. Without pinned
+study-owner keys anything on the topic is believed, and the readers say so in their logs.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ipdp.errors import ConfigurationError, SignatureError
 from ipdp.kafka_io import assign_all, kafka_consumer, read_to_end
+from ipdp.metrics import STUDIES_REFUSED
 from ipdp.settings import KafkaSettings, TopicSettings
+from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus, parse_study_message
 
 log = logging.getLogger(__name__)
@@ -31,29 +36,53 @@ class StudyEntry:
     value: bytes
 
 
-def apply_study_message(entries: dict[str, StudyEntry], message) -> None:
-    """Fold one studies-topic message into ``entries`` (last value per key wins).
+def apply_study_message(entries: dict[str, StudyEntry], message,
+                        trusted: TrustedKeys | None = None,
+                        refused: dict[str, SignatureError] | None = None) -> None:
+    """Fold one studies-topic message into ``entries``: the last value per key decides.
 
-    A tombstone (null value) removes the key; a malformed value is logged and skipped, leaving
-    the previous value in place.
+    A tombstone (null value) removes the key. So does a value that is malformed (logged), or
+    that does not verify against ``trusted`` keys (kept in ``refused``, logged and counted by the
+    reader).
     """
     if message.key is None:
         return
     sid = message.key.decode("utf-8", "replace")
+    entries.pop(sid, None)
+    if refused is not None:
+        refused.pop(sid, None)
     if message.value is None:
-        entries.pop(sid, None)
         return
     try:
-        study, status = parse_study_message(message.value)
-    except ValueError as exc:
+        study, status = parse_study_message(message.value, trusted)
+        if study.study_id != sid:
+            raise ConfigurationError(f"value holds study {study.study_id!r}")
+    except SignatureError as exc:
+        if refused is not None:
+            refused[sid] = exc
+        return
+    except ConfigurationError as exc:
         log.warning("skipping studies-topic offset %d: %s", message.offset, exc)
         return
     entries[sid] = StudyEntry(study, status, bytes(message.value))
 
 
-def read_study_entries(kafka: KafkaSettings, topics: TopicSettings,
-                       timeout_s: float = 10) -> dict[str, StudyEntry]:
-    """Replay the studies topic from the beginning to its end: {id: StudyEntry}.
+def _say(reader: str, topics: TopicSettings, entries: dict, refused: dict,
+         trusted: TrustedKeys | None) -> None:
+    for sid, exc in refused.items():
+        STUDIES_REFUSED.labels(reader).inc()
+        log.error("study %s refused: %s", sid, exc)
+    if not trusted and entries:
+        log.warning("no trusted study key pinned: studies on %r are used UNVERIFIED; anyone who "
+                    "can write that topic can change what this %s does (docs/security.md)",
+                    topics.studies, reader)
+
+
+def read_study_entries(kafka: KafkaSettings, topics: TopicSettings, timeout_s: float = 10,
+                       trusted: TrustedKeys | None = None, reader: str = "device",
+                       ) -> tuple[dict[str, StudyEntry], dict[str, SignatureError]]:
+    """Replay the studies topic from the beginning to its end: ({id: StudyEntry}, {id: why
+    refused}).
 
     Assigns every partition (no consumer group). Raises TimeoutError if the topic cannot be
     found or read within ``timeout_s``.
@@ -65,21 +94,24 @@ def read_study_entries(kafka: KafkaSettings, topics: TopicSettings,
         tps = assign_all(consumer, topics.studies, timeout_s, label="studies topic")
         consumer.seek_to_beginning(*tps)
         out: dict[str, StudyEntry] = {}
+        refused: dict[str, SignatureError] = {}
         for m in read_to_end(consumer, tps, timeout_s=max(0.1, deadline - time.monotonic())):
-            apply_study_message(out, m)
-        return out
+            apply_study_message(out, m, trusted, refused)
     finally:
         consumer.close()
+    _say(reader, topics, out, refused, trusted)
+    return out, refused
 
 
-def read_studies_topic(kafka: KafkaSettings, topics: TopicSettings,
-                       timeout_s: float = 10) -> dict[str, tuple[Study, StudyStatus]]:
+def read_studies_topic(kafka: KafkaSettings, topics: TopicSettings, timeout_s: float = 10,
+                       trusted: TrustedKeys | None = None,
+                       ) -> dict[str, tuple[Study, StudyStatus]]:
     """Replay the compacted studies topic: {id: (study, status)}, the last value per key winning.
 
     See :func:`read_study_entries`; raises TimeoutError if the topic cannot be read in time.
     """
-    return {sid: (e.study, e.status)
-            for sid, e in read_study_entries(kafka, topics, timeout_s).items()}
+    entries, _ = read_study_entries(kafka, topics, timeout_s, trusted)
+    return {sid: (e.study, e.status) for sid, e in entries.items()}
 
 
 class StudiesFollower:
@@ -90,8 +122,8 @@ class StudiesFollower:
     """
 
     def __init__(self, kafka: KafkaSettings, topics: TopicSettings, poll_ms: int = 500,
-                 retry_s: float = 2.0) -> None:
-        self._kafka, self._topics = kafka, topics
+                 retry_s: float = 2.0, trusted: TrustedKeys | None = None) -> None:
+        self._kafka, self._topics, self._trusted = kafka, topics, trusted
         self._poll_ms, self._retry_s = poll_ms, retry_s
         self._entries: dict[str, StudyEntry] = {}
         self.ready = threading.Event()
@@ -128,17 +160,21 @@ class StudiesFollower:
             tps = assign_all(consumer, self._topics.studies, 30, label="studies topic")
             consumer.seek_to_beginning(*tps)
             entries: dict[str, StudyEntry] = {}
+            refused: dict[str, SignatureError] = {}
             for m in read_to_end(consumer, tps, stop=self._stop):
-                apply_study_message(entries, m)
+                apply_study_message(entries, m, self._trusted, refused)
+            _say("gateway", self._topics, entries, refused, self._trusted)
             self._entries = entries
             self.ready.set()
             while not self._stop.is_set():
                 batch = consumer.poll(timeout_ms=self._poll_ms)
                 if batch:
                     updated = dict(self._entries)
+                    refused = {}
                     for msgs in batch.values():
                         for m in msgs:
-                            apply_study_message(updated, m)
+                            apply_study_message(updated, m, self._trusted, refused)
+                    _say("gateway", self._topics, {}, refused, self._trusted)
                     self._entries = updated
         finally:
             consumer.close()
