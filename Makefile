@@ -17,6 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/install-test-deps.sh
+	cd producer/web && npm ci --no-audit --no-fund && npm test
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

@@ -1,4 +1,4 @@
-"""Validate a polled batch and fold it into Redis in one atomic transaction.
+"""Fold a validated batch into Redis in one atomic transaction.
 
 A batch is the messages one poll returned: per partition, a contiguous run of offsets. The fold
 is a checkpoint in the quixstreams sense — the statistics it produces and the offsets it consumed
@@ -18,30 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from aggregator.validate import Message, Rejection, Validator, ValidRows
 from ipdp import registry, state
-from ipdp.calibration import record_norm_bounds
-from ipdp.study import Study
-from ipdp.wire import RecordBatch, RejectReason, decode_batch
+from ipdp.study import Study, StudyStatus
+from ipdp.wire import RejectReason
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Message:
-    """The parts of a Kafka record the fold needs."""
-
-    partition: int
-    offset: int
-    value: bytes | None
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A message that will not be folded, and why."""
-
-    message: Message
-    reason: RejectReason
-    detail: str
 
 
 @dataclass
@@ -58,17 +40,6 @@ class FoldResult:
     reseek: dict[int, int] = field(default_factory=dict)
     """partition → offset to seek to, when the batch started past the committed offset."""
     conflicts: int = 0
-
-
-@dataclass
-class _Valid:
-    """Rows that passed every stateless check, for one study, in (partition, offset) order."""
-
-    study: Study
-    messages: list[Message]
-    record_id: np.ndarray
-    q: np.ndarray
-    p: np.ndarray
 
 
 class Folder:
@@ -89,11 +60,13 @@ class Folder:
         self.offsets_key = state.offsets_key(group, topic)
         self.window_ms = replay_window_s * 1000
         self.skew_ms = max_future_skew_s * 1000
-        self.max_message_bytes = max_message_bytes
         self.clock = clock
         self._studies: dict[bytes, Study] = {}
+        self.validator = Validator(self._study, replay_window_s=replay_window_s,
+                                   max_future_skew_s=max_future_skew_s,
+                                   max_message_bytes=max_message_bytes)
         self._replay = r.register_script(
-            importlib.resources.files("ipdp").joinpath("replay.lua").read_text())
+            importlib.resources.files("aggregator").joinpath("replay.lua").read_text())
 
     def committed_offsets(self) -> dict[int, int]:
         """partition → next offset to fold, as stored with the statistics."""
@@ -107,7 +80,7 @@ class Folder:
     ) -> FoldResult:
         """Validate and fold `messages`; `dead_letter` is called before the commit (at least once)."""
         now_ms = int(self.clock() * 1000)
-        stateless_rejects, valid = self._validate(messages, now_ms)
+        stateless_rejects, valid = self.validator.validate(messages, now_ms)
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         for m in messages:
@@ -190,13 +163,13 @@ class Folder:
                 pipe.hincrby(state.REJECTED, reason, c)
         return result
 
-    def _fold_study(self, pipe, v: _Valid, mask, now_ms, result: FoldResult, writes) -> None:
+    def _fold_study(self, pipe, v: ValidRows, mask, now_ms, result: FoldResult, writes) -> None:
         study = v.study
         sid = study.study_id
         msgs = [m for m, k in zip(v.messages, mask, strict=True) if k]
         ids, q, p = v.record_id[mask], v.q[mask], v.p[mask]
         status = pipe.hget(state.study_key(sid), "status")
-        if status is None or status.decode() != "open":
+        if status is None or status.decode() != StudyStatus.OPEN:
             reason = RejectReason.UNKNOWN_STUDY if status is None else RejectReason.CLOSED_STUDY
             result.rejected += [Rejection(m, reason, f"study {sid} is {status and status.decode()}")
                                 for m in msgs]
@@ -257,7 +230,7 @@ class Folder:
             r_no, c, fa, fb = final
             if study_closed:
                 pipe.delete(state.open_key(sid))
-                pipe.hset(state.study_key(sid), "status", "closed")
+                pipe.hset(state.study_key(sid), "status", StudyStatus.CLOSED.value)
             else:
                 a_raw, b_raw = state.pack_stats(fa, fb)
                 pipe.hset(state.open_key(sid), mapping={"round": r_no, "count": c,
@@ -273,69 +246,6 @@ class Folder:
                 pipe.hincrby(state.counts_key(sid), "rounds_closed", len(closed))
 
         writes.append(write)
-
-    def _validate(self, messages: Sequence[Message], now_ms: int):
-        """Every check that does not depend on Redis state, vectorised per study."""
-        rejects: list[Rejection] = []
-        batches, bad = decode_batch([m.value for m in messages], self.max_message_bytes)
-        rejects += [Rejection(messages[i], err.reason, err.detail) for i, err in bad]
-        valid: dict[str, _Valid] = {}
-        for batch in batches:
-            keys = batch.study_hash.view("V16").ravel()
-            for key in np.unique(keys):
-                rows = batch.take(np.flatnonzero(keys == key))
-                study = self._study(bytes(key))
-                if study is None:
-                    rejects += [Rejection(messages[i], RejectReason.UNKNOWN_STUDY,
-                                          f"no study has hash {bytes(key).hex()}")
-                                for i in rows.index]
-                    continue
-                rows = self._check_rows(study, rows, messages, now_ms, rejects)
-                if len(rows) == 0:
-                    continue
-                v = valid.get(study.study_id)
-                msgs = [messages[i] for i in rows.index]
-                if v is None:
-                    valid[study.study_id] = _Valid(study, msgs, rows.record_id, rows.q, rows.p)
-                else:
-                    v.messages += msgs
-                    v.record_id = np.concatenate([v.record_id, rows.record_id])
-                    v.q = np.concatenate([v.q, rows.q])
-                    v.p = np.concatenate([v.p, rows.p])
-        for v in valid.values():
-            order = sorted(range(len(v.messages)),
-                           key=lambda i: (v.messages[i].partition, v.messages[i].offset))
-            if order != list(range(len(order))):
-                v.messages = [v.messages[i] for i in order]
-                v.record_id = v.record_id[order]
-                v.q, v.p = v.q[order], v.p[order]
-        rejects.sort(key=lambda x: (x.message.partition, x.message.offset))
-        return rejects, list(valid.values())
-
-    def _check_rows(self, study: Study, rows: RecordBatch, messages, now_ms, rejects) -> RecordBatch:
-        """Dimension, norm bounds and the time window; returns the rows that pass."""
-        if rows.d != study.d:
-            rejects += [Rejection(messages[i], RejectReason.WRONG_DIMENSION,
-                                  f"record has d={rows.d}, study {study.study_id} has d={study.d}")
-                        for i in rows.index]
-            return rows.take(np.zeros(len(rows), bool))
-        max_q, max_p = record_norm_bounds(study.calibration)
-        norm_q = np.linalg.norm(rows.q, axis=1)
-        norm_p = np.linalg.norm(rows.p, axis=1)
-        checks = [
-            (norm_q > max_q, RejectReason.NORM_OUT_OF_BOUNDS, f"‖q̃‖ exceeds {max_q:.4g}"),
-            (norm_p > max_p, RejectReason.NORM_OUT_OF_BOUNDS, f"‖p̃‖ exceeds {max_p:.4g}"),
-            (rows.created_ms < now_ms - self.window_ms, RejectReason.STALE,
-             "created before the replay window"),
-            (rows.created_ms > now_ms + self.skew_ms, RejectReason.FUTURE,
-             "created too far in the future"),
-        ]
-        ok = np.ones(len(rows), bool)
-        for bad, reason, detail in checks:
-            hit = bad & ok
-            rejects += [Rejection(messages[i], reason, detail) for i in rows.index[hit]]
-            ok &= ~bad
-        return rows.take(ok)
 
     def _study(self, key: bytes) -> Study | None:
         study = self._studies.get(key)

@@ -17,18 +17,14 @@ from kafka import TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError
 
-from aggregator.fold import Folder, FoldResult, Message, Rejection
+from aggregator.fold import Folder, FoldResult
+from aggregator.settings import AggregatorSettings
+from aggregator.validate import Message, Rejection
 from ipdp import metrics
-from ipdp.backoff import Backoff, pause_after_failure
-from ipdp.clients import check_redis, kafka_consumer, kafka_producer, redis_client
-from ipdp.process import install_signal_handlers
-from ipdp.settings import (
-    AggregatorSettings,
-    KafkaSettings,
-    MetricsSettings,
-    RedisSettings,
-    TopicSettings,
-)
+from ipdp.kafka_io import kafka_consumer, kafka_producer
+from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
+from ipdp.redis_io import check_redis, redis_client
+from ipdp.settings import KafkaSettings, MetricsSettings, RedisSettings, TopicSettings
 
 log = logging.getLogger(__name__)
 

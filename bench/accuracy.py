@@ -72,7 +72,7 @@ from bench.baselines import (
 from bench.markdown import markers, replace_block
 from ipdp.calibration import Calibration, CalibrationError, calibrate
 from ipdp.losses import clip, encode
-from ipdp.solver import solve_constrained
+from trainer.solver import solve_constrained
 
 DELTA = 0.01
 EPSILONS = (0.1, 1.0)
@@ -130,7 +130,7 @@ class Task:
 
     @property
     def zeta(self) -> float:
-        """ζ = λη + P, the Lipschitz constant of the loss on the ball (DESIGN.md §2)."""
+        """ζ = λη + P, the Lipschitz constant of the loss on the ball (docs/privacy.md)."""
         return self.lam * self.eta + self.p_bound
 
     @property

@@ -2,7 +2,7 @@
 
 Everything is in the "sum" form the trainer uses: the empirical risk of n records is
 J(w) = Σᵢ ½ (qᵢᵀw)² − pᵢᵀw over the ball ‖w‖ ≤ η, each record has smoothness ‖qᵢ‖² ≤ λ and is
-ζ-Lipschitz on the ball with ζ = λη + P (DESIGN.md §2).
+ζ-Lipschitz on the ball with ζ = λη + P (docs/privacy.md).
 
 **Neighbouring relation: replace one record**, as in ipdp's own calibration, for every method
 here. Where a paper states its sensitivities for add/remove, they are recomputed for replace-one
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipdp.calibration import calibrate, gaussian_log_delta, kifer_sigma_b2
-from ipdp.solver import solve_constrained
+from trainer.solver import solve_constrained
 
 
 @dataclass(frozen=True)

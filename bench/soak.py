@@ -42,16 +42,16 @@ from pathlib import Path
 import numpy as np
 
 from ipdp import registry, state
-from ipdp.clients import kafka_consumer, kafka_producer, redis_client
-from ipdp.losses import prepare
+from ipdp.embedded.runtime import EmbeddedRuntime
+from ipdp.kafka_io import kafka_consumer, kafka_producer
+from ipdp.redis_io import redis_client
 from ipdp.report import table
-from ipdp.runtime import EmbeddedRuntime
 from ipdp.settings import TopicSettings
-from ipdp.solver import solve_constrained
 from ipdp.study import Study
 from ipdp.subscriber import ModelSubscriber
-from ipdp.wire import RejectReason, encode_batch
-from producer.contributor import new_record_ids, now_ms
+from ipdp.wire import RejectReason, decode_batch
+from producer.contributor import perturb_records
+from trainer.solver import solve_constrained
 
 REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-9
@@ -117,9 +117,9 @@ class Load(threading.Thread):
                 x = self.rng.normal(size=(chunk, study.d))
                 x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
                 y = np.clip(x @ np.linspace(-0.5, 0.5, study.d), -1, 1)
-                q, p = prepare(study.loss, x, y, study.calibration, self.noise)
-                values = encode_batch(study.hash, new_record_ids(chunk),
-                                      np.full(chunk, now_ms()), q, p)
+                _, values = perturb_records(study, x, y, self.noise)
+                (sent,), _ = decode_batch(values)  # exactly what went on the wire
+                q, p = sent.q, sent.p
                 hostile = []
                 for _ in range(chunk // self.bad_every + (self.rng.random() < 0.5)):
                     kind = kinds[len(self.bad) % len(kinds)] if earlier else kinds[1]

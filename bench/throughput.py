@@ -21,16 +21,18 @@ from pathlib import Path
 
 import numpy as np
 
-from aggregator.fold import Folder, Message
+from aggregator.fold import Folder
+from aggregator.validate import Message
 from bench.markdown import replace_block
 from ipdp import registry, state
-from ipdp.clients import kafka_consumer, kafka_producer, redis_client
-from ipdp.losses import prepare
-from ipdp.runtime import EmbeddedRedis, EmbeddedRuntime, ensure_topics
+from ipdp.embedded import EmbeddedRedis, EmbeddedRuntime
+from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
+from ipdp.redis_io import redis_client
 from ipdp.settings import TopicSettings
-from ipdp.solver import solve_constrained
 from ipdp.study import Study
-from ipdp.wire import decode_batch, encode_batch
+from ipdp.wire import decode_batch
+from producer.contributor import perturb_records
+from trainer.solver import solve_constrained
 
 TARGETS = {
     "fold": "≥ 1,000,000 records/s/core at d = 14",
@@ -56,9 +58,7 @@ def _records(study: Study, k: int, seed: int) -> list[bytes]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(k, study.d)) / np.sqrt(study.d)
     x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
-    q, p = prepare("squared", x, np.clip(x[:, 0], -1, 1), study.calibration, rng)
-    ids = rng.integers(0, 256, size=(k, 16), dtype=np.uint8)
-    return encode_batch(study.hash, ids, np.full(k, int(time.time() * 1000)), q, p)
+    return perturb_records(study, x, np.clip(x[:, 0], -1, 1), rng)[1]
 
 
 def fold_path(k14: int) -> list[list[str]]:
@@ -83,7 +83,7 @@ def fold_path(k14: int) -> list[list[str]]:
             msgs = [Message(0, i, v) for i, v in enumerate(values)]
             t0 = time.perf_counter()
             for s in range(0, k, 5000):
-                folder._validate(msgs[s:s + 5000], int(time.time() * 1000))
+                folder.validator.validate(msgs[s:s + 5000], int(time.time() * 1000))
             rows.append([str(d), "5000", "decode + validate, no Redis",
                          f"{k / (time.perf_counter() - t0):,.0f}", "—"])
             for batch in (500, 2000, 5000, 20000):
@@ -215,11 +215,11 @@ def solve_times() -> list[list[str]]:
 
 
 def replay_set(k: int) -> list[list[str]]:
-    """The replay-id script alone (ipdp/replay.lua) against a fresh Redis: check, then insert."""
+    """The replay-id script alone (aggregator/replay.lua) against a fresh Redis: check, then insert."""
     import importlib.resources
 
     rows = []
-    script = importlib.resources.files("ipdp").joinpath("replay.lua").read_text()
+    script = importlib.resources.files("aggregator").joinpath("replay.lua").read_text()
     for label, extra in (("AOF appendfsync always (as deployed)", []),
                          ("AOF off", ["--appendonly", "no"])):
         with EmbeddedRedis(extra_args=extra) as srv:

@@ -1,6 +1,6 @@
 """Noise calibration for input perturbation: the paper's Algorithm 1 and the rigorous repair.
 
-Notation follows DESIGN.md §3 and Fukuchi, Tran & Sakuma (2017): each of n contributors sends
+Notation follows docs/privacy.md and Fukuchi, Tran & Sakuma (2017): each of n contributors sends
 q̃ = q + u, u ~ N(0, σ_u²/n · I_d) and p̃ = p − r, r ~ N(0, σ_b²/n · I_d); the trainer minimises
 ½ wᵀ(Σ q̃q̃ᵀ + Δ_in I)w − (Σ p̃)ᵀw over ‖w‖ ≤ η. Every function here is pure and cheap (closed
 forms plus one bisection), so studies are calibrated on every process that needs the numbers.
@@ -22,11 +22,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ipdp.errors import CalibrationError
+
 Mode = Literal["rigorous", "paper"]
-
-
-class CalibrationError(ValueError):
-    """Parameters for which the chosen mode proves no guarantee; the message names the bound."""
 
 
 class Calibration(BaseModel):
@@ -133,7 +131,7 @@ def calibrate_rigorous(
     With s = σ_u, τ = k·s where k = (√d + √(2 log(1/γ₁)))/√n, and the eigenvalue bound c·s² where
     c = gap²/n, the condition Δ_in + c s² ≥ (2/ε)(√λ + k s)² is the quadratic
     (c − 2k²/ε) s² − (4√λ k/ε) s + (Δ_in − 2λ/ε) ≥ 0, whose smallest non-negative solution is
-    found in closed form (DESIGN.md suggests bisection; the closed form is exact and the tests
+    found in closed form (exact, where a bisection would only approximate it; the tests
     check it against the defining inequality).
     """
     if delta_in < 0.0:

@@ -1,7 +1,9 @@
-"""Settings every process reads: one pydantic-settings model per concern, env prefix ``IPDP_``.
+"""Settings every process reads: Kafka, Redis, topics, metrics. One pydantic-settings model per
+concern, env prefix ``IPDP_``; each role adds its own model in its room (aggregator/settings.py,
+trainer/settings.py, producer/loadgen.py).
 
-The environment-variable names here are the contract with compose/ and docs/operations.md;
-``tests/test_compose.py`` checks that every ``IPDP_*`` name used there exists here.
+The environment-variable names are the contract with compose/ and docs/operations.md;
+``tests/system/test_compose.py`` checks that every ``IPDP_*`` name used there exists.
 """
 
 from __future__ import annotations
@@ -77,45 +79,3 @@ class MetricsSettings(BaseSettings):
 
     port: int = Field(0, ge=0, le=65535)
     host: str = "0.0.0.0"
-
-
-class AggregatorSettings(BaseSettings):
-    """The consume → validate → fold → commit loop."""
-
-    model_config = SettingsConfigDict(env_prefix="IPDP_AGGREGATOR_", extra="ignore")
-
-    group: str = "ipdp-aggregator"
-    max_batch: int = Field(5000, ge=1, description="Most records folded in one atomic commit.")
-    poll_timeout_ms: int = Field(500, ge=1)
-    session_timeout_ms: int = Field(6000, ge=1000)
-    replay_window_s: int = Field(
-        86_400, ge=1, description="Record ids are remembered this long; older records are rejected."
-    )
-    max_future_skew_s: int = Field(300, ge=0, description="Largest accepted clock lead of a device.")
-    max_message_bytes: int = Field(1 << 20, ge=64)
-    retry_initial_s: float = Field(0.2, gt=0)
-    retry_max_s: float = Field(10.0, gt=0)
-
-
-class TrainerSettings(BaseSettings):
-    """The close round → solve → publish loop."""
-
-    model_config = SettingsConfigDict(env_prefix="IPDP_TRAINER_", extra="ignore")
-
-    group: str = "ipdp-trainer"
-    consumer: str = "trainer-1"
-    block_ms: int = Field(1000, ge=1, description="How long one wait on the rounds stream blocks.")
-    # Test-only fault injection (tests/test_failures.py): the process exits with status 137, as
-    # if SIGKILLed, at a chosen point of publishing a round. Never set in a deployment.
-    fault_crash_before_publish: bool = Field(
-        False, description="Test only: exit(137) after solving a round, before publishing it.")
-    fault_crash_after_publish: bool = Field(
-        False, description="Test only: exit(137) after publishing a model, before the Redis ack.")
-
-
-class LoadgenSettings(BaseSettings):
-    """The device simulator."""
-
-    model_config = SettingsConfigDict(env_prefix="IPDP_LOADGEN_", extra="ignore")
-
-    batch: int = Field(2000, ge=1, description="Devices simulated per vectorised step.")

@@ -2,20 +2,31 @@
 
 Validated once here, then trusted. The calibration is a pure function of these parameters, so
 contributors, aggregator and trainer each derive the same σ_u, σ_b and Δ_in from the study alone.
+The studies-topic codec lives here too: the message every device reads to learn a study.
 """
 
 from __future__ import annotations
 
+import enum
+import json
 import math
 from functools import cached_property
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ipdp.calibration import Calibration, CalibrationError, Mode, calibrate
+from ipdp.calibration import Calibration, Mode, calibrate
+from ipdp.errors import CalibrationError, ConfigurationError
 from ipdp.wire import study_hash
 
 Loss = Literal["squared", "logistic"]
+
+
+class StudyStatus(enum.StrEnum):
+    """Whether a study accepts records."""
+
+    OPEN = "open"
+    CLOSED = "closed"
 
 #: Δ_in used in paper mode when none is given: Algorithm 2 needs Δ > 2λ/ε strictly, so Δ_in > 0;
 #: its size is a utility knob, and 1e-6 leaves the solution practically unregularised.
@@ -23,7 +34,7 @@ PAPER_DEFAULT_DELTA_IN = 1e-6
 
 
 class Study(BaseModel):
-    """Public parameters of one study (DESIGN.md §1–3). Immutable once created."""
+    """Public parameters of one study (docs/privacy.md). Immutable once created."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -81,3 +92,29 @@ class Study(BaseModel):
     def to_json(self) -> str:
         """Canonical JSON (the form stored in Redis and on the studies topic)."""
         return self.model_dump_json(exclude_none=False)
+
+
+def study_message(study: Study, status: StudyStatus | str) -> bytes:
+    """The studies-topic value: ``{"study": {...}, "status": ...}`` as UTF-8 JSON."""
+    status = _status(status)
+    return json.dumps({"study": study.model_dump(mode="json"), "status": status.value},
+                      sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def parse_study_message(value: bytes) -> tuple[Study, StudyStatus]:
+    """Inverse of :func:`study_message`; raises ConfigurationError on a malformed value."""
+    try:
+        obj = json.loads(value)
+        status = _status(obj["status"])
+        study = Study.model_validate(obj["study"])
+    except (ValueError, KeyError, TypeError, ValidationError, ConfigurationError) as exc:
+        raise ConfigurationError(f"malformed studies-topic message: {exc}") from None
+    return study, status
+
+
+def _status(status: StudyStatus | str) -> StudyStatus:
+    try:
+        return StudyStatus(status)
+    except ValueError:
+        raise ConfigurationError(
+            f"status must be one of {[s.value for s in StudyStatus]}, got {status!r}") from None

@@ -1,6 +1,6 @@
 """Reading published models: every message on the models topic, each (study, round) once.
 
-The trainer publishes at least once (DESIGN.md §4.4), so a model can appear twice; a
+The trainer publishes at least once (docs/architecture.md), so a model can appear twice; a
 :class:`ModelSubscriber` drops the repeat. It assigns every partition itself (no consumer group),
 so any number of subscribers each see the whole topic, and none waits for a group rebalance.
 """
@@ -9,56 +9,18 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Self
 
 from pydantic import ValidationError
 
+from ipdp.kafka_io import assign_all, kafka_consumer, read_to_end
 from ipdp.model_message import ModelMessage
 from ipdp.settings import KafkaSettings, TopicSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelSubscriber", "read_to_end"]
-
-#: After the end offsets are reached, one poll this long must come back empty before stopping.
-QUIET_MS = 300
-#: Stop short of the reported end offsets if nothing arrives for this long (never with Kafka).
-STALL_S = 5.0
-
-
-def read_to_end(consumer, tps, *, timeout_s: float | None = None, quiet_ms: int = QUIET_MS,
-                poll_ms: int = 200, stop: threading.Event | None = None) -> Iterator:
-    """Yield every record of the assigned partitions ``tps`` from the current positions to the end.
-
-    Stops once every position has reached the end offsets taken at the start *and* a poll of
-    ``quiet_ms`` returns nothing. The quiet poll is needed with the embedded tansu broker: its
-    ListOffsets(latest) answers the last batch's base offset + 1, not the last offset + 1, so
-    after a multi-record batch ``end_offsets`` stops short of records that fetches do return.
-    Raises TimeoutError after ``timeout_s`` (None: no limit).
-    """
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    end = consumer.end_offsets(tps)
-    last_data = time.monotonic()
-    while stop is None or not stop.is_set():
-        caught_up = all(consumer.position(tp) >= end[tp] for tp in tps)
-        batch = consumer.poll(timeout_ms=quiet_ms if caught_up else poll_ms)
-        now = time.monotonic()
-        if batch:
-            last_data = now
-            for msgs in batch.values():
-                yield from msgs
-        elif caught_up:
-            return
-        elif now - last_data > STALL_S:
-            log.warning("no records for %.0fs short of the end offsets %s; stopping", STALL_S,
-                        {f"{tp.topic}[{tp.partition}]": end[tp] for tp in tps})
-            return
-        if deadline is not None and now > deadline:
-            raise TimeoutError(f"could not read {sorted({tp.topic for tp in tps})} to the end "
-                               f"within {timeout_s}s")
-
+__all__ = ["ModelSubscriber"]
 
 class ModelSubscriber:
     """Iterate over published models.
@@ -104,24 +66,13 @@ class ModelSubscriber:
         self.close()
 
     def _open(self):
-        from kafka import TopicPartition
-
-        from ipdp.clients import kafka_consumer
-
         consumer = kafka_consumer(self.kafka, group_id=None, enable_auto_commit=False,
                                   bootstrap_timeout_ms=int(self.metadata_timeout_s * 1000))
-        deadline = time.monotonic() + self.metadata_timeout_s
-        partitions = None
-        while not partitions:
-            partitions = consumer.partitions_for_topic(self.topic)
-            if partitions:
-                break
-            if time.monotonic() > deadline:
-                consumer.close()
-                raise TimeoutError(f"models topic {self.topic!r} not found on the broker")
-            time.sleep(0.1)
-        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
+        try:
+            tps = assign_all(consumer, self.topic, self.metadata_timeout_s, label="models topic")
+        except TimeoutError:
+            consumer.close()
+            raise
         if self.from_beginning:
             consumer.seek_to_beginning(*tps)
         else:

@@ -193,6 +193,46 @@ def encode_record(study_hash: bytes, record_id: bytes, created_ms: int, q, p) ->
     )[0]
 
 
+#: Version byte of a multi-record container (one Kafka message, many records).
+CONTAINER_VERSION: int = 2
+CONTAINER_HEADER_SIZE: int = 8
+
+
+def encode_container(records: Sequence[bytes]) -> bytes:
+    """Pack k ≥ 1 version-1 records of one dimension into one container value.
+
+    Layout: u8 version = 2, 3 reserved zero bytes, u32 k (little-endian), then the k records
+    back to back. The records are not re-encoded: a container holds exactly the bytes the devices
+    sent.
+    """
+    if not records:
+        raise ValueError("a container holds at least one record")
+    size = len(records[0])
+    if any(len(r) != size for r in records):
+        raise ValueError("a container's records must all have the same length (one d)")
+    return (bytes((CONTAINER_VERSION, 0, 0, 0)) + len(records).to_bytes(4, "little")
+            + b"".join(records))
+
+
+def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None:
+    """The records of a container value, or None if ``value`` is not a well-formed container.
+
+    A value whose first byte is not 2 is not a container (a single record, or garbage for the
+    record decoder to reject). A container whose count or length does not add up is malformed:
+    None as well, and the caller rejects the whole value as undecodable.
+    """
+    buf = bytes(value)
+    if len(buf) < CONTAINER_HEADER_SIZE or buf[0] != CONTAINER_VERSION or any(buf[1:4]):
+        return None
+    k = int.from_bytes(buf[4:8], "little")
+    body = len(buf) - CONTAINER_HEADER_SIZE
+    if k < 1 or body % k:
+        return None
+    size = body // k
+    return [buf[CONTAINER_HEADER_SIZE + i * size: CONTAINER_HEADER_SIZE + (i + 1) * size]
+            for i in range(k)]
+
+
 def decode_record(buf: bytes, max_size: int | None = None) -> Record:
     """Decode one value; raise MalformedRecord if it is not a well-formed version-1 record."""
     batches, rejects = decode_batch([buf], max_size)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
+from ipdp.errors import ContributionError, StudyClosed, UnknownStudy
 from ipdp.losses import prepare
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
@@ -30,23 +31,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ContributionError",
     "Contributor",
+    "DeliveryCounter",
     "StudyClosed",
-    "StudyNotFound",
+    "UnknownStudy",
     "new_record_ids",
     "now_ms",
+    "perturb_records",
 ]
-
-
-class StudyNotFound(LookupError):
-    """The study is not on the studies topic."""
-
-
-class StudyClosed(RuntimeError):
-    """The study no longer accepts records."""
-
-
-class ContributionError(RuntimeError):
-    """Records were handed to the producer but Kafka did not accept them."""
 
 
 def now_ms() -> int:
@@ -68,7 +59,20 @@ def split_ids(ids: np.ndarray) -> list[bytes]:
     return [raw[i : i + 16] for i in range(0, len(raw), 16)]
 
 
-class _Delivery:
+def perturb_records(study: Study, x: np.ndarray, y: np.ndarray,
+                    rng: np.random.Generator | None = None) -> tuple[np.ndarray, list[bytes]]:
+    """What k devices do before anything leaves them: encode → clip → perturb → wire-encode.
+
+    x (k, d), y (k,) → (record ids (k, 16) uint8, k wire values). The one device step: the SDK,
+    the load generator and the benchmarks all call it.
+    """
+    q, p = prepare(study.loss, x, y, study.calibration, rng)
+    k = x.shape[0]
+    ids = new_record_ids(k)
+    return ids, encode_batch(study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
+
+
+class DeliveryCounter:
     """Thread-safe success/failure counters fed by producer future callbacks."""
 
     def __init__(self) -> None:
@@ -105,8 +109,7 @@ class Contributor:
         self.topic = topic
         # One OS-seeded generator per contributor unless a seeded one is passed (tests).
         self._rng = np.random.default_rng() if rng is None else rng
-        self._cal = study.calibration
-        self._delivery = _Delivery()
+        self._delivery = DeliveryCounter()
         self._reported_failures = 0
         self._owns_producer = False
 
@@ -116,19 +119,13 @@ class Contributor:
                 **producer_overrides) -> Contributor:
         """Read the study from the studies topic and build a producer of our own.
 
-        Raises :class:`StudyNotFound` for an unknown id and :class:`StudyClosed` for a closed
+        Raises :class:`UnknownStudy` for an unknown id and :class:`StudyClosed` for a closed
         study.
         """
-        from ipdp.clients import kafka_producer
-        from ipdp.registry import CLOSED, read_studies_topic
+        from ipdp.kafka_io import kafka_producer
+        from producer.studies import find_open_study
 
-        studies = read_studies_topic(kafka, topics, timeout_s=timeout_s)
-        if study_id not in studies:
-            raise StudyNotFound(
-                f"study {study_id!r} is not on the studies topic {topics.studies!r}")
-        study, status = studies[study_id]
-        if status == CLOSED:
-            raise StudyClosed(f"study {study_id!r} is closed and accepts no more records")
+        study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s)
         c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, rng=rng)
         c._owns_producer = True
         return c
@@ -147,11 +144,7 @@ class Contributor:
         x = np.asarray(x, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
         self._check(x, y)
-        q, p = prepare(self.study.loss, x, y, self._cal, self._rng)
-        k = x.shape[0]
-        ids = new_record_ids(k)
-        values = encode_batch(self.study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
-        return ids, values
+        return perturb_records(self.study, x, y, self._rng)
 
     def _send(self, ids: np.ndarray, values: list[bytes]) -> None:
         send, topic, d = self.producer.send, self.topic, self._delivery

@@ -11,7 +11,6 @@ the simulated dataset. Record ids always come from ``os.urandom``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -20,21 +19,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from tqdm import tqdm
 
-from ipdp.losses import prepare
+from ipdp.errors import BackendUnavailable
 from ipdp.metrics import LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
-from ipdp.wire import encode_batch
-from producer.contributor import _Delivery, new_record_ids, now_ms, split_ids
+from producer.contributor import DeliveryCounter, perturb_records, split_ids
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LoadgenError", "LoadgenResult", "cmd_loadgen", "run_loadgen", "run_loadgen_batches"]
+__all__ = ["LoadgenError", "LoadgenResult", "LoadgenSettings", "run_loadgen", "run_loadgen_batches"]
 
 #: Abort after this many consecutive synchronous send failures (broker unreachable, buffer full).
 MAX_CONSECUTIVE_SEND_FAILURES = 10
@@ -42,8 +42,16 @@ MAX_CONSECUTIVE_SEND_FAILURES = 10
 PACING_S = 0.05
 
 
-class LoadgenError(RuntimeError):
+class LoadgenError(BackendUnavailable):
     """The load generator cannot reach the broker or the topic."""
+
+
+class LoadgenSettings(BaseSettings):
+    """The device simulator."""
+
+    model_config = SettingsConfigDict(env_prefix="IPDP_LOADGEN_", extra="ignore")
+
+    batch: int = Field(2000, ge=1, description="Devices simulated per vectorised step.")
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,6 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
     if rate is not None and not rate > 0:
         raise ValueError(f"rate must be > 0 records/s, got {rate}")
     rng = np.random.default_rng() if rng is None else rng
-    cal = study.calibration
     label = study.study_id
     sent_metric = LOADGEN_RECORDS_SENT.labels(label)
     error_metric = LOADGEN_SEND_ERRORS.labels(label)
@@ -105,13 +112,13 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
 
     own = producer is None
     if own:
-        from ipdp.clients import kafka_producer
+        from ipdp.kafka_io import kafka_producer
 
         try:
             producer = kafka_producer(kafka, max_block_ms=15_000, bootstrap_timeout_ms=10_000)
         except KafkaError as exc:
             raise LoadgenError(f"cannot reach Kafka at {kafka.bootstrap}: {exc!r}") from None
-    delivery = _Delivery()
+    delivery = DeliveryCounter()
     sync_failures = 0
     consecutive = 0
     reported_ok = reported_failed = 0
@@ -147,11 +154,8 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                 k = xb.shape[0]
                 if k == 0:
                     continue
-                q, p = prepare(study.loss, xb, yb, cal, rng)
-                ids = new_record_ids(k)
-                values = encode_batch(study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
+                ids, values = perturb_records(study, xb, yb, rng)
                 keys = split_ids(ids)
-                del q, p
                 for lo, hi in _chunks(k, chunk):
                     if rate is not None:
                         wait = start + queued / rate - time.monotonic()
@@ -187,102 +191,3 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         bar.close()
         if own:
             producer.close(timeout=5)
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _kafka_from_args(args: argparse.Namespace) -> KafkaSettings:
-    kafka = KafkaSettings()
-    if getattr(args, "bootstrap", None):
-        kafka = kafka.model_copy(update={"bootstrap": args.bootstrap})
-    return kafka
-
-
-def _find_study(args: argparse.Namespace, kafka: KafkaSettings, topics: TopicSettings) -> Study:
-    """The study from the studies topic, falling back to Redis when --redis-url is given."""
-    from kafka.errors import KafkaError
-
-    from ipdp.cli import UsageError
-    from ipdp.registry import CLOSED, load_study, read_studies_topic
-
-    found = None
-    try:
-        found = read_studies_topic(kafka, topics, timeout_s=10).get(args.study)
-    except (KafkaError, TimeoutError) as exc:
-        if not getattr(args, "redis_url", None):
-            raise UsageError(f"cannot read studies topic {topics.studies!r} at "
-                             f"{kafka.bootstrap}: {exc}") from None
-    if found is None and getattr(args, "redis_url", None):
-        import redis
-
-        from ipdp.clients import check_redis, redis_client
-        from ipdp.settings import RedisSettings
-
-        client = redis_client(RedisSettings().model_copy(update={"url": args.redis_url}))
-        try:
-            check_redis(client)
-            found = load_study(client, args.study)
-        except (RuntimeError, redis.RedisError) as exc:
-            raise UsageError(f"cannot read the study from Redis: {exc}") from None
-        finally:
-            client.close()
-    if found is None:
-        raise UsageError(f"unknown study {args.study!r} (create it with `ipdp study create`)")
-    study, status = found
-    if status == CLOSED:
-        raise UsageError(f"study {args.study!r} is closed and accepts no more records")
-    return study
-
-
-def cmd_loadgen(args: argparse.Namespace) -> int:
-    """`ipdp loadgen`: simulate --devices devices contributing to --study."""
-    from ipdp.cli import UsageError
-    from ipdp.metrics import serve
-    from ipdp.settings import MetricsSettings
-    from producer.datasets import from_csv, synthetic_batches
-
-    if args.devices < 1:
-        raise UsageError(f"--devices must be ≥ 1, got {args.devices}")
-    if args.batch < 1:
-        raise UsageError(f"--batch must be ≥ 1, got {args.batch}")
-    if args.rate is not None and not args.rate > 0:
-        raise UsageError(f"--rate must be > 0, got {args.rate}")
-    kafka = _kafka_from_args(args)
-    topics = TopicSettings()
-    study = _find_study(args, kafka, topics)
-    serve(MetricsSettings())
-    progress = not args.no_progress
-    common = {"rate": args.rate, "progress": progress, "batch": args.batch}
-    try:
-        if args.dataset == "synthetic":
-            _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,
-                                           seed=args.seed)
-            result = run_loadgen_batches(study, kafka, topics, batches, total=args.devices,
-                                         **common)
-        elif args.dataset.startswith("csv:"):
-            if not args.target:
-                raise UsageError("--dataset csv:PATH needs --target COLUMN")
-            try:
-                ds = from_csv(args.dataset[4:], args.target, study.loss)
-            except (OSError, ValueError) as exc:
-                raise UsageError(str(exc)) from None
-            if ds.d != study.d:
-                raise UsageError(f"{args.dataset[4:]} has {ds.d} feature columns, study "
-                                 f"{study.study_id!r} has d={study.d}")
-            # One device per row, in random order; more devices than rows reuse rows.
-            order = np.random.default_rng(args.seed).permutation(len(ds))
-            idx = np.resize(order, args.devices)
-            result = run_loadgen(study, kafka, topics, ds.x[idx], ds.y[idx], **common)
-        else:
-            raise UsageError(f"--dataset must be 'synthetic' or 'csv:PATH', got {args.dataset!r}")
-    except LoadgenError as exc:
-        raise UsageError(str(exc)) from None
-    print(f"records sent  {result.sent}")
-    print(f"errors        {result.errors}")
-    print(f"elapsed       {result.seconds:.2f} s")
-    print(f"records/s     {result.rate:.0f}")
-    if result.interrupted:
-        print("interrupted   yes")
-        return 130
-    return 0 if result.errors == 0 else 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tools the test suite drives as real programs, installed from Debian's packages:
-#   prometheus (+ promtool)  tests/test_prometheus.py, tests/test_compose.py
-#   docker-compose           tests/test_compose.py (`docker-compose config` validates compose/)
+#   prometheus (+ promtool)  tests/system/test_prometheus.py, tests/system/test_compose.py
+#   docker-compose           tests/system/test_compose.py (`docker-compose config` validates compose/)
 # Idempotent: a tool already on PATH is left alone. Needs root (or sudo) for apt-get; without
 # either it says so and exits 0, and the tests then skip locally or fail under CI=true.
 set -euo pipefail

@@ -4,8 +4,8 @@
     python scripts/ops_tables.py            # print both tables (descriptions from the code)
     python scripts/ops_tables.py --check    # exit 1 if docs/operations.md has drifted
 
-The check (also run by tests/test_docs.py) requires the document's tables to list exactly
-every IPDP_* setting of ipdp/settings.py with its type and default, and exactly every metric of
+The check (also run by tests/ipdp/test_docs.py) requires the document's tables to list exactly
+every IPDP_* setting (ipdp/settings.py and each role's settings) with its type and default, and exactly every metric of
 ipdp/metrics.py with its type and labels; the description column is written by hand.
 """
 
@@ -32,13 +32,21 @@ OPERATIONS_MD = REPO / "docs" / "operations.md"
 # --------------------------------------------------------------------------- settings
 
 
-def settings_models() -> list[type[BaseSettings]]:
-    """Every pydantic-settings model of ipdp.settings, in definition order."""
-    from ipdp import settings
+#: Where the settings models live: the shared ones, then each role's own.
+SETTINGS_MODULES = ("ipdp.settings", "aggregator.settings", "trainer.settings", "producer.loadgen")
 
-    return [obj for obj in vars(settings).values()
-            if isinstance(obj, type) and issubclass(obj, BaseSettings)
-            and obj is not BaseSettings and obj.__module__ == settings.__name__]
+
+def settings_models() -> list[type[BaseSettings]]:
+    """Every pydantic-settings model of SETTINGS_MODULES, in definition order."""
+    import importlib
+
+    out = []
+    for name in SETTINGS_MODULES:
+        module = importlib.import_module(name)
+        out += [obj for obj in vars(module).values()
+                if isinstance(obj, type) and issubclass(obj, BaseSettings)
+                and obj is not BaseSettings and obj.__module__ == module.__name__]
+    return out
 
 
 def env_name(model: type[BaseSettings], field: str) -> str:

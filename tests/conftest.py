@@ -1,12 +1,12 @@
 """Shared fixtures for the integration tests: one embedded broker + Redis per test session.
 
-* ``runtime``        session-scoped, started :class:`~ipdp.runtime.EmbeddedRuntime` (default
+* ``runtime``        session-scoped, started :class:`~ipdp.embedded.EmbeddedRuntime` (default
                      topics created). Skips the test if no tansu / redis-server binary exists.
 * ``kafka_settings`` its :class:`~ipdp.settings.KafkaSettings`.
 * ``topics``         a :class:`~ipdp.settings.TopicSettings` with names unique to the test
                      (uuid suffix), already created on the broker.
 * ``redis_settings`` / ``redis_url``  the session Redis, FLUSHALLed before the test.
-* ``fresh_redis``    a private, started :class:`~ipdp.runtime.EmbeddedRedis` (restart tests).
+* ``fresh_redis``    a private, started :class:`~ipdp.embedded.EmbeddedRedis` (restart tests).
 
 Any test using one of these fixtures is marked ``integration`` automatically
 (``pytest -m "not integration"`` runs the rest).
@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ipdp.errors import IpdpError
 from ipdp.settings import KafkaSettings, RedisSettings, TopicSettings
 
 SERVER_FIXTURES = frozenset(
@@ -34,13 +35,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _require_binaries(broker: bool = True) -> None:
-    from ipdp.runtime import find_redis_server, find_tansu
+    from ipdp.embedded import find_redis_server, find_tansu
 
     try:
         find_redis_server()
         if broker:
             find_tansu()
-    except RuntimeError as exc:
+    except IpdpError as exc:
         # In CI a missing server is a broken set-up, never a reason to report a green run.
         if os.environ.get("CI"):
             pytest.fail(f"integration servers unavailable: {exc}")
@@ -50,7 +51,7 @@ def _require_binaries(broker: bool = True) -> None:
 @pytest.fixture(scope="session")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """One broker + Redis for the whole session, in a pytest temp dir (logs kept on failure)."""
-    from ipdp.runtime import EmbeddedRuntime
+    from ipdp.embedded import EmbeddedRuntime
 
     _require_binaries()
     rt = EmbeddedRuntime(tmp_path_factory.mktemp("ipdp-runtime"))
@@ -69,7 +70,7 @@ def kafka_settings(runtime) -> KafkaSettings:
 @pytest.fixture
 def topics(runtime) -> TopicSettings:
     """Topic names unique to this test, created (records with 4 partitions)."""
-    from ipdp.runtime import ensure_topics
+    from ipdp.kafka_io import ensure_topics
 
     suffix = uuid.uuid4().hex[:12]
     t = TopicSettings(
@@ -87,7 +88,7 @@ def topics(runtime) -> TopicSettings:
 @pytest.fixture
 def redis_settings(runtime) -> Iterator[RedisSettings]:
     """The session Redis, emptied (FLUSHALL) before the test."""
-    from ipdp.clients import redis_client
+    from ipdp.redis_io import redis_client
 
     s = runtime.redis_settings()
     client = redis_client(s)
@@ -106,7 +107,7 @@ def redis_url(redis_settings: RedisSettings) -> str:
 @pytest.fixture
 def fresh_redis(tmp_path) -> Iterator:
     """A private redis-server (AOF, appendfsync always) in tmp_path, stopped afterwards."""
-    from ipdp.runtime import EmbeddedRedis
+    from ipdp.embedded import EmbeddedRedis
 
     _require_binaries(broker=False)
     with EmbeddedRedis(data_dir=tmp_path / "redis") as r:

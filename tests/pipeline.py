@@ -10,19 +10,16 @@ from contextlib import contextmanager
 import numpy as np
 
 from aggregator.service import Aggregator
+from aggregator.settings import AggregatorSettings
 from ipdp import registry, state
-from ipdp.clients import kafka_producer, redis_client
+from ipdp.kafka_io import kafka_producer
 from ipdp.losses import prepare
-from ipdp.settings import (
-    AggregatorSettings,
-    KafkaSettings,
-    RedisSettings,
-    TopicSettings,
-    TrainerSettings,
-)
+from ipdp.redis_io import redis_client
+from ipdp.settings import KafkaSettings, RedisSettings, TopicSettings
 from ipdp.study import Study
 from producer.contributor import Contributor
 from trainer.service import Trainer
+from trainer.settings import TrainerSettings
 
 GROUP_JOIN_TIMEOUT_S = 60.0
 
@@ -76,7 +73,7 @@ def read_records(kafka: KafkaSettings, topic: str, expected: int, timeout_s: flo
     """
     from kafka import TopicPartition
 
-    from ipdp.clients import kafka_consumer
+    from ipdp.kafka_io import kafka_consumer
 
     consumer = kafka_consumer(kafka, group_id=None)
     try:

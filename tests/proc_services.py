@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipdp.runtime import free_port
+from ipdp.embedded import free_port
 from ipdp.settings import TopicSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,13 +76,14 @@ class Child:
         return out
 
 
-def start(role_argv: list[str], env: dict[str, str], log_dir: Path, name: str) -> Child:
-    """Start `python -m ipdp.cli ROLE_ARGV...` with IPDP_METRICS_PORT on a free port."""
+def start(role_argv: list[str], env: dict[str, str], log_dir: Path, name: str,
+          module: str = "ipdp.cli") -> Child:
+    """Start `python -m MODULE ROLE_ARGV...` with IPDP_METRICS_PORT on a free port."""
     port = free_port()
     log_path = log_dir / f"{name}.log"
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ipdp.cli", *role_argv], cwd=REPO,
+            [sys.executable, "-m", module, *role_argv], cwd=REPO,
             env={**env, "IPDP_METRICS_PORT": str(port)},
             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
             start_new_session=True)

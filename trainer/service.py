@@ -11,7 +11,6 @@ again: at least once, under the same key, which consumers drop as a repeat.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
@@ -20,19 +19,15 @@ import redis
 from kafka.errors import KafkaError
 
 from ipdp import metrics, registry, state
-from ipdp.backoff import Backoff, pause_after_failure
-from ipdp.clients import check_redis, kafka_producer, redis_client
+from ipdp.errors import IpdpError, UnknownStudy
+from ipdp.kafka_io import kafka_producer
 from ipdp.model_message import ModelMessage, PrivacyReport, model_key
-from ipdp.process import install_signal_handlers
-from ipdp.settings import (
-    KafkaSettings,
-    MetricsSettings,
-    RedisSettings,
-    TopicSettings,
-    TrainerSettings,
-)
-from ipdp.solver import solve_constrained
+from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
+from ipdp.redis_io import check_redis, redis_client
+from ipdp.settings import KafkaSettings, MetricsSettings, RedisSettings, TopicSettings
 from ipdp.study import Study
+from trainer.settings import TrainerSettings
+from trainer.solver import solve_constrained
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +35,7 @@ PUBLISH_TIMEOUT_S = 30.0
 CLAIM_IDLE_MS = 60_000
 
 
-class RoundRefused(RuntimeError):
+class RoundRefused(IpdpError):
     """A closed round that must not produce a model (it does not hold exactly n records)."""
 
 
@@ -81,7 +76,7 @@ class Trainer:
 
     def run(self, *, idle_exit_s: float | None = None) -> int:
         """Publish models until stopped; returns how many this process published."""
-        backoff = Backoff(0.2, 10.0)
+        backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
         pending_first = True
         idle_since = time.monotonic()
         while not self.stop_event.is_set():
@@ -102,6 +97,11 @@ class Trainer:
                 break
         self.producer.close()
         return self.published
+
+    def publish(self, message: ModelMessage) -> None:
+        """Put the model on the models topic and wait for Kafka's acknowledgement (acks=all)."""
+        self.producer.send(self.topics.models, key=model_key(message.study_id, message.round),
+                           value=message.model_dump_json().encode()).get(timeout=PUBLISH_TIMEOUT_S)
 
     def _next_entries(self, pending_first: bool):
         group, consumer = self.settings.group, self.settings.consumer
@@ -127,7 +127,7 @@ class Trainer:
             return
         found = registry.load_study(self.redis, sid)
         if found is None:
-            raise RuntimeError(f"closed round for unknown study {sid}")
+            raise UnknownStudy(f"closed round for unknown study {sid}")
         study = found[0]
         a, b = state.unpack_stats(raw[b"A"], raw[b"b"], study.d)
         try:
@@ -142,12 +142,7 @@ class Trainer:
                 pipe.execute()
             return
         metrics.SOLVE_SECONDS.observe(message.solve_seconds)
-        if self.settings.fault_crash_before_publish:
-            _crash(f"study {sid} round {round_no} solved, not published")
-        self.producer.send(self.topics.models, key=model_key(sid, round_no),
-                           value=message.model_dump_json().encode()).get(timeout=PUBLISH_TIMEOUT_S)
-        if self.settings.fault_crash_after_publish:
-            _crash(f"study {sid} round {round_no} published, not acknowledged")
+        self.publish(message)
         with self.redis.pipeline() as pipe:
             pipe.delete(state.closed_key(sid, round_no))
             pipe.hset(state.published_key(sid), str(round_no), message.published_ms)
@@ -159,12 +154,6 @@ class Trainer:
             max(0.0, (message.published_ms - message.round_closed_ms) / 1000))
         log.info("study %s round %d: model published (‖w‖=%.4g, solve %.2f ms)", sid, round_no,
                  float(np.linalg.norm(message.weights)), message.solve_seconds * 1000)
-
-
-def _crash(where: str) -> None:
-    """Test-only fault injection: die like SIGKILL would, with no cleanup."""
-    log.error("fault injection: exiting with 137 (%s)", where)
-    os._exit(137)
 
 
 def cmd_run(args) -> int:

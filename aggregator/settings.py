@@ -1,0 +1,24 @@
+"""Settings of `ipdp aggregator run` (IPDP_AGGREGATOR_*)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AggregatorSettings(BaseSettings):
+    """The consume → validate → fold → commit loop."""
+
+    model_config = SettingsConfigDict(env_prefix="IPDP_AGGREGATOR_", extra="ignore")
+
+    group: str = "ipdp-aggregator"
+    max_batch: int = Field(5000, ge=1, description="Most records folded in one atomic commit.")
+    poll_timeout_ms: int = Field(500, ge=1)
+    session_timeout_ms: int = Field(6000, ge=1000)
+    replay_window_s: int = Field(
+        86_400, ge=1, description="Record ids are remembered this long; older records are rejected."
+    )
+    max_future_skew_s: int = Field(300, ge=0, description="Largest accepted clock lead of a device.")
+    max_message_bytes: int = Field(1 << 20, ge=64)
+    retry_initial_s: float = Field(0.2, gt=0)
+    retry_max_s: float = Field(10.0, gt=0)

@@ -1,0 +1,185 @@
+"""What every command shares: the usage error, study flags, and backends built from flags + env.
+
+Redis comes from RedisSettings (IPDP_REDIS_*) with a `--redis-url` override, Kafka from
+KafkaSettings (IPDP_KAFKA_*) with a `--bootstrap` override, topic names from TopicSettings.
+Every expected failure is an :class:`ipdp.errors.IpdpError`: one message, exit status 2, no
+traceback (ipdp/cli/main.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ipdp.errors import BackendUnavailable, ConfigurationError, RedisAuthError
+from ipdp.settings import KafkaSettings, RedisSettings, TopicSettings
+
+
+class UsageError(ConfigurationError):
+    """A bad flag, parameter or file: printed without a traceback, exit status 2."""
+
+
+def lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
+    """A command handler that imports its module only when the command runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), func)(args)
+
+    return run
+
+
+def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
+    """The study parameters as flags (`ipdp calibrate`, `ipdp study create`)."""
+    if with_id:
+        p.add_argument("--study-id", dest="study_id", help="Study id (letters, digits, . _ -).")
+        p.add_argument("--loss", choices=["squared", "logistic"], default=None)
+        p.add_argument("--max-rounds", dest="max_rounds", type=int, default=None)
+    p.add_argument("--epsilon", type=float, help="Central ε of each model.")
+    p.add_argument("--delta", type=float, help="Central δ of each model.")
+    p.add_argument("--n", type=int, help="Records per round.")
+    p.add_argument("--d", type=int, help="Dimension.")
+    p.add_argument("--lam", type=float, default=None, help="λ: bound on ‖q‖² (default 1).")
+    p.add_argument("--p-bound", dest="p_bound", type=float, default=None,
+                   help="P: bound on ‖p‖ (default 1).")
+    p.add_argument("--eta", type=float, default=None, help="η: bound on ‖w‖ (default 1).")
+    p.add_argument("--mode", choices=["rigorous", "paper"], default=None)
+    p.add_argument("--delta-in", dest="delta_in", type=float, default=None,
+                   help="Δ_in ≥ 0, the trainer's ridge (paper mode: > 0).")
+
+
+STUDY_FIELDS = ("study_id", "loss", "max_rounds", "epsilon", "delta", "n", "d", "lam", "p_bound",
+                "eta", "mode", "delta_in")
+
+
+def study_from_args(args: argparse.Namespace, base: dict | None = None):
+    """Build a Study from flags (over an optional file's fields); errors become UsageError."""
+    from ipdp.study import Study
+
+    fields = dict(base or {})
+    fields.update({k: getattr(args, k) for k in STUDY_FIELDS
+                   if getattr(args, k, None) is not None})
+    try:
+        return Study(**fields)
+    except ValidationError as exc:
+        raise UsageError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem: `parameter: message`, without pydantic's URLs."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "study"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}")
+    return "invalid study parameters:\n  " + "\n  ".join(lines)
+
+
+def load_study_file(path: str) -> dict:
+    """Study parameters from a JSON (or YAML, with PyYAML) file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if p.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise UsageError(f"{path}: YAML study files need PyYAML (pip install pyyaml); "
+                             "or write the study as JSON") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise UsageError(f"{path}: invalid YAML: {exc}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}: invalid JSON: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("study"), dict):
+        data = data["study"]  # a studies-topic message or `study show --json` output
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected an object of study parameters")
+    return data
+
+
+def add_redis_flag(p: argparse.ArgumentParser, help_text: str | None = None) -> None:
+    """`--redis-url`, overriding IPDP_REDIS_URL."""
+    p.add_argument("--redis-url", dest="redis_url", default=None, metavar="URL",
+                   help=help_text or "Redis URL (overrides IPDP_REDIS_URL).")
+
+
+def add_kafka_flag(p: argparse.ArgumentParser) -> None:
+    """`--bootstrap`, overriding IPDP_KAFKA_BOOTSTRAP."""
+    p.add_argument("--bootstrap", default=None, metavar="HOST:PORT[,...]",
+                   help="Kafka bootstrap servers (overrides IPDP_KAFKA_BOOTSTRAP).")
+
+
+def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
+    """KafkaSettings from the environment, with `--bootstrap` winning."""
+    kafka = KafkaSettings()
+    if getattr(args, "bootstrap", None):
+        kafka = kafka.model_copy(update={"bootstrap": args.bootstrap})
+    return kafka
+
+
+def topic_settings() -> TopicSettings:
+    """Topic names from the environment."""
+    return TopicSettings()
+
+
+@contextlib.contextmanager
+def redis_connection(args: argparse.Namespace) -> Iterator[Any]:
+    """A checked Redis client from settings + `--redis-url`; every failure is an IpdpError."""
+    import redis
+
+    from ipdp.redis_io import check_redis, describe, redis_client
+
+    settings = RedisSettings()
+    if getattr(args, "redis_url", None):
+        settings = settings.model_copy(update={"url": args.redis_url})
+    try:
+        client = redis_client(settings)
+    except ValueError as exc:  # malformed URL
+        raise UsageError(f"bad Redis URL: {exc}") from None
+    try:
+        try:
+            check_redis(client)
+        except RedisAuthError:
+            raise
+        except redis.RedisError as exc:
+            _user, where = describe(client)
+            raise BackendUnavailable(f"cannot reach Redis at {where}: {exc}") from None
+        try:
+            yield client
+        except redis.RedisError as exc:
+            raise BackendUnavailable(f"Redis error: {exc}") from None
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def kafka_producer_for(args: argparse.Namespace) -> Iterator[Any]:
+    """A producer from settings + `--bootstrap`; every Kafka failure is an IpdpError."""
+    from kafka.errors import KafkaError
+
+    from ipdp.kafka_io import kafka_producer
+
+    kafka = kafka_settings(args)
+    try:
+        producer = kafka_producer(kafka, max_block_ms=15_000, bootstrap_timeout_ms=10_000)
+    except KafkaError as exc:
+        raise BackendUnavailable(f"cannot reach Kafka at {kafka.bootstrap}: {exc!r}") from None
+    try:
+        yield producer
+    except KafkaError as exc:
+        raise BackendUnavailable(f"Kafka error at {kafka.bootstrap}: {exc!r}") from None
+    finally:
+        producer.close(timeout=5)

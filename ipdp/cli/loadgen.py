@@ -1,0 +1,119 @@
+"""`ipdp loadgen`: the device simulator's command line (producer/loadgen.py does the work)."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from ipdp.cli.common import UsageError, add_kafka_flag, add_redis_flag, kafka_settings, lazy
+from ipdp.settings import TopicSettings
+from ipdp.study import Study, StudyStatus
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `loadgen` on the `ipdp` sub-command parser."""
+    from producer.loadgen import LoadgenSettings
+
+    p = sub.add_parser(
+        "loadgen",
+        help="Simulate many devices contributing perturbed records to a study.",
+        description="Each simulated device encodes, clips and perturbs its own example and "
+        "publishes one record to the records topic. Kafka and topic names come from the "
+        "IPDP_KAFKA_* / IPDP_TOPIC_* environment; the study is read from the studies topic.",
+    )
+    p.add_argument("--study", required=True, metavar="ID", help="Study id.")
+    p.add_argument("--devices", required=True, type=int, metavar="N",
+                   help="Number of devices (records) to simulate.")
+    p.add_argument("--rate", type=float, default=None, metavar="R",
+                   help="Records per second (default: as fast as the broker accepts).")
+    p.add_argument("--dataset", default="synthetic", metavar="synthetic|csv:PATH",
+                   help="Where device data comes from (default: synthetic).")
+    p.add_argument("--target", default=None, metavar="COL",
+                   help="Target column of a CSV dataset.")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="Seed of the simulated dataset (the privacy noise is always OS-seeded).")
+    p.add_argument("--batch", type=int, default=LoadgenSettings().batch, metavar="B",
+                   help="Devices simulated per vectorised step (IPDP_LOADGEN_BATCH).")
+    p.add_argument("--no-progress", dest="no_progress", action="store_true",
+                   help="No progress bar.")
+    add_kafka_flag(p)
+    add_redis_flag(p, "Also look the study up in this Redis if the studies topic lacks it.")
+    p.set_defaults(func=lazy("ipdp.cli.loadgen", "cmd_loadgen"))
+
+
+def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study:
+    """The study from the studies topic, falling back to Redis when --redis-url is given."""
+    from kafka.errors import KafkaError
+
+    from ipdp.registry import load_study
+    from producer.studies import read_studies_topic
+
+    found = None
+    try:
+        found = read_studies_topic(kafka, topics, timeout_s=10).get(args.study)
+    except (KafkaError, TimeoutError) as exc:
+        if not getattr(args, "redis_url", None):
+            raise UsageError(f"cannot read studies topic {topics.studies!r} at "
+                             f"{kafka.bootstrap}: {exc}") from None
+    if found is None and getattr(args, "redis_url", None):
+        from ipdp.cli.common import redis_connection
+
+        with redis_connection(args) as client:
+            found = load_study(client, args.study)
+    if found is None:
+        raise UsageError(f"unknown study {args.study!r} (create it with `ipdp study create`)")
+    study, status = found
+    if status is StudyStatus.CLOSED:
+        raise UsageError(f"study {args.study!r} is closed and accepts no more records")
+    return study
+
+
+def cmd_loadgen(args: argparse.Namespace) -> int:
+    """`ipdp loadgen`: simulate --devices devices contributing to --study."""
+    from ipdp.metrics import serve
+    from ipdp.settings import MetricsSettings
+    from producer.datasets import from_csv, synthetic_batches
+    from producer.loadgen import run_loadgen, run_loadgen_batches
+
+    if args.devices < 1:
+        raise UsageError(f"--devices must be ≥ 1, got {args.devices}")
+    if args.batch < 1:
+        raise UsageError(f"--batch must be ≥ 1, got {args.batch}")
+    if args.rate is not None and not args.rate > 0:
+        raise UsageError(f"--rate must be > 0, got {args.rate}")
+    kafka = kafka_settings(args)
+    topics = TopicSettings()
+    study = _find_study(args, kafka, topics)
+    serve(MetricsSettings())
+    progress = not args.no_progress
+    common = {"rate": args.rate, "progress": progress, "batch": args.batch}
+    if args.dataset == "synthetic":
+        _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,
+                                       seed=args.seed)
+        result = run_loadgen_batches(study, kafka, topics, batches, total=args.devices,
+                                     **common)
+    elif args.dataset.startswith("csv:"):
+        if not args.target:
+            raise UsageError("--dataset csv:PATH needs --target COLUMN")
+        try:
+            ds = from_csv(args.dataset[4:], args.target, study.loss)
+        except (OSError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+        if ds.d != study.d:
+            raise UsageError(f"{args.dataset[4:]} has {ds.d} feature columns, study "
+                             f"{study.study_id!r} has d={study.d}")
+        # One device per row, in random order; more devices than rows reuse rows.
+        order = np.random.default_rng(args.seed).permutation(len(ds))
+        idx = np.resize(order, args.devices)
+        result = run_loadgen(study, kafka, topics, ds.x[idx], ds.y[idx], **common)
+    else:
+        raise UsageError(f"--dataset must be 'synthetic' or 'csv:PATH', got {args.dataset!r}")
+    print(f"records sent  {result.sent}")
+    print(f"errors        {result.errors}")
+    print(f"elapsed       {result.seconds:.2f} s")
+    print(f"records/s     {result.rate:.0f}")
+    if result.interrupted:
+        print("interrupted   yes")
+        return 130
+    return 0 if result.errors == 0 else 1

@@ -1,0 +1,76 @@
+"""`ipdp models`: published models, one line each, each (study, round) once."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import threading
+
+from ipdp.cli.common import UsageError, add_kafka_flag, kafka_settings, topic_settings
+from ipdp.errors import BackendUnavailable, IpdpError
+
+
+class ModelsTimeout(IpdpError):
+    """`--wait N` did not see N models in time."""
+
+    exit_code = 1
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `models` on the `ipdp` sub-parsers."""
+    p = sub.add_parser("models", help="Published models, one line each (each (study, round) once).")
+    add_kafka_flag(p)
+    p.add_argument("--study", default=None, metavar="ID", help="Only this study.")
+    p.add_argument("--follow", action="store_true", help="Keep waiting for new models.")
+    p.add_argument("--json", action="store_true", help="One JSON model message per line.")
+    p.add_argument("--wait", type=int, default=None, metavar="N",
+                   help="Wait until N models have been published, print them and exit.")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="With --wait: give up (exit status 1) after S seconds (default 300).")
+    p.set_defaults(func=cmd_models)
+
+def model_line(m) -> str:
+    """One human line for a ModelMessage."""
+    w_norm = math.sqrt(sum(v * v for v in m.weights))
+    pr = m.privacy
+    return (f"{m.study_id}  round {m.round}  n={m.n}  ‖w‖={w_norm:.4f}  "
+            f"ε={pr.epsilon:g}  δ={pr.delta:g}  mode={pr.mode}  "
+            f"solve={m.solve_seconds * 1000:.2f} ms")
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """`ipdp models`: print published models (all, `--follow` new ones, or `--wait N`)."""
+    from kafka.errors import KafkaError
+
+    from ipdp.subscriber import ModelSubscriber
+
+    if args.wait is not None and args.wait < 1:
+        raise UsageError(f"--wait must be ≥ 1, got {args.wait}")
+    kafka = kafka_settings(args)
+    count = 0
+    follow = args.follow or args.wait is not None
+    try:
+        with ModelSubscriber(kafka, topic_settings(), study_id=args.study, from_beginning=True,
+                             follow=follow) as sub:
+            timer = threading.Timer(args.timeout, sub.stop) if args.wait else None
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            for m in sub:
+                count += 1
+                line = m.model_dump_json() if args.json else model_line(m)
+                print(line, flush=True)
+                if args.wait is not None and count >= args.wait:
+                    break
+            if timer is not None:
+                timer.cancel()
+            dropped = sub.duplicates_dropped
+    except (KafkaError, TimeoutError) as exc:
+        raise BackendUnavailable(
+            f"cannot read models from Kafka at {kafka.bootstrap}: {exc!r}") from None
+    if args.wait is not None and count < args.wait:
+        raise ModelsTimeout(f"saw {count} of {args.wait} model(s) within {args.timeout:g} s")
+    if not args.json:
+        print(f"{count} model(s); {dropped} duplicate(s) dropped", file=sys.stderr)
+    return 0

@@ -1,0 +1,186 @@
+"""`ipdp calibrate` and the operator's study commands: `ipdp study create|show|close|list`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+
+from ipdp.cli.common import (
+    add_kafka_flag,
+    add_redis_flag,
+    kafka_producer_for,
+    load_study_file,
+    redis_connection,
+    study_flags,
+    study_from_args,
+    topic_settings,
+)
+from ipdp.errors import UnknownStudy
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `calibrate` and `study` (create/show/close/list) on the `ipdp` sub-parsers."""
+    p = sub.add_parser("calibrate", help="Noise and guarantees for a set of study parameters.")
+    study_flags(p, with_id=False)
+    p.add_argument("--json", action="store_true", help="Print one JSON object.")
+    p.set_defaults(func=cmd_calibrate)
+
+    redis_opts = argparse.ArgumentParser(add_help=False)
+    add_redis_flag(redis_opts)
+    kafka_opts = argparse.ArgumentParser(add_help=False)
+    add_kafka_flag(kafka_opts)
+
+    study = sub.add_parser("study", help="Create, inspect, close and list studies.")
+    ssub = study.add_subparsers(dest="study_command", required=True, metavar="ACTION")
+
+    p = ssub.add_parser(
+        "create", parents=[redis_opts, kafka_opts],
+        help="Register a study in Redis and publish it on the studies topic.",
+        description="Parameters come from --file (JSON, or YAML if PyYAML is installed) and/or "
+        "flags; flags override the file. Creating the same study twice changes nothing; the "
+        "same id with different parameters is refused.")
+    study_flags(p, with_id=True)
+    p.add_argument("--file", default=None, metavar="PATH", help="Study parameters, JSON/YAML.")
+    p.add_argument("--json", action="store_true", help="Print the calibration as JSON.")
+    p.set_defaults(func=cmd_study_create)
+
+    p = ssub.add_parser("show", parents=[redis_opts],
+                        help="Parameters, calibration, status and progress of a study.")
+    p.add_argument("study_id", metavar="ID")
+    p.add_argument("--json", action="store_true", help="Print one JSON object.")
+    p.set_defaults(func=cmd_study_show)
+
+    p = ssub.add_parser("close", parents=[redis_opts, kafka_opts],
+                        help="Stop a study accepting records (Redis and the studies topic).")
+    p.add_argument("study_id", metavar="ID")
+    p.set_defaults(func=cmd_study_close)
+
+    p = ssub.add_parser("list", parents=[redis_opts], help="Every study, one line each.")
+    p.add_argument("--json", action="store_true", help="One JSON object per line.")
+    p.set_defaults(func=cmd_study_list)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from ipdp.report import calibration_table
+
+    args.study_id = "calibrate"
+    study = study_from_args(args)
+    cal = study.calibration
+    if args.json:
+        print(json.dumps(cal.model_dump(), sort_keys=True))
+    else:
+        print(calibration_table(cal))
+    return 0
+
+
+def cmd_study_create(args: argparse.Namespace) -> int:
+    from ipdp.registry import create_study
+    from ipdp.report import calibration_table
+
+    base = load_study_file(args.file) if args.file else None
+    study = study_from_args(args, base)
+    with redis_connection(args) as r, kafka_producer_for(args) as producer:
+        created = create_study(r, producer, topic_settings(), study)
+    if args.json:
+        print(json.dumps({"study": study.model_dump(mode="json"), "created": created,
+                          "calibration": study.calibration.model_dump(mode="json")},
+                         sort_keys=True))
+        return 0
+    if created:
+        print(f"created study {study.study_id}")
+    else:
+        print(f"study {study.study_id} already exists with these parameters; nothing changed")
+    print(calibration_table(study.calibration))
+    return 0
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return "unknown"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+
+
+def _int(v) -> int | None:
+    return None if v is None else int(v)
+
+
+def _study_info(r, study_id: str) -> dict:
+    from ipdp.registry import load_study, rounds_published
+    from ipdp.state import open_key, study_key
+
+    got = load_study(r, study_id)
+    if got is None:
+        raise UnknownStudy(f"unknown study {study_id!r}")
+    study, status = got
+    created_ms = _int(r.hget(study_key(study_id), "created_ms"))
+    rnd, count = r.hmget(open_key(study_id), ["round", "count"])
+    return {
+        "study": study,
+        "status": status,
+        "created_ms": created_ms,
+        "rounds_published": rounds_published(r, study_id),
+        "open_round": None if rnd is None else {"round": int(rnd), "count": _int(count) or 0},
+    }
+
+
+def cmd_study_show(args: argparse.Namespace) -> int:
+    from ipdp.report import calibration_rows, fmt, table
+
+    with redis_connection(args) as r:
+        info = _study_info(r, args.study_id)
+    study = info["study"]
+    cal = study.calibration
+    if args.json:
+        out = {**info, "study": study.model_dump(mode="json"),
+               "calibration": cal.model_dump(mode="json")}
+        print(json.dumps(out, sort_keys=True))
+        return 0
+    o = info["open_round"]
+    rows = [
+        ("status", info["status"]),
+        ("created", _iso(info["created_ms"])),
+        ("loss", study.loss),
+        ("max rounds", "unlimited" if study.max_rounds is None else str(study.max_rounds)),
+        ("rounds published", str(info["rounds_published"])),
+        ("open round", "none yet" if o is None else f"{o['round']}: {o['count']}/{study.n}"),
+        ("Δ_in given", "mode default" if study.delta_in is None else fmt(study.delta_in)),
+    ]
+    print(table(rows, title=f"study {study.study_id}"))
+    print()
+    print(table(calibration_rows(cal), title="calibration"))
+    return 0
+
+
+def cmd_study_close(args: argparse.Namespace) -> int:
+    from ipdp.registry import close_study
+
+    with redis_connection(args) as r, kafka_producer_for(args) as producer:
+        close_study(r, producer, topic_settings(), args.study_id)
+    print(f"closed study {args.study_id}")
+    return 0
+
+
+def cmd_study_list(args: argparse.Namespace) -> int:
+    from ipdp.registry import list_studies, rounds_published
+    from ipdp.report import fmt
+
+    with redis_connection(args) as r:
+        studies = [(s, st, rounds_published(r, s.study_id)) for s, st in list_studies(r)]
+    if args.json:
+        for s, st, k in studies:
+            print(json.dumps({"study": s.model_dump(mode="json"), "status": st,
+                              "rounds_published": k}, sort_keys=True))
+        return 0
+    if not studies:
+        print("no studies", file=sys.stderr)
+        return 0
+    head = ("study", "status", "loss", "d", "n", "ε", "δ", "mode", "rounds")
+    rows = [head] + [
+        (s.study_id, st, s.loss, str(s.d), str(s.n), fmt(s.epsilon, 4), fmt(s.delta, 4), s.mode,
+         str(k)) for s, st, k in studies]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    return 0

@@ -1,0 +1,49 @@
+"""One error root for every role: what went wrong, in words a user can act on.
+
+Roles raise these; only the CLI (ipdp/cli) turns them into a message and an exit status, so a
+library user catches :class:`IpdpError` and a command-line user sees one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class IpdpError(Exception):
+    """Root of every error ipdp raises on purpose. ``exit_code`` is what the CLI returns."""
+
+    exit_code = 2
+
+
+class ConfigurationError(IpdpError):
+    """Bad parameters, settings or files: fix the input and run again."""
+
+
+class CalibrationError(ConfigurationError, ValueError):
+    """Parameters for which the chosen mode proves no guarantee; the message names the bound."""
+
+
+class BackendUnavailable(IpdpError):
+    """Kafka or Redis could not be reached or refused an operation."""
+
+
+class RedisAuthError(ConfigurationError, RuntimeError):
+    """Redis refused our credentials: a configuration error, never worth a retry."""
+
+
+class StudyError(IpdpError):
+    """Something about a study: unknown, closed, or a conflicting definition."""
+
+
+class UnknownStudy(StudyError, LookupError):
+    """No study with this id (or wire hash)."""
+
+
+class StudyClosed(StudyError):
+    """The study no longer accepts records."""
+
+
+class StudyExists(StudyError, ValueError):
+    """The id (or the wire hash) is taken by a study with different parameters."""
+
+
+class ContributionError(IpdpError):
+    """Records were handed to Kafka but not acknowledged."""

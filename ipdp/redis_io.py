@@ -1,0 +1,69 @@
+"""Redis clients, built from settings in one place, with a readable authentication error."""
+
+from __future__ import annotations
+
+import redis
+
+from ipdp.errors import RedisAuthError
+from ipdp.settings import RedisSettings
+
+__all__ = ["check_redis", "describe", "redis_client"]
+
+
+def redis_client(s: RedisSettings) -> redis.Redis:
+    """A ``redis.Redis`` for ``s.url``; ``s.username``/``s.password`` override the URL's.
+
+    Bytes in, bytes out (``decode_responses=False``). Nothing is sent until the first
+    command: call :func:`check_redis` to fail early with a readable message.
+    """
+    pool = redis.ConnectionPool.from_url(
+        s.url,
+        decode_responses=False,
+        socket_timeout=s.socket_timeout_s,
+        socket_connect_timeout=s.socket_timeout_s,
+        socket_keepalive=True,
+        health_check_interval=30,
+    )
+    # from_url lets credentials in the URL win over keyword arguments; settings win here.
+    if s.username is not None:
+        pool.connection_kwargs["username"] = s.username
+    if s.password is not None:
+        pool.connection_kwargs["password"] = s.password.get_secret_value()
+    return redis.Redis(connection_pool=pool)
+
+
+def describe(client: redis.Redis) -> tuple[str, str]:
+    """(user, where) of a client, for messages: never the password."""
+    kw = client.connection_pool.connection_kwargs
+    user = kw.get("username") or "default"
+    if kw.get("path"):
+        where = str(kw["path"])
+    else:
+        where = f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
+    return user, where
+
+
+def check_redis(client: redis.Redis) -> None:
+    """PING; a rejected login becomes ``RedisAuthError("Redis authentication failed ...")``.
+
+    Connection errors (server down, wrong port) propagate unchanged as
+    ``redis.ConnectionError`` so callers can retry them.
+    """
+    try:
+        client.ping()
+    except (
+        redis.AuthenticationError,
+        redis.exceptions.AuthenticationWrongNumberOfArgsError,
+    ) as exc:
+        user, where = describe(client)
+        raise RedisAuthError(
+            f"Redis authentication failed for user {user} at {where}: {exc}"
+        ) from exc
+    except redis.ResponseError as exc:
+        msg = str(exc)
+        if "NOAUTH" in msg or "WRONGPASS" in msg:
+            user, where = describe(client)
+            raise RedisAuthError(
+                f"Redis authentication failed for user {user} at {where}: {msg}"
+            ) from exc
+        raise

@@ -1,0 +1,204 @@
+/**
+ * The demo page: verify a study, perturb one typed example on the device, show the record that
+ * would leave it, and send it on request. `window.ipdpContributeMany(k)` lets an automated test
+ * contribute k records from the page.
+ *
+ * Query parameters (all optional): gateway (default: this page's origin), study, key.
+ */
+
+import {
+  fetchStudy, IpdpError, prepareRecord, privacyReport, sendRecords, toHex,
+  type PreparedRecord, type VerifiedStudy,
+} from "../src/index.js";
+
+interface Example {
+  readonly x: readonly number[];
+  readonly y: number;
+}
+
+interface ManyResult {
+  readonly recordIds: string[];
+  /** The bytes of each record sent, hex. */
+  readonly records: string[];
+  readonly q: number[][];
+  readonly p: number[][];
+  readonly accepted: number;
+}
+
+interface ManyOptions {
+  /** Examples to perturb, cycled; the example typed in the form when absent. */
+  readonly examples?: readonly Example[];
+  /** Records per POST; 50 by default. */
+  readonly batch?: number;
+}
+
+declare global {
+  interface Window {
+    ipdpContributeMany: (k: number, options?: ManyOptions) => Promise<ManyResult>;
+    /** Resolves once the page is wired up and any study named in the URL is loaded. */
+    ipdpReady: Promise<void>;
+  }
+}
+
+const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
+const input = (id: string) => $<HTMLInputElement>(id);
+
+let verified: VerifiedStudy | null = null;
+let prepared: PreparedRecord | null = null;
+
+function say(id: string, text: string, kind: "ok" | "error" | "" = "") {
+  const el = $(id);
+  el.textContent = text;
+  el.className = kind;
+}
+
+function explain(error: unknown): string {
+  if (error instanceof IpdpError) {
+    const what: Record<string, string> = {
+      unknown_study: "The gateway does not know this study.",
+      closed_study: "This study is closed and accepts no more records.",
+      bad_signature: "The study is not signed by the key you pinned. Nothing was sent.",
+      bad_key: "The public key is not valid.",
+      bad_study: "The study is not in a form this page understands.",
+      wrong_dimension: "The example does not have the study's number of features.",
+      invalid_example: "The example is not valid.",
+      unsupported_runtime: "This browser lacks what the page needs.",
+      gateway_refused: "The gateway refused the record.",
+      gateway_unreachable: "The gateway could not be reached.",
+    };
+    return `${what[error.reason] ?? ""} (${error.reason}: ${error.detail})`;
+  }
+  return String(error);
+}
+
+function gatewayUrl(): string {
+  return input("gateway").value.trim() || location.origin;
+}
+
+async function loadStudy(): Promise<VerifiedStudy> {
+  verified = null;
+  prepared = null;
+  $("report").hidden = $("example-section").hidden = $("record-section").hidden = true;
+  say("study-status", "Fetching and verifying the study…");
+  const study = await fetchStudy(gatewayUrl(), input("study").value.trim(), input("key").value);
+  verified = study;
+  const list = $("report-list");
+  list.replaceChildren(...privacyReport(study).map((sentence) => {
+    const li = document.createElement("li");
+    li.textContent = sentence;
+    return li;
+  }));
+  $("report").hidden = false;
+  if (study.status === "closed") {
+    say("study-status", "The signature verifies, but the study is closed: it accepts no records.",
+      "error");
+    return study;
+  }
+  say("study-status", `Signature verified with the pinned key ${study.keyId}.`, "ok");
+  $("x-hint").textContent = String(study.study.d);
+  $("y-hint").textContent = study.study.loss === "logistic" ? "(−1 or +1)" : "(a number)";
+  $("example-section").hidden = false;
+  return study;
+}
+
+/** Numbers from "1, 2.5, -3": every entry must parse; an empty entry is an error, not a 0. */
+function parseNumbers(text: string): number[] {
+  return text.split(",").map((part) => (part.trim() === "" ? NaN : Number(part)));
+}
+
+function typedExample(): Example {
+  return { x: parseNumbers(input("x").value), y: Number(input("y").value.trim() || NaN) };
+}
+
+const show = (values: Float64Array) => `[${Array.from(values, (v) => v.toPrecision(6)).join(", ")}]`;
+
+function showRecord(record: PreparedRecord) {
+  $("record-id").textContent = record.recordId;
+  $("record-created").textContent = new Date(record.createdMs).toISOString();
+  $("record-q").textContent = show(record.qNoisy);
+  $("record-p").textContent = show(record.pNoisy);
+  $("record-size").textContent = String(record.bytes.length);
+  $("record-hex").textContent = toHex(record.bytes);
+  $("record-section").hidden = false;
+}
+
+function prepareTyped() {
+  if (verified === null) return;
+  try {
+    const { x, y } = typedExample();
+    prepared = prepareRecord(verified, x, y);
+    showRecord(prepared);
+    say("example-status", "Prepared with fresh noise. Nothing has been sent yet.", "ok");
+    say("send-status", "");
+    $<HTMLButtonElement>("send").disabled = false;
+  } catch (error) {
+    prepared = null;
+    $("record-section").hidden = true;
+    say("example-status", explain(error), "error");
+  }
+}
+
+async function sendPrepared() {
+  if (verified === null || prepared === null) return;
+  const button = $<HTMLButtonElement>("send");
+  button.disabled = true;
+  say("send-status", "Sending…");
+  try {
+    await sendRecords(gatewayUrl(), verified.study.studyId, [prepared.bytes]);
+    say("send-status", `Accepted: record ${prepared.recordId} is on its way into the next model. ` +
+      "This page sends one record per study; a second copy of the same example with fresh " +
+      "noise would reveal more about it.", "ok");
+    $<HTMLFormElement>("example-form").querySelector("button")!.disabled = true;
+    say("example-status", "");
+  } catch (error) {
+    say("send-status", explain(error), "error");
+    button.disabled = false;
+  }
+}
+
+/** Test hook: perturb and send k records (batched POSTs), as many simulated devices would. */
+async function contributeMany(k: number, options: ManyOptions = {}): Promise<ManyResult> {
+  const study = verified ?? await loadStudy();
+  const examples = options.examples ?? [typedExample()];
+  const batch = options.batch ?? 50;
+  const records = Array.from({ length: k }, (_, i) => {
+    const { x, y } = examples[i % examples.length]!;
+    return prepareRecord(study, x, y);
+  });
+  let accepted = 0;
+  for (let at = 0; at < k; at += batch) {
+    const chunk = records.slice(at, at + batch).map((r) => r.bytes);
+    accepted += await sendRecords(gatewayUrl(), study.study.studyId, chunk);
+  }
+  if (records.length > 0) showRecord(records[records.length - 1]!);
+  say("send-status", `The test hook contributed ${accepted} records.`, "ok");
+  return {
+    recordIds: records.map((r) => r.recordId),
+    records: records.map((r) => toHex(r.bytes)),
+    q: records.map((r) => Array.from(r.qNoisy)),
+    p: records.map((r) => Array.from(r.pNoisy)),
+    accepted,
+  };
+}
+
+async function start() {
+  const params = new URLSearchParams(location.search);
+  input("gateway").value = params.get("gateway") ?? location.origin;
+  input("study").value = params.get("study") ?? "";
+  input("key").value = params.get("key") ?? "";
+  $("study-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    loadStudy().catch((error) => say("study-status", explain(error), "error"));
+  });
+  $("example-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    prepareTyped();
+  });
+  $("send").addEventListener("click", () => void sendPrepared());
+  window.ipdpContributeMany = contributeMany;
+  if (input("study").value && input("key").value) {
+    await loadStudy().catch((error) => say("study-status", explain(error), "error"));
+  }
+}
+
+window.ipdpReady = start();

@@ -1,0 +1,43 @@
+/** producer/web/test-vectors.json, generated from Python by tests/producer/test_web_vectors.py. */
+
+import { readFileSync } from "node:fs";
+
+export interface RecordVector {
+  name: string; loss: "squared" | "logistic"; lam: number; p_bound: number; x: number[]; y: number;
+  q: number[]; p: number[]; u: number[]; r: number[]; q_noisy: number[]; p_noisy: number[];
+  study_hash: string; record_id: string; created_ms: number; record: string;
+}
+
+export interface WireVector {
+  name: string; study_hash: string; record_id: string; created_ms: number;
+  q_noisy: number[]; p_noisy: number[]; record: string;
+}
+
+export interface Envelope {
+  format: number; study: string; status: string; key_id: string; signature: string;
+}
+
+export interface StudyVector {
+  name: string; envelope: Envelope; signed_message: string; study_hash: string;
+}
+
+export interface Vectors {
+  keys: { owner_public_key: string; owner_key_id: string; stranger_public_key: string };
+  studies: StudyVector[];
+  records: RecordVector[];
+  wire: WireVector[];
+}
+
+// Compiled to .test-build/test/, two levels below producer/web/.
+export const vectors: Vectors = JSON.parse(
+  readFileSync(new URL("../../test-vectors.json", import.meta.url), "utf8"));
+
+export const openStudy = vectors.studies.find((s) => s.envelope.status === "open")!;
+export const closedStudy = vectors.studies.find((s) => s.envelope.status === "closed")!;
+
+/** Same doubles, bit for bit: Object.is tells −0 from +0. */
+export function sameDoubles(actual: ArrayLike<number>, expected: ArrayLike<number>): boolean {
+  if (actual.length !== expected.length) return false;
+  for (let i = 0; i < actual.length; i++) if (!Object.is(actual[i], expected[i])) return false;
+  return true;
+}

@@ -1,0 +1,369 @@
+"""Hostile input: every bad record goes to the dead-letter topic with its reason, is counted,
+never touches the statistics and never stops the aggregator."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka import TopicPartition
+from prometheus_client import REGISTRY
+
+from aggregator.fold import Folder
+from aggregator.service import Aggregator
+from aggregator.settings import AggregatorSettings
+from aggregator.validate import Message
+from ipdp import registry, state
+from ipdp.calibration import record_norm_bounds
+from ipdp.kafka_io import kafka_consumer, kafka_producer
+from ipdp.losses import prepare
+from ipdp.redis_io import redis_client
+from ipdp.wire import RejectReason, decode_record, encode_batch, encode_record, study_hash
+from producer.contributor import new_record_ids
+from tests.pipeline import GROUP_JOIN_TIMEOUT_S, create, total_stats, wait_for
+
+WINDOW_S = 3600
+SKEW_S = 60
+MAX_BYTES = 4096
+ATOL = 1e-9
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def honest(study, k: int, seed: int, created_ms: int | None = None):
+    """k honest records of `study`: (wire values, q̃, p̃)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(k, study.d))
+    x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
+    y = np.clip(x @ np.linspace(-0.5, 0.5, study.d), -1, 1)
+    q, p = prepare(study.loss, x, y, study.calibration, rng)
+    created = np.full(k, now_ms() if created_ms is None else created_ms, dtype=np.int64)
+    return encode_batch(study.hash, new_record_ids(k), created, q, p), q, p
+
+
+def one(study, q, p, *, created_ms: int | None = None, sh: bytes | None = None) -> bytes:
+    """One record with the given (q̃, p̃), a fresh id, now as its creation time."""
+    return encode_record(sh or study.hash, new_record_ids(1)[0].tobytes(),
+                         now_ms() if created_ms is None else created_ms, q, p)
+
+
+def hostile_values(study, closed_study) -> list[tuple[RejectReason, bytes | None]]:
+    """One or more messages for every reason a record is refused, with the reason expected."""
+    d = study.d
+    good, q, p = honest(study, 3, seed=99)
+    max_q, max_p = record_norm_bounds(study.calibration)
+    e1 = np.eye(d)[0]
+    nan_q = q[0].copy()
+    nan_q[1] = np.nan
+    inf_p = p[0].copy()
+    inf_p[0] = -np.inf
+    v2 = bytearray(good[0])
+    v2[0] = 2
+    reserved = bytearray(good[1])
+    reserved[2] = 7
+    small = one(study, q[0][:d - 1], p[0][:d - 1])  # a well-formed record of dimension d − 1
+    big_d = (MAX_BYTES - 48) // 16 + 1
+    return [
+        (RejectReason.UNDECODABLE, b"\x01garbage that is no record at all"),
+        (RejectReason.UNDECODABLE, good[2][:-8]),  # truncated
+        (RejectReason.UNDECODABLE, b""),
+        (RejectReason.UNDECODABLE, None),  # a tombstone
+        (RejectReason.UNDECODABLE, bytes(reserved)),
+        (RejectReason.UNSUPPORTED_VERSION, bytes(v2)),
+        (RejectReason.UNSUPPORTED_VERSION, b"\x07" + bytes(10)),
+        (RejectReason.WRONG_DIMENSION, small),
+        (RejectReason.NON_FINITE, one(study, nan_q, p[0])),
+        (RejectReason.NON_FINITE, one(study, q[0], inf_p)),
+        (RejectReason.NORM_OUT_OF_BOUNDS, one(study, e1 * max_q * 1.001, p[0])),
+        (RejectReason.NORM_OUT_OF_BOUNDS, one(study, q[0], -e1 * max_p * 1.001)),
+        (RejectReason.UNKNOWN_STUDY, one(study, q[0], p[0], sh=study_hash("no-such-study"))),
+        (RejectReason.CLOSED_STUDY, one(closed_study, q[0][:closed_study.d],
+                                        p[0][:closed_study.d])),
+        (RejectReason.STALE, one(study, q[0], p[0],
+                                 created_ms=now_ms() - (WINDOW_S + 600) * 1000)),
+        (RejectReason.FUTURE, one(study, q[0], p[0], created_ms=now_ms() + (SKEW_S + 600) * 1000)),
+        (RejectReason.OVERSIZED, one(study, np.zeros(big_d), np.zeros(big_d))),
+    ]
+
+
+def make_folder(redis_settings, clock=time.time, **kw) -> Folder:
+    kw = {"replay_window_s": WINDOW_S, "max_future_skew_s": SKEW_S, "max_message_bytes": MAX_BYTES,
+          **kw}
+    return Folder(redis_client(redis_settings), group=f"g-{uuid.uuid4().hex[:8]}", topic="t",
+                  clock=clock, **kw)
+
+
+@pytest.fixture
+def studies(kafka_settings, redis_settings, topics):
+    """An open study under test and a closed one."""
+    study = create(kafka_settings, redis_settings, topics, study_id="hostile", d=4, n=10**5,
+                   epsilon=1.0, delta=0.01)
+    closed = create(kafka_settings, redis_settings, topics, study_id="closed", d=3, n=10**5,
+                    epsilon=1.0, delta=0.01)
+    producer = kafka_producer(kafka_settings)
+    try:
+        registry.close_study(redis_client(redis_settings), producer, topics, "closed")
+    finally:
+        producer.close()
+    return study, closed
+
+
+# --------------------------------------------------------------------------- fold level
+
+
+def test_every_hostile_record_is_rejected_with_its_reason_and_leaves_the_statistics_alone(
+        redis_settings, studies):
+    study, closed = studies
+    hostile = hostile_values(study, closed)
+    good, q, p = honest(study, 20, seed=1)
+    # Honest and hostile records interleaved in one batch, over two partitions.
+    values = [v for pair in zip(good, [v for _, v in hostile], strict=False) for v in pair]
+    values += good[len(hostile):]
+    msgs = [Message(i % 2, i // 2, v) for i, v in enumerate(values)]
+    sent = []
+    result = make_folder(redis_settings).fold(msgs, sent.extend)
+    expected = {(m.partition, m.offset): reason for m, (reason, _) in
+                zip(msgs[1::2], hostile, strict=False)}
+    got = {(x.message.partition, x.message.offset): x.reason for x in result.rejected}
+    assert got == expected
+    assert [(x.message, x.reason) for x in sent] == [(x.message, x.reason)
+                                                    for x in result.rejected]
+    assert result.folded == {"hostile": 20}
+    r = redis_client(redis_settings)
+    counts = {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()}
+    assert counts == {reason.value: sum(1 for x, _ in hostile if x is reason)
+                      for reason in {x for x, _ in hostile}}
+    a, b, count = total_stats(redis_settings, study)
+    assert count == 20
+    np.testing.assert_allclose(a, q.T @ q, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(b, p.sum(axis=0), rtol=0, atol=ATOL)
+    assert not r.exists(state.open_key("closed"))
+
+
+def test_replayed_record_is_rejected_in_the_same_batch_and_in_a_later_one(
+        redis_settings, studies):
+    study, _ = studies
+    good, q, _ = honest(study, 3, seed=2)
+    folder = make_folder(redis_settings)
+    first = folder.fold([Message(0, 0, good[0]), Message(1, 0, good[1]), Message(0, 1, good[0])])
+    assert first.folded == {"hostile": 2}
+    assert [(x.message.offset, x.reason) for x in first.rejected] == [(1, RejectReason.REPLAYED)]
+    later = folder.fold([Message(0, 2, good[2]), Message(1, 1, good[1])])
+    assert later.folded == {"hostile": 1}
+    assert [(x.message.partition, x.reason) for x in later.rejected] == [
+        (1, RejectReason.REPLAYED)]
+    a, _, count = total_stats(redis_settings, study)
+    assert count == 3
+    np.testing.assert_allclose(a, q.T @ q, rtol=0, atol=ATOL)
+
+
+def test_replay_ids_expire_after_the_window_and_are_the_only_thing_kept(redis_settings, studies):
+    study, _ = studies
+    clock = [1_000_000.0]
+    folder = make_folder(redis_settings, clock=lambda: clock[0], replay_window_s=10,
+                         max_future_skew_s=2)
+    t0 = int(clock[0] * 1000)
+    old, _, _ = honest(study, 1, seed=3, created_ms=t0)
+    r = redis_client(redis_settings)
+    seen = state.seen_key(study.study_id)
+    assert folder.fold([Message(0, 0, old[0])]).folded == {"hostile": 1}
+    old_id = old[0][24:40]
+    assert r.zrange(seen, 0, -1, withscores=True) == [(old_id, float(t0))]
+
+    clock[0] += 5  # inside the window: a replay is caught by its id
+    replay = folder.fold([Message(0, 1, old[0])])
+    assert [x.reason for x in replay.rejected] == [RejectReason.REPLAYED]
+
+    clock[0] += 8  # past window + skew: the id is dropped at the next fold...
+    new, _, _ = honest(study, 1, seed=4, created_ms=int(clock[0] * 1000))
+    assert folder.fold([Message(0, 2, new[0])]).folded == {"hostile": 1}
+    assert r.zscore(seen, old_id) is None
+    assert r.zrange(seen, 0, -1) == [new[0][24:40]]
+    # ...and the replay is still refused: it is too old to be accepted at all.
+    late = folder.fold([Message(0, 3, old[0])])
+    assert [x.reason for x in late.rejected] == [RejectReason.STALE]
+    assert total_stats(redis_settings, study)[2] == 2
+
+
+# --------------------------------------------------------------------------- fuzz
+
+
+MUTATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), st.integers(0, 200), st.integers(0, 255)),
+        st.tuples(st.just("cut"), st.integers(0, 200)),
+        st.tuples(st.just("grow"), st.binary(min_size=1, max_size=40)),
+        st.tuples(st.just("float"), st.integers(0, 7),
+                  st.sampled_from([np.nan, np.inf, -np.inf, 1e300, -0.0, 5e-324])),
+    ),
+    max_size=3,
+)
+
+
+def _mutate(value: bytes, ops) -> bytes:
+    buf = bytearray(value)
+    for op in ops:
+        if op[0] == "set" and op[1] < len(buf):
+            buf[op[1]] = op[2]
+        elif op[0] == "cut":
+            del buf[op[1]:]
+        elif op[0] == "grow":
+            buf += op[1]
+        elif op[0] == "float" and 48 + 8 * op[1] + 8 <= len(buf):
+            buf[48 + 8 * op[1]:56 + 8 * op[1]] = struct.pack("<d", op[2])
+    return bytes(buf)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(batch=st.lists(MUTATIONS, min_size=1, max_size=8), seed=st.integers(0, 2**32 - 1))
+def test_fuzzed_records_are_each_folded_or_rejected_exactly_once(redis_settings, studies, batch,
+                                                                 seed):
+    study, _ = studies
+    values, _, _ = honest(study, len(batch), seed=seed)
+    msgs = [Message(i % 3, i, _mutate(v, ops)) for i, (v, ops) in enumerate(zip(values, batch))]
+    before = total_stats(redis_settings, study)
+    result = make_folder(redis_settings).fold(msgs)
+    rejected = [(x.message.partition, x.message.offset) for x in result.rejected]
+    assert len(set(rejected)) == len(rejected)
+    assert len(rejected) + sum(result.folded.values()) == len(msgs)
+    kept = [m for m in msgs if (m.partition, m.offset) not in set(rejected)]
+    records = [decode_record(m.value) for m in kept]
+    assert all(rec.study_hash == study.hash for rec in records)
+    a, b, count = total_stats(redis_settings, study)
+    assert count == before[2] + len(kept)
+    q = np.array([rec.q for rec in records]).reshape(-1, study.d)
+    p = np.array([rec.p for rec in records]).reshape(-1, study.d)
+    np.testing.assert_allclose(a - before[0], q.T @ q, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(b - before[1], p.sum(axis=0), rtol=1e-9, atol=1e-9)
+
+
+# --------------------------------------------------------------------------- through Kafka
+
+
+def _dead_letters(kafka, topic: str, expect: int, timeout_s: float = 30.0) -> list:
+    consumer = kafka_consumer(kafka, group_id=None)
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        out: list = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < expect and time.monotonic() < deadline:
+            for msgs in consumer.poll(timeout_ms=300).values():
+                out += msgs
+        # Anything beyond what we expect would be a duplicate: give it a moment to show up.
+        for msgs in consumer.poll(timeout_ms=1000).values():
+            out += msgs
+        return out
+    finally:
+        consumer.close()
+
+
+def _dead_lettered(reason: str) -> float:
+    return REGISTRY.get_sample_value("ipdp_records_dead_lettered_total", {"reason": reason}) or 0
+
+
+@pytest.mark.slow
+def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
+        kafka_settings, redis_settings, topics, studies):
+    study, closed = studies
+    hostile = hostile_values(study, closed)
+    good, q, p = honest(study, 200, seed=5)
+    producer = kafka_producer(kafka_settings)
+    expected: dict[tuple[int, int], tuple[RejectReason, bytes]] = {}
+
+    def send(value, key):
+        return producer.send(topics.records, key=key, value=value)
+
+    # Wave 1: honest records with the hostile ones, and one honest record sent twice in a row
+    # (same key, same partition; the fold-level test pins the same-batch and later-batch cases).
+    futures = [send(v, v[24:40]) for v in good[:150]]
+    bad = [(reason, value, send(value, b"bad-%d" % i)) for i, (reason, value) in
+           enumerate(hostile)]
+    twin = send(good[0], good[0][24:40])
+    producer.flush()
+    for reason, value, f in bad:
+        m = f.get(timeout=30)
+        expected[(m.partition, m.offset)] = (reason, value or b"")
+    m = twin.get(timeout=30)
+    expected[(m.partition, m.offset)] = (RejectReason.REPLAYED, good[0])
+    assert all(f.get(timeout=30) for f in futures)
+    before = {reason.value: _dead_lettered(reason.value) for reason in RejectReason}
+
+    agg = Aggregator(kafka_settings, redis_settings, topics,
+                     AggregatorSettings(group=f"agg-{topics.records}", replay_window_s=WINDOW_S,
+                                        max_future_skew_s=SKEW_S, max_message_bytes=MAX_BYTES))
+    worker = threading.Thread(target=agg.run, daemon=True)
+    worker.start()
+    r = redis_client(redis_settings)
+    try:
+        wait_for(lambda: total_stats(redis_settings, study)[2] == 150, GROUP_JOIN_TIMEOUT_S,
+                 "150 honest records folded")
+        # Wave 2, after wave 1 is folded: the rest, and a replay from an earlier batch.
+        futures = [send(v, v[24:40]) for v in good[150:]]
+        replay = send(good[7], good[7][24:40])
+        producer.flush()
+        m = replay.get(timeout=30)
+        expected[(m.partition, m.offset)] = (RejectReason.REPLAYED, good[7])
+        wait_for(lambda: total_stats(redis_settings, study)[2] == 200, 30,
+                 "200 honest records folded")
+        wait_for(lambda: sum(int(v) for v in r.hvals(state.REJECTED)) == len(expected), 30,
+                 "every rejection counted")
+        assert worker.is_alive()
+    finally:
+        agg.stop_event.set()
+        worker.join(timeout=30)
+        producer.close()
+
+    letters = _dead_letters(kafka_settings, topics.dead_letter, len(expected))
+    got = {}
+    for m in letters:
+        headers = dict(m.headers)
+        source = headers["source"].decode()
+        topic, partition, offset = source.rsplit(":", 2)
+        assert topic == topics.records and headers["detail"]
+        assert (int(partition), int(offset)) not in got, f"{source} dead-lettered twice"
+        got[(int(partition), int(offset))] = (RejectReason(headers["reason"].decode()), m.value)
+    oversized = [k for k, (reason, _) in expected.items() if reason is RejectReason.OVERSIZED]
+    for k in oversized:  # the DLQ does not carry what the aggregator refused to read
+        expected[k] = (RejectReason.OVERSIZED, b"")
+    assert got == expected
+
+    by_reason: dict[str, int] = {}
+    for reason, _ in expected.values():
+        by_reason[reason.value] = by_reason.get(reason.value, 0) + 1
+    assert {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()} == by_reason
+    assert {reason: _dead_lettered(reason) - before[reason] for reason in by_reason} == by_reason
+    a, b, count = total_stats(redis_settings, study)
+    assert count == 200
+    np.testing.assert_allclose(a, q.T @ q, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(b, p.sum(axis=0), rtol=0, atol=ATOL)
+    assert int(r.hget(state.counts_key(study.study_id), "folded")) == 200
+
+
+def test_a_record_dated_ahead_of_the_aggregator_clock_cannot_be_replayed_after_the_window(
+        redis_settings, studies):
+    """Its id must outlive `window` from its creation time, not only from the fold time."""
+    study, _ = studies
+    clock = [2_000_000.0]
+    folder = make_folder(redis_settings, clock=lambda: clock[0], replay_window_s=10,
+                         max_future_skew_s=5)
+    t0 = int(clock[0] * 1000)
+    ahead, _, _ = honest(study, 1, seed=6, created_ms=t0 + 4000)  # a device clock 4 s fast
+    assert folder.fold([Message(0, 0, ahead[0])]).folded == {"hostile": 1}
+    clock[0] += 11  # a later fold trims the ids older than the window
+    other, _, _ = honest(study, 1, seed=7, created_ms=int(clock[0] * 1000))
+    assert folder.fold([Message(0, 1, other[0])]).folded == {"hostile": 1}
+    clock[0] += 1  # t0 + 12 s: created t0 + 4 s is still inside the window
+    replay = folder.fold([Message(0, 2, ahead[0])])
+    assert [x.reason for x in replay.rejected] == [RejectReason.REPLAYED]
+    assert total_stats(redis_settings, study)[2] == 2

@@ -1,0 +1,43 @@
+"""The benchmark commands of README's table, run as a user runs them, at smoke sizes.
+
+They print tables; the assertions check that the tables are there and their figures are sane
+numbers, never how fast anything was (tests do not time anything).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.conftest import _require_binaries
+
+
+def ipdp(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ipdp.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def test_bench_accuracy_quick_prints_its_tables():
+    out = ipdp("bench", "accuracy", "--quick")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "IP-rigorous" in out.stdout and "ObjPert-Gauss" in out.stdout
+    assert re.search(r"2\^11", out.stdout)
+
+
+def test_bench_throughput_quick_prints_positive_rates():
+    _require_binaries()
+    out = ipdp("bench", "throughput", "--quick")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rates = [float(x.replace(",", "")) for x in re.findall(r"\| ([\d,]{4,}) \|", out.stdout)]
+    assert rates and min(rates) > 0
+
+
+def test_soak_with_a_few_kills_holds_every_invariant(tmp_path):
+    _require_binaries()
+    out = ipdp("soak", "--kills", "3", "--n", "300", "--rate", "400", "--dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"^kills \(SIGKILL\) +3$", out.stdout, re.M)
+    honest = int(re.search(r"\(([\d,]+) honest", out.stdout)[1].replace(",", ""))
+    assert re.search(rf"^folded +{honest:,}$", out.stdout, re.M)  # every honest record, once
+    assert out.stdout.rstrip().endswith("all invariants held")

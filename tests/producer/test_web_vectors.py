@@ -1,0 +1,247 @@
+"""producer/web/test-vectors.json is what the Python implementation produces, byte for byte.
+
+The browser SDK's tests (producer/web/test/) check their encoder, clipping, study hash and
+signature check against this file, so Python stays the one source of truth for the format. The
+file is committed; this test regenerates it in memory and fails when the committed copy differs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from ipdp.losses import clip, encode
+from ipdp.study import Study
+from ipdp.wire import encode_record
+
+VECTORS = Path(__file__).resolve().parents[2] / "producer" / "web" / "test-vectors.json"
+REGENERATE = "IPDP_WRITE_VECTORS=1 .venv/bin/python -m pytest tests/producer/test_web_vectors.py"
+
+#: Fixed Ed25519 seeds of the test study owner and of a stranger; never use them for real studies.
+OWNER_SEED = bytes(range(32))
+STRANGER_SEED = bytes(range(32, 64))
+
+
+def canonical_study_text(study: Study) -> str:
+    """The signed study JSON: the model's fields plus the noise stds a device adds."""
+    fields = study.model_dump(mode="json")
+    cal = study.calibration
+    fields["noise"] = {"std_q": cal.noise_std_q, "std_p": cal.noise_std_p}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)
+
+
+def sign_study_envelope(study_text: str, status: str, key: Ed25519PrivateKey) -> dict:
+    """Format-2 envelope; stands in for issue 12's signer, which must produce the same bytes."""
+    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    message = f"ipdp-study-v2\n{status}\n{study_text}".encode()
+    return {
+        "format": 2,
+        "study": study_text,
+        "status": status,
+        "key_id": hashlib.sha256(raw).digest()[:8].hex(),
+        "signature": base64.b64encode(key.sign(message)).decode("ascii"),
+    }
+
+
+def _public_key_b64(key: Ed25519PrivateKey) -> str:
+    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _study_hash(study_text: str) -> bytes:
+    return hashlib.sha256(study_text.encode("utf-8")).digest()[:16]
+
+
+def _spread(d: int, salt: int, exponent_range: int = 0) -> list[float]:
+    """Deterministic values without an RNG stream (which numpy may change between versions).
+
+    Integer arithmetic, one correctly rounded division and an exact power of two per entry.
+    ``exponent_range`` > 0 spreads magnitudes over 2^±range so the order of summation in the
+    norm shows in the last bits.
+    """
+    out = []
+    for i in range(d):
+        v = ((i * 7919 + salt * 104729) % 2003 - 1001) / 97.0
+        if exponent_range:
+            v *= 2.0 ** ((i * 5 + salt) % (2 * exponent_range + 1) - exponent_range)
+        out.append(v)
+    return out
+
+
+def _noise(d: int, salt: int, std: float) -> list[float]:
+    return [((i * 3571 + salt * 7907) % 1999 - 999) / 1000.0 * std for i in range(d)]
+
+
+def _record_case(name: str, *, loss: str, lam: float, p_bound: float, x: list[float], y: float,
+                 u: list[float], r: list[float], study_hash: bytes, salt: int) -> dict:
+    q, p = encode(loss, np.array(x), y)
+    q, p = clip(q, p, lam, p_bound)
+    q_noisy, p_noisy = q + np.array(u), p - np.array(r)
+    record_id = hashlib.sha256(f"record-{salt}".encode()).digest()[:16]
+    created_ms = 1_700_000_000_000 + salt
+    return {
+        "name": name, "loss": loss, "lam": lam, "p_bound": p_bound, "x": x, "y": y,
+        "q": q.tolist(), "p": p.tolist(), "u": u, "r": r,
+        "q_noisy": q_noisy.tolist(), "p_noisy": p_noisy.tolist(),
+        "study_hash": study_hash.hex(), "record_id": record_id.hex(), "created_ms": created_ms,
+        "record": encode_record(study_hash, record_id, created_ms, q_noisy, p_noisy).hex(),
+    }
+
+
+def _wire_case(name: str, *, study_hash: bytes, record_id: bytes, created_ms: int,
+               q_noisy: list[float], p_noisy: list[float]) -> dict:
+    return {
+        "name": name, "study_hash": study_hash.hex(), "record_id": record_id.hex(),
+        "created_ms": created_ms, "q_noisy": q_noisy, "p_noisy": p_noisy,
+        "record": encode_record(study_hash, record_id, created_ms, q_noisy, p_noisy).hex(),
+    }
+
+
+def build_vectors() -> dict:
+    """Every vector, computed from ipdp's Python code."""
+    owner = Ed25519PrivateKey.from_private_bytes(OWNER_SEED)
+    stranger = Ed25519PrivateKey.from_private_bytes(STRANGER_SEED)
+    squared = Study(study_id="web-vectors-squared", loss="squared", d=14, n=10_000, epsilon=1.0,
+                    delta=0.01, lam=1.0, p_bound=1.0, max_rounds=3)
+    logistic = Study(study_id="web-vectors-logistic", loss="logistic", d=3, n=2_000,
+                     epsilon=0.5, delta=1e-5, lam=0.25, p_bound=0.5, mode="paper")
+    studies = []
+    for study, status in ((squared, "open"), (logistic, "closed")):
+        text = canonical_study_text(study)
+        studies.append({
+            "name": f"{study.study_id} ({status})",
+            "envelope": sign_study_envelope(text, status, owner),
+            "signed_message": f"ipdp-study-v2\n{status}\n{text}",
+            "study_hash": _study_hash(text).hex(),
+        })
+
+    sq_text = canonical_study_text(squared)
+    sq_hash = _study_hash(sq_text)
+    std_q, std_p = squared.calibration.noise_std_q, squared.calibration.noise_std_p
+    lg_hash = _study_hash(canonical_study_text(logistic))
+    records = [
+        _record_case("squared d=14 inside the bounds, study web-vectors-squared", loss="squared",
+                     lam=1.0, p_bound=1.0, x=[v / 64.0 for v in _spread(14, 1)], y=0.25,
+                     u=_noise(14, 1, std_q), r=_noise(14, 2, std_p), study_hash=sq_hash, salt=1),
+        _record_case("squared d=14 both clipped, magnitudes over 2^±20", loss="squared", lam=1.0,
+                     p_bound=1.0, x=_spread(14, 3, 20), y=-3.5, u=_noise(14, 3, std_q),
+                     r=_noise(14, 4, std_p), study_hash=sq_hash, salt=2),
+        _record_case("squared d=2 negative zero kept", loss="squared", lam=4.0, p_bound=2.0,
+                     x=[-0.0, 0.5], y=2.0, u=[-0.0, 0.125], r=[0.0, -0.25],
+                     study_hash=sq_hash, salt=3),
+        _record_case("squared d=1 clipped, negative label", loss="squared", lam=2.0, p_bound=0.5,
+                     x=[3.0], y=-1.5, u=[0.1], r=[-0.2], study_hash=sq_hash, salt=4),
+        _record_case("squared d=3 zero example", loss="squared", lam=1.0, p_bound=1.0,
+                     x=[0.0, 0.0, 0.0], y=7.0, u=[0.5, -0.5, 1e-300], r=[5e-324, 0.0, -1.0],
+                     study_hash=sq_hash, salt=5),
+        _record_case("logistic d=3 y=-1 q clipped, study web-vectors-logistic", loss="logistic",
+                     lam=0.25, p_bound=0.5, x=_spread(3, 6), y=-1.0, u=_noise(3, 6, 0.3),
+                     r=_noise(3, 7, 2.0), study_hash=lg_hash, salt=6),
+        _record_case("logistic d=1 y=+1 inside the bounds", loss="logistic", lam=1.0,
+                     p_bound=1.0, x=[0.75], y=1.0, u=[-0.03125], r=[0.0625],
+                     study_hash=lg_hash, salt=7),
+        _record_case("logistic d=14 y=+1 both clipped", loss="logistic", lam=1.0, p_bound=0.25,
+                     x=_spread(14, 8, 6), y=1.0, u=_noise(14, 8, 0.9), r=_noise(14, 9, 3.0),
+                     study_hash=lg_hash, salt=8),
+    ]
+    # Pairwise summation in the norm changes shape at 8 and 128 terms: cover both sides.
+    for d in (7, 8, 9, 17, 129, 300):
+        records.append(_record_case(
+            f"squared d={d} clipped, summation order", loss="squared", lam=1.0, p_bound=1.0,
+            x=_spread(d, 10 + d, 12), y=1.25, u=_noise(d, 11, 0.5), r=_noise(d, 12, 0.5),
+            study_hash=sq_hash, salt=10 + d))
+    wire = [
+        _wire_case("docs/wire-format.md example", study_hash=hashlib.sha256(
+            b"example-study").digest()[:16],
+            record_id=bytes.fromhex("3f2a9c1e7b4d4e8a9c215d6e7f801a2b"),
+            created_ms=1_700_000_000_000, q_noisy=[0.5, -1.25], p_noisy=[1.0, -0.0]),
+        _wire_case("extremes: created_ms 0, subnormal, largest double", study_hash=bytes(16),
+                   record_id=bytes([255] * 16), created_ms=0,
+                   q_noisy=[5e-324, -1.7976931348623157e308, 1e-310],
+                   p_noisy=[-5e-324, 1.7976931348623157e308, 2.0**-1074 * 3]),
+        _wire_case("created_ms 2^53 - 1", study_hash=sq_hash, record_id=bytes(range(16)),
+                   created_ms=2**53 - 1, q_noisy=[0.1], p_noisy=[-0.1]),
+    ]
+    return {
+        "about": "Generated from ipdp's Python implementation by tests/producer/test_web_vectors"
+                 f".py; do not edit. Regenerate: {REGENERATE}",
+        "keys": {
+            "owner_public_key": _public_key_b64(owner),
+            "owner_key_id": studies[0]["envelope"]["key_id"],
+            "stranger_public_key": _public_key_b64(stranger),
+        },
+        "studies": studies,
+        "records": records,
+        "wire": wire,
+    }
+
+
+def render(vectors: dict) -> str:
+    """The file's exact text: stable key order and indentation, floats as Python repr."""
+    return json.dumps(vectors, indent=1, ensure_ascii=True, allow_nan=False) + "\n"
+
+
+def test_committed_web_vectors_match_the_python_implementation():
+    text = render(build_vectors())
+    if os.environ.get("IPDP_WRITE_VECTORS") == "1":
+        VECTORS.write_text(text, encoding="utf-8")
+    committed = VECTORS.read_text(encoding="utf-8") if VECTORS.exists() else ""
+    assert committed == text, (
+        f"{VECTORS.relative_to(VECTORS.parents[2])} is stale: the Python implementation now "
+        f"produces different vectors. Regenerate with `{REGENERATE}`, then run "
+        "`cd producer/web && npm test` and commit both.")
+
+
+def test_vectors_decode_back_to_what_they_encode():
+    from ipdp.wire import decode_record
+
+    vectors = build_vectors()
+    for case in vectors["records"] + vectors["wire"]:
+        rec = decode_record(bytes.fromhex(case["record"]))
+        assert rec.study_hash.hex() == case["study_hash"], case["name"]
+        assert rec.record_id.hex() == case["record_id"], case["name"]
+        assert rec.created_ms == case["created_ms"], case["name"]
+        assert rec.q.tobytes() == np.array(case["q_noisy"], dtype=np.float64).tobytes()
+        assert rec.p.tobytes() == np.array(case["p_noisy"], dtype=np.float64).tobytes()
+
+
+def test_vectors_exercise_clipping_both_losses_and_negative_zero():
+    records = build_vectors()["records"]
+    clipped = [c for c in records
+               if not np.allclose(c["q"], encode(c["loss"], np.array(c["x"]), c["y"])[0])]
+    assert len(clipped) >= 5
+    assert {c["loss"] for c in records} == {"squared", "logistic"}
+    assert {len(c["x"]) for c in records} >= {1, 14, 129}
+    assert any(np.signbit(c["q_noisy"][0]) and c["q_noisy"][0] == 0 for c in records)
+
+
+def test_envelope_signature_verifies_with_the_owner_key_only():
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    vectors = build_vectors()
+    owner = Ed25519PublicKey.from_public_bytes(
+        base64.b64decode(vectors["keys"]["owner_public_key"]))
+    stranger = Ed25519PublicKey.from_public_bytes(
+        base64.b64decode(vectors["keys"]["stranger_public_key"]))
+    for case in vectors["studies"]:
+        env = case["envelope"]
+        message = case["signed_message"].encode("utf-8")
+        signature = base64.b64decode(env["signature"])
+        owner.verify(signature, message)
+        try:
+            stranger.verify(signature, message)
+        except InvalidSignature:
+            pass
+        else:
+            raise AssertionError("a stranger's key verified the owner's signature")
+        assert case["study_hash"] == _study_hash(env["study"]).hex()
+        assert json.loads(env["study"])["noise"]["std_q"] > 0

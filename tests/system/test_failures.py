@@ -1,0 +1,408 @@
+"""Exactly once under failure: SIGKILLed aggregators and trainers, Redis and broker outages.
+
+Real broker, real Redis; the processes that get killed are real `ipdp ... run` subprocesses.
+Every check is against a clean fold of the exact rows produced (tests.pipeline.contribute
+returns them), never against the service's own view of what it did.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from aggregator.service import Aggregator
+from aggregator.settings import AggregatorSettings
+from aggregator.validate import Message
+from bench.soak import closed_rounds
+from ipdp import state
+from ipdp.embedded import EmbeddedRuntime
+from ipdp.kafka_io import ensure_topics, kafka_consumer
+from ipdp.model_message import model_key
+from ipdp.redis_io import redis_client
+from ipdp.settings import TopicSettings
+from ipdp.subscriber import ModelSubscriber
+from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, total_stats, wait_for
+from tests.proc_services import service_env, start, stop
+from tests.aggregator.test_hostile_input import honest, make_folder
+from trainer.service import Trainer
+from trainer.settings import TrainerSettings
+from trainer.solver import solve_constrained
+
+KILLS = 24
+ATOL = 1e-9
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def folded(r, study_id: str) -> int:
+    return int(r.hget(state.counts_key(study_id), "folded") or 0)
+
+
+def assert_clean_fold(redis_settings, study, q: np.ndarray, p: np.ndarray) -> None:
+    """Open + closed statistics in Redis equal one fold of exactly (q, p)."""
+    a, b, count = total_stats(redis_settings, study)
+    assert count == len(q)
+    np.testing.assert_allclose(a, q.T @ q, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(b, p.sum(axis=0), rtol=0, atol=ATOL)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class Feeder:
+    """Produces seeded chunks of records in a thread until stopped; keeps the exact rows."""
+
+    def __init__(self, study, kafka, topics, chunk: int, pause_s: float, seed: int):
+        self.args = (study, kafka, topics)
+        self.chunk, self.pause_s, self.seed = chunk, pause_s, seed
+        self.rows: list[tuple[np.ndarray, np.ndarray]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            self.rows.append(contribute(*self.args, self.chunk, seed=self.seed + 10 * i))
+            i += 1
+            self.stop.wait(self.pause_s)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+    def all_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.concatenate([q for q, _ in self.rows]), np.concatenate([p for _, p in self.rows])
+
+
+class AggregatorThread:
+    """One in-process aggregator whose thread must survive whatever the test does to backends."""
+
+    def __init__(self, kafka, redis_settings, topics, **settings):
+        settings.setdefault("group", f"agg-{topics.records}")
+        self.agg = Aggregator(kafka, redis_settings, topics, AggregatorSettings(**settings))
+        self.thread = threading.Thread(target=self.agg.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.agg.stop_event.set()
+        self.thread.join(timeout=30)
+
+
+# --------------------------------------------------------------------------- aggregator kills
+
+
+@pytest.mark.slow
+def test_aggregator_sigkilled_at_random_moments_folds_every_record_exactly_once(
+        runtime, kafka_settings, redis_settings, topics, tmp_path):
+    study = create(kafka_settings, redis_settings, topics, study_id="kills", d=4, n=200,
+                   epsilon=1.0, delta=0.01, delta_in=0.5)
+    r = redis_client(redis_settings)
+    # A killed member's partitions go to the restarted one once its 1.5 s session expires.
+    env = service_env(runtime, topics, IPDP_AGGREGATOR_GROUP=f"agg-{topics.records}",
+                      IPDP_AGGREGATOR_SESSION_TIMEOUT_MS="1500", IPDP_AGGREGATOR_MAX_BATCH="40")
+    rng = random.Random(20240601)
+    kills_while_folding = 0
+    with Feeder(study, kafka_settings, topics, chunk=40, pause_s=0.2, seed=1000) as feeder:
+        child = start(["aggregator", "run"], env, tmp_path, "aggregator")
+        try:
+            for kill in range(KILLS):
+                before = folded(r, study.study_id)
+                if kill % 2:
+                    # Anywhere: start-up, group join, seek, mid-fold.
+                    time.sleep(rng.uniform(0.2, 3.0))
+                else:
+                    # Once it is folding, so that half the kills land in the fold loop.
+                    wait_for(lambda b=before: folded(r, study.study_id) > b,
+                             GROUP_JOIN_TIMEOUT_S, "the restarted aggregator to fold")
+                    time.sleep(rng.uniform(0.0, 0.5))
+                kills_while_folding += folded(r, study.study_id) > before
+                child.check_alive()
+                child.proc.kill()
+                child.proc.wait()
+                child = start(["aggregator", "run"], env, tmp_path, "aggregator")
+            feeder.stop.set()
+            feeder.thread.join(timeout=60)
+            q, p = feeder.all_rows()
+            wait_for(lambda: folded(r, study.study_id) == len(q), GROUP_JOIN_TIMEOUT_S,
+                     f"{len(q)} records folded")
+            child.check_alive()
+        finally:
+            stop(child)
+    assert kills_while_folding >= KILLS // 2
+
+    # Exactly once: the statistics are one clean fold of every record produced, nothing was
+    # rejected (a refold would show up as a replay), and every closed round holds exactly n.
+    assert folded(r, study.study_id) == len(q)
+    assert r.hgetall(state.REJECTED) == {}
+    assert_clean_fold(redis_settings, study, q, p)
+    rounds = closed_rounds(r, study)
+    assert sorted(rounds) == list(range(1, len(q) // study.n + 1))
+    assert all(count == study.n for _, _, count in rounds.values())
+    assert r.hmget(state.open_key(study.study_id), ["round", "count"]) == [
+        str(len(q) // study.n + 1).encode(), str(len(q) % study.n).encode()]
+
+    # Each published model is the solve of exactly its closed round.
+    trainer = Trainer(kafka_settings, redis_settings, topics, TrainerSettings(block_ms=200))
+    trainer.run(idle_exit_s=2.0)
+    models = list(ModelSubscriber(kafka_settings, topics, study_id=study.study_id))
+    assert sorted(m.round for m in models) == sorted(rounds)
+    for m in models:
+        a, b, _ = rounds[m.round]
+        assert m.n == study.n
+        expected = solve_constrained(a + study.calibration.delta_in * np.eye(study.d), b,
+                                     study.eta).w
+        np.testing.assert_allclose(m.weights, expected, rtol=0, atol=ATOL)
+
+
+def test_a_stale_batch_never_moves_the_offsets_back(redis_settings, kafka_settings, topics):
+    """A zombie folding a batch the next owner already folded must not rewind the offsets."""
+    study = create(kafka_settings, redis_settings, topics, study_id="zombie", d=3, n=10**5,
+                   epsilon=1.0, delta=0.01)
+    values, q, p = honest(study, 30, seed=5)
+    msgs = [Message(0, i, v) for i, v in enumerate(values)]
+    folder = make_folder(redis_settings)
+    folder.fold(msgs[:10])
+    folder.fold(msgs[10:20])
+    stale = folder.fold(msgs[5:10])
+    assert stale.skipped == 5 and not stale.folded
+    assert folder.committed_offsets() == {0: 20}
+    result = folder.fold(msgs[20:])
+    assert result.reseek == {} and result.folded == {"zombie": 10}
+    assert redis_client(redis_settings).hgetall(state.REJECTED) == {}
+    assert_clean_fold(redis_settings, study, q, p)
+
+
+def test_a_discarded_batch_re_reads_every_partition_it_held(redis_settings, kafka_settings,
+                                                             topics):
+    """A batch that starts past Redis's offset on one partition is re-read on all of them."""
+    study = create(kafka_settings, redis_settings, topics, study_id="reseek", d=3, n=10**5,
+                   epsilon=1.0, delta=0.01)
+    values, _, _ = honest(study, 8, seed=6)
+    folder = make_folder(redis_settings)
+    folder.fold([Message(0, 0, values[0]), Message(1, 0, values[1])])
+    result = folder.fold([Message(0, 3, values[2]), Message(1, 1, values[3]),
+                          Message(2, 0, values[4])])
+    assert result.reseek == {0: 1, 1: 1, 2: 0}
+    assert not result.folded
+    assert folder.committed_offsets() == {0: 1, 1: 1}
+
+
+# --------------------------------------------------------------------------- trainer kills
+
+
+def _close_one_round(redis_settings, study, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fold exactly n records straight into Redis (round 1 closes); returns its (A, b)."""
+    values, q, p = honest(study, study.n, seed=seed)
+    make_folder(redis_settings).fold([Message(0, i, v) for i, v in enumerate(values)])
+    return q.T @ q, p.sum(axis=0)
+
+
+def _raw_models(kafka, topics) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) on the models topic, repeats included.
+
+    tansu answers end_offsets with the last batch's base offset + 1; the trainer sends each
+    model in a batch of its own, so here that is the end of the topic.
+    """
+    from kafka import TopicPartition
+
+    consumer = kafka_consumer(kafka, group_id=None)
+    try:
+        tp = TopicPartition(topics.models, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        out = []
+        while consumer.position(tp) < end:
+            for msgs in consumer.poll(timeout_ms=500).values():
+                out += [(m.key, m.value) for m in msgs if m.offset < end]
+        return out
+    finally:
+        consumer.close()
+
+
+def _run_trainer(runtime, topics, tmp_path, fault: str | None = None) -> int:
+    """The real trainer, or (fault = before|after) tests/trainer/faulty_trainer.py."""
+    env = service_env(runtime, topics, IPDP_TRAINER_BLOCK_MS="200")
+    if fault is None:
+        child = start(["trainer", "run", "--idle-exit", "2"], env, tmp_path, "trainer")
+    else:
+        child = start([fault], env, tmp_path, "trainer", module="tests.trainer.faulty_trainer")
+    try:
+        return child.proc.wait(timeout=60)
+    finally:
+        stop(child)
+
+
+@pytest.mark.parametrize("fault", ["before", "after"])
+def test_trainer_killed_around_publishing_still_publishes_the_round_once_per_key(
+        runtime, kafka_settings, redis_settings, topics, tmp_path, fault):
+    study = create(kafka_settings, redis_settings, topics, study_id="crash", d=3, n=200,
+                   epsilon=1.0, delta=0.01, delta_in=0.5)
+    a, b = _close_one_round(redis_settings, study, seed=7)
+    r = redis_client(redis_settings)
+    group = TrainerSettings().group
+
+    assert _run_trainer(runtime, topics, tmp_path, fault) == 137
+    log = (tmp_path / "trainer.log").read_text()
+    assert "fault injection" in log and "Traceback" not in log
+    published_before_ack = 1 if fault == "after" else 0
+    assert len(_raw_models(kafka_settings, topics)) == published_before_ack
+    assert r.exists(state.closed_key(study.study_id, 1))  # the round is not lost...
+    assert r.xpending(state.ROUNDS_STREAM, group)["pending"] == 1  # ...nor acknowledged
+
+    assert _run_trainer(runtime, topics, tmp_path) == 0
+    raw = _raw_models(kafka_settings, topics)
+    assert len(raw) == published_before_ack + 1
+    assert {key for key, _ in raw} == {model_key(study.study_id, 1)}
+    sub = ModelSubscriber(kafka_settings, topics, study_id=study.study_id)
+    (model,) = list(sub)
+    assert sub.duplicates_dropped == published_before_ack
+    assert (model.round, model.n) == (1, study.n)
+    expected = solve_constrained(a + 0.5 * np.eye(study.d), b, study.eta).w
+    np.testing.assert_allclose(model.weights, expected, rtol=0, atol=ATOL)
+    assert not r.exists(state.closed_key(study.study_id, 1))
+    assert r.xpending(state.ROUNDS_STREAM, group)["pending"] == 0
+    assert r.hexists(state.published_key(study.study_id), "1")
+
+
+# --------------------------------------------------------------------------- backend outages
+
+
+@pytest.mark.slow
+def test_redis_killed_mid_load_loses_no_acknowledged_fold_and_the_aggregator_resumes(
+        kafka_settings, topics, fresh_redis):
+    rs = fresh_redis.settings()
+    study = create(kafka_settings, rs, topics, study_id="redis-crash", d=4, n=250,
+                   epsilon=1.0, delta=0.01)
+    r = redis_client(rs)
+    offsets_key = state.offsets_key(f"agg-{topics.records}", topics.records)
+    errors = sample("ipdp_backend_errors_total", backend="redis", operation="fold")
+    with AggregatorThread(kafka_settings, rs, topics, max_batch=30,
+                          retry_max_s=1.0) as agg, \
+            Feeder(study, kafka_settings, topics, chunk=50, pause_s=0.1, seed=2000) as feeder:
+        wait_for(lambda: folded(r, study.study_id) > 300, GROUP_JOIN_TIMEOUT_S, "folding")
+        # What Redis acknowledged just before it dies (one MULTI: offsets and counts agree).
+        with r.pipeline() as pipe:
+            acked_offsets, acked_folded = pipe.hgetall(offsets_key).hget(
+                state.counts_key(study.study_id), "folded").execute()
+        os.killpg(fresh_redis.pid, signal.SIGKILL)  # a crash: no shutdown, no final fsync
+        fresh_redis.proc.wait()
+        time.sleep(3.0)  # an outage: every fold attempt fails meanwhile
+        fresh_redis.restart()  # same port, same AOF
+        with r.pipeline() as pipe:
+            offsets, now_folded = pipe.hgetall(offsets_key).hget(
+                state.counts_key(study.study_id), "folded").execute()
+        assert int(now_folded) >= int(acked_folded)
+        assert all(int(offsets[k]) >= int(v) for k, v in acked_offsets.items())
+        time.sleep(1.0)
+        feeder.stop.set()
+        feeder.thread.join(timeout=60)
+        q, p = feeder.all_rows()
+        wait_for(lambda: folded(r, study.study_id) == len(q), GROUP_JOIN_TIMEOUT_S,
+                 f"{len(q)} records folded")
+        assert agg.thread.is_alive()
+    assert sample("ipdp_backend_errors_total", backend="redis", operation="fold") > errors
+    assert r.hgetall(state.REJECTED) == {}
+    assert_clean_fold(rs, study, q, p)
+
+
+@pytest.mark.slow
+def test_broker_frozen_mid_load_the_aggregator_waits_reports_and_folds_exactly_once(
+        runtime, kafka_settings, redis_settings, topics):
+    """SIGSTOP/SIGCONT: a stall with every connection open and nothing answering."""
+    study = create(kafka_settings, redis_settings, topics, study_id="frozen", d=3, n=10**5,
+                   epsilon=1.0, delta=0.01)
+    r = redis_client(redis_settings)
+    q1, p1 = contribute(study, kafka_settings, topics, 300, seed=31)
+    errors = sample("ipdp_backend_errors_total", backend="kafka", operation="end_offsets")
+    with AggregatorThread(kafka_settings, redis_settings, topics) as agg:
+        wait_for(lambda: folded(r, study.study_id) == 300, GROUP_JOIN_TIMEOUT_S, "300 folded")
+        os.kill(runtime.broker.pid, signal.SIGSTOP)
+        try:
+            time.sleep(10.0)
+        finally:
+            os.kill(runtime.broker.pid, signal.SIGCONT)
+        q2, p2 = contribute(study, kafka_settings, topics, 300, seed=32)
+        wait_for(lambda: folded(r, study.study_id) == 600, GROUP_JOIN_TIMEOUT_S, "600 folded")
+        assert agg.thread.is_alive()
+    assert sample("ipdp_backend_errors_total", backend="kafka", operation="end_offsets") > errors
+    assert_clean_fold(redis_settings, study, np.concatenate([q1, q2]), np.concatenate([p1, p2]))
+
+
+@pytest.mark.slow
+def test_broker_restarted_the_aggregator_survives_reports_and_resumes(tmp_path):
+    """A private runtime: its memory-storage broker loses every topic and record on restart.
+
+    The aggregator must stay up through the outage, count it, rejoin and fold what is produced
+    after the restart. The recreated topic restarts at offset 0 while Redis holds the old
+    offsets, and the aggregator never refolds below them: records at offsets Redis says are
+    folded are skipped, so exactly the records past the old offsets are folded.
+    """
+    rt = EmbeddedRuntime(tmp_path / "rt")
+    rt.start()
+    try:
+        kafka, rs = rt.kafka_settings(), rt.redis_settings()
+        topics = TopicSettings(records=f"ipdp.records.{uuid.uuid4().hex[:8]}")
+        ensure_topics(kafka, topics)
+        study = create(kafka, rs, topics, study_id="restart", d=3, n=10**5, epsilon=1.0,
+                       delta=0.01)
+        r = redis_client(rs)
+        offsets_key = state.offsets_key(f"agg-{topics.records}", topics.records)
+        errors = sample("ipdp_backend_errors_total", backend="kafka", operation="end_offsets")
+        q1, p1, _ = produce_rows(study, kafka, topics, 40, seed=41)
+        with AggregatorThread(kafka, rs, topics) as agg:
+            wait_for(lambda: folded(r, study.study_id) == 40, GROUP_JOIN_TIMEOUT_S, "40 folded")
+            old = {int(k): int(v) for k, v in r.hgetall(offsets_key).items()}
+            rt.broker.stop()
+            time.sleep(5.0)
+            rt.restart_broker()
+            ensure_topics(kafka, topics)
+            q2, p2, where = produce_rows(study, kafka, topics, 400, seed=42)
+            past = np.array([offset >= old.get(partition, 0) for partition, offset in where])
+            assert 0 < past.sum() < len(past)
+            wait_for(lambda: folded(r, study.study_id) == 40 + past.sum(),
+                     GROUP_JOIN_TIMEOUT_S * 2, f"{40 + past.sum()} folded")
+            assert agg.thread.is_alive()
+        assert sample("ipdp_backend_errors_total", backend="kafka",
+                      operation="end_offsets") > errors
+        assert r.hgetall(state.REJECTED) == {}
+        assert_clean_fold(rs, study, np.concatenate([q1, q2[past]]),
+                          np.concatenate([p1, p2[past]]))
+    finally:
+        rt.stop()
+
+
+def produce_rows(study, kafka, topics, k: int, seed: int):
+    """Send k honest records; returns their (q̃, p̃) and where each landed (partition, offset).
+
+    Positions come from the produce acknowledgements: tansu's ListOffsets answers the last
+    batch's base offset + 1, not the log end, so end_offsets cannot be trusted here.
+    """
+    from ipdp.kafka_io import kafka_producer
+
+    values, q, p = honest(study, k, seed)
+    producer = kafka_producer(kafka)
+    try:
+        futures = [producer.send(topics.records, key=v[24:40], value=v) for v in values]
+        producer.flush()
+        where = [(m.partition, m.offset) for m in (f.get(timeout=30) for f in futures)]
+    finally:
+        producer.close()
+    return q, p, where

@@ -1,0 +1,150 @@
+"""README.md's and docs/tutorial.md's walkthroughs, run exactly as a user types them.
+
+Each page's blocks marked `<!-- run: shell -->` run in order in ONE bash process (so `&`, `%1`,
+`wait` and sourced variables behave as in a terminal), after the blocks marked
+`<!-- run: file NAME -->` have been saved as NAME. The shell starts in an empty directory with
+the project's `ipdp` and `python` first on PATH and no IPDP_* variables: whatever the page does
+not set up itself is missing. Every process the page starts carries a marker in its environment;
+none may be left once the page's last line has run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import _require_binaries
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE_TIMEOUT_S = 420
+BLOCK = re.compile(r"<!-- run: (shell|file (\S+)) -->\s*```(\w+)\n(.*?)```", re.DOTALL)
+
+#: README table commands that the walkthrough does not run, and the test that runs each for real.
+RUN_ELSEWHERE = {
+    "ipdp demo": "tests/system/test_demo.py",
+    "ipdp bench accuracy": "tests/bench/test_bench_commands.py",
+    "ipdp bench throughput": "tests/bench/test_bench_commands.py",
+    "ipdp soak": "tests/bench/test_bench_commands.py",
+}
+
+
+def page_script(page: Path, workdir: Path) -> str:
+    """Write the page's files into `workdir`; return its shell blocks, in order, as one script."""
+    shell = []
+    for m in BLOCK.finditer(page.read_text(encoding="utf-8")):
+        if m[1] == "shell":
+            assert m[3] == "sh", f"{page.name}: a `run: shell` block must be ```sh"
+            shell.append(m[4])
+        else:
+            (workdir / m[2]).write_text(m[4], encoding="utf-8")
+    assert shell, f"{page.name} has no `<!-- run: shell -->` block"
+    return "".join(shell)
+
+
+def processes_with(marker: str) -> list[str]:
+    """Command lines of live processes whose environment holds `marker`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (proc / "environ").read_bytes():
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+def run_page(page: Path, tmp_path: Path) -> str:
+    _require_binaries()
+    script = page_script(page, tmp_path)
+    marker = f"IPDP_WALKTHROUGH_MARK={uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IPDP_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env[marker.split("=")[0]] = marker.split("=")[1]
+    try:
+        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=PAGE_TIMEOUT_S,
+                              check=False)
+    finally:
+        deadline = time.monotonic() + 15
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = processes_with(marker)
+        for pid_dir in Path("/proc").iterdir():  # never leave them to the next test
+            if pid_dir.name.isdigit():
+                try:
+                    if marker.encode() in (pid_dir / "environ").read_bytes():
+                        os.kill(int(pid_dir.name), 9)
+                except OSError:
+                    continue
+    assert done.returncode == 0, (f"{page.name} failed (exit {done.returncode})\n--- stdout\n"
+                                  f"{done.stdout}\n--- stderr\n{done.stderr[-6000:]}")
+    assert not left, f"{page.name} left processes behind: {left}"
+    return done.stdout
+
+
+def test_the_readme_walkthrough_runs_as_written(tmp_path):
+    out = run_page(REPO / "README.md", tmp_path)
+    assert re.search(r"^export IPDP_KAFKA_BOOTSTRAP=127\.0\.0\.1:\d+$", out, re.M)
+    assert "σ_u²" in out  # ipdp calibrate
+    assert "created study s1" in out
+    assert re.search(r"^s1 +open +squared +14 +2000 ", out, re.M)  # ipdp study list
+    assert re.search(r"^records sent +2000$", out, re.M)  # ipdp loadgen
+    assert re.search(r"^s1  round 1  n=2000  ‖w‖=", out, re.M)  # ipdp models --wait 1
+    assert re.search(r"^rounds published +1$", out, re.M)  # ipdp study show
+    assert "closed study s1" in out
+    assert out.rstrip().endswith("# stopped")  # ipdp up's last word after SIGTERM
+
+
+def test_the_tutorial_runs_as_written(tmp_path):
+    out = run_page(REPO / "docs" / "tutorial.md", tmp_path)
+    assert re.search(r"^contributed record [0-9a-f]{32}$", out, re.M)
+    assert re.search(r"^records sent +199$", out, re.M)
+    assert re.search(r"^study tutorial round 1: n=200 w=\[", out, re.M)
+    assert "central (ε, δ) = (1.0, 0.01), mode rigorous" in out
+    assert re.search(r"^tutorial  round 1  n=200 ", out, re.M)  # ipdp models
+    assert out.rstrip().endswith("# stopped")
+
+
+def readme_table_commands() -> list[str]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("## The commands"):text.index("## Walkthrough")]
+    out = []
+    for cell in re.findall(r"^\| (`ipdp [^|]*`(?: / `[^|]*`)*) \|", table, re.M):
+        for cmd in re.findall(r"`([^`]+)`", cell):
+            cmd = cmd if cmd.startswith("ipdp ") else f"ipdp {cmd}"
+            words = [w for w in cmd.split() if not w.startswith(("-", "[")) and w != "\\|"]
+            out.append(" ".join(words[:3] if words[1] in ("study", "bench") else words[:2]))
+    return out
+
+
+def test_every_readme_table_command_is_run_for_real_by_the_suite():
+    walked = page_script(REPO / "README.md", Path("/nonexistent"))
+    commands = readme_table_commands()
+    assert "ipdp up" in commands and "ipdp study close" in commands
+    for cmd in commands:
+        if re.search(rf"^{re.escape(cmd)}( |$)", walked, re.M):
+            continue
+        assert cmd in RUN_ELSEWHERE, f"{cmd} is in README's table but no test runs it"
+        words = cmd.split()[1:]
+        source = (REPO / RUN_ELSEWHERE[cmd]).read_text(encoding="utf-8")
+        argv = ", ".join(f'"{w}"' for w in words)
+        assert f'"-m", "ipdp.cli", {argv}' in source or f"ipdp({argv}" in source, (
+            f"{RUN_ELSEWHERE[cmd]} does not run `{cmd}` as a command")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/tutorial.md"])
+def test_the_runner_refuses_a_page_without_runnable_blocks(page, tmp_path):
+    text = (REPO / page).read_text(encoding="utf-8").replace("<!-- run: shell -->", "")
+    fake = tmp_path / "page.md"
+    fake.write_text(text, encoding="utf-8")
+    with pytest.raises(AssertionError, match="has no `<!-- run: shell -->` block"):
+        page_script(fake, tmp_path)
