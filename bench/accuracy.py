@@ -83,6 +83,8 @@ TUNE_REPS = 5
 QUICK_TUNE_REPS = 2
 RIDGE_MULTIPLIERS = (1 / 16, 1 / 4, 1 / 2, 1.0, 2.0, 4.0)
 """Ridge candidates for IP and ObjPert as multiples of 2λ/ε, the ridge objective perturbation needs."""
+IP_RIGOROUS_MULTIPLIERS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 3 / 8, 1 / 2)
+"""IP-rigorous Δ_in candidates, multiples of 2λ/ε; those at which q needs no noise drop out."""
 TIGHT_MULTIPLIERS = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 1.0, 5 / 4, 3 / 2, 2.0, 3.0)
 """ObjPert-tight ridges, multiples of 2λ/ε; those that would still need noise on q drop out."""
 OUTPUT_REGS = tuple(2.0**-k for k in (14, 12, 10, 8, 6, 4, 2))
@@ -301,17 +303,17 @@ def reg_grid(method: str, task: Task, epsilon: float) -> tuple[float, ...]:
     """Tuning candidates: Δ_in (IP), Δ (ObjPert), both in sum form; Λ per record (OutPert); C
     (diffprivlib's LogisticRegression); the number of steps T (PrivateFW).
 
-    IP-paper needs Δ_in > 0 (Algorithm 2). IP-rigorous stops below 2λ/ε: from there on the
-    rigorous calibration needs no noise on q (σ_u = 0), which is objective perturbation with the
-    records' q in the clear, not input perturbation — that is ObjPert-tight. ObjPert-Gauss needs
-    Δ ≥ 2λ/ε (Kifer et al.). SSP, AdaSSP (adaptive ridge) and diffprivlib's LinearRegression
-    have nothing to tune.
+    IP-paper needs Δ_in > 0 (Algorithm 2). IP-rigorous stops below 2λ/ε, and `fit` refuses the
+    Δ_in at which the rigorous calibration needs no noise on q (σ_u = 0): that is objective
+    perturbation with the records' q in the clear, not input perturbation — ObjPert-tight.
+    ObjPert-Gauss needs Δ ≥ 2λ/ε (Kifer et al.). SSP, AdaSSP (adaptive ridge) and diffprivlib's
+    LinearRegression have nothing to tune.
     """
     base = 2.0 * task.lam / epsilon
     if method == "IP-paper":
         return tuple(m * base for m in RIDGE_MULTIPLIERS)
     if method == "IP-rigorous":
-        return (0.0, *(m * base for m in RIDGE_MULTIPLIERS if m < 1.0))
+        return tuple(m * base for m in IP_RIGOROUS_MULTIPLIERS)
     if method == "ObjPert-Gauss":
         return tuple((1.0 + m) * base for m in (0.0, *RIDGE_MULTIPLIERS))
     if method == "ObjPert-tight":
@@ -335,7 +337,7 @@ def fit(
         return task.solve(st.qq, st.sp)
     if method in IP_METHODS:
         cal = ip_calibration(method.removeprefix("IP-"), epsilon, st.n, d, task, reg)
-        if cal is None:
+        if cal is None or cal.sigma_u2 == 0.0:
             return None
         h = st.noisy_gram(cal.noise_std_q) + reg * eye
         return task.solve(h, st.sp - math.sqrt(cal.sigma_b2) * noise.xi)

@@ -155,12 +155,20 @@ def test_pieces_end_on_every_boundary_and_respect_the_chunk():
     assert sum(sizes) == 2048 and max(sizes) <= 1000
 
 
-def test_rigorous_grid_keeps_contributor_noise_and_objpert_grid_keeps_kifer_ridge():
+def test_ip_rigorous_is_refused_where_q_would_need_no_noise_and_objpert_keeps_kifer_ridge():
+    st, _, _ = _stats(LINEAR, 2**12)
+    [noise] = _noises(1)
     for task in TASKS:
         for eps in (0.1, 1.0):
+            kept = 0
             for delta_in in reg_grid("IP-rigorous", task, eps):
                 cal = ip_calibration("rigorous", eps, 2**21, D, task, delta_in)
-                assert cal.sigma_u2 > 0.0
+                if cal.sigma_u2 > 0.0:
+                    kept += 1
+                elif task is LINEAR:  # σ_u = 0 is objective perturbation, not input perturbation
+                    assert ip_calibration("rigorous", eps, st.n, D, task, delta_in).sigma_u2 == 0
+                    assert fit("IP-rigorous", st, task, eps, delta_in, noise) is None
+            assert kept >= 3
             assert min(reg_grid("ObjPert-Gauss", task, eps)) == 2 * task.lam / eps
             assert min(reg_grid("IP-paper", task, eps)) > 0.0
 
