@@ -786,7 +786,8 @@ STYLE = {
 
 
 def plot(o: Outcome, path: Path) -> None:
-    """One panel per ε: metric against log₂ n, one line per method (mean, band ± std)."""
+    """One panel per ε: mean metric against log₂ n, one line per method (the tables give the std;
+    with eleven methods, bands would hide the lines)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -798,10 +799,9 @@ def plot(o: Outcome, path: Path) -> None:
         for m in o.task.methods:
             s = o.scores[e, m]
             ok = ~np.isnan(s).all(axis=0)
-            mean, std = np.nanmean(s[:, ok], axis=0), np.nanstd(s[:, ok], axis=0, ddof=1)
             color, marker, style = STYLE[m]
-            ax.plot(x[ok], mean, color=color, marker=marker, ls=style, label=m, lw=1.5, ms=5)
-            ax.fill_between(x[ok], mean - std, mean + std, color=color, alpha=0.08, lw=0)
+            ax.plot(x[ok], np.nanmean(s[:, ok], axis=0), color=color, marker=marker, ls=style,
+                    label=m, lw=1.5, ms=5)
         ax.plot(x, o.trivial.mean(axis=0), color="gray", ls="--", lw=1,
                 label="trivial (predict 0)" if o.task.lower_is_better else "trivial (majority)")
         ax.set_title(f"ε = {e:g}, δ = {DELTA:g}")
