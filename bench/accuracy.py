@@ -633,7 +633,7 @@ def fmt_gap(o: Outcome, e: float, a: str, b: str | None, j: int) -> str:
     star = "*" if abs(mean) > 2.0 * se else ""
     if o.task.lower_is_better:
         return f"{mean:+.4f} ({100 * relative_gap(o, e, a, b, j):+.1f}%){star}"
-    return f"{mean:+.1f} pp{star}"
+    return f"{mean:+.1f} pp{star}" if abs(mean) >= 0.1 else f"{mean:+.2f} pp{star}"
 
 
 def gap_table(o: Outcome) -> str:
@@ -659,7 +659,9 @@ GOAL_FROM_N, GOAL_EPSILON, GOAL_RMSE = 2**13, 1.0, 0.05
 
 def unit(task: Task, size: float) -> str:
     """A relative RMSE gap in %, or an accuracy gap in points."""
-    return f"{100 * size:+.1f}% RMSE" if task.lower_is_better else f"{-size:+.1f} pp accuracy"
+    if task.lower_is_better:
+        return f"{100 * size:+.1f}% RMSE" if abs(size) >= 0.001 else f"{100 * size:+.2f}% RMSE"
+    return f"{-size:+.1f} pp accuracy" if abs(size) >= 0.1 else f"{-size:+.2f} pp accuracy"
 
 
 def paper_verdict(o: Outcome, e: float) -> str:
