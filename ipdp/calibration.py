@@ -1,23 +1,26 @@
-"""Noise calibration for input perturbation: the paper's Algorithm 1 and the rigorous repair.
+"""Noise calibration for input perturbation: the paper's Algorithm 1 and the proven default.
 
-Notation follows docs/privacy.md and Fukuchi, Tran & Sakuma (2017): each of n contributors sends
-q̃ = q + u, u ~ N(0, σ_u²/n · I_d) and p̃ = p − r, r ~ N(0, σ_b²/n · I_d); the trainer minimises
-½ wᵀ(Σ q̃q̃ᵀ + Δ_in I)w − (Σ p̃)ᵀw over ‖w‖ ≤ η. Every function here is pure and cheap (closed
-forms plus one bisection), so studies are calibrated on every process that needs the numbers.
+Each of n contributors sends q̃ = q + u, u ~ N(0, σ_u²/n · I_d) and p̃ = p − r,
+r ~ N(0, σ_b²/n · I_d); the trainer minimises ½ wᵀ(Σ q̃q̃ᵀ + Δ_in I)w − (Σ p̃)ᵀw over ‖w‖ ≤ η.
+Neighbouring data sets differ by replacing one record (`NEIGHBOURING`), everywhere in ipdp.
 
 Privacy maps, next to the noise they justify:
-- paper mode: (ε, δ)-DP of the released w by the paper's Theorem 2 — whose Lemma 7 is wrong for
-  adversarial data (see docs/privacy.md); kept only to reproduce the paper.
-- rigorous mode: (ε, δ)-DP with δ = δ_K + γ₁ + γ₂, by Kifer et al. (2012, Thm 2) conditioned on
-  the noise, using a high-probability bound on the noisy record's norm (γ₁) and on the smallest
-  eigenvalue of everyone else's noisy Gram matrix (γ₂).
+- rigorous mode (default): (ε, δ)-DP of the released w, proven step by step in docs/privacy.md;
+  every function below that computes a step names it ("Step 3 (noisy record)", …).
+- paper mode: the paper's Algorithm 1 verbatim. Its Lemma 7 is wrong for adversarial data, so
+  the guarantee is not proven (`proven=False`); kept only to reproduce the paper.
 - both: each record on its own is a Gaussian mechanism; its local (ε_loc, δ) is computed exactly
   with the analytic Gaussian mechanism (Balle & Wang 2018).
+
+Only `math` and `statistics` are used, and results are cached: calibrate() runs on every process.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -25,6 +28,9 @@ from pydantic import BaseModel, ConfigDict
 from ipdp.errors import CalibrationError
 
 Mode = Literal["rigorous", "paper"]
+
+NEIGHBOURING = "replace-one"
+"""Step 1 (neighbouring relation): D and D′ hold n records each and differ in one of them."""
 
 
 class Calibration(BaseModel):
@@ -49,10 +55,19 @@ class Calibration(BaseModel):
     zeta: float
     """ζ = λη + P: Lipschitz constant of the clean loss on ‖w‖ ≤ η (§3.1)."""
     lambda_prime: float | None = None
-    """λ′ = (√λ + τ)²: smoothness of the noisy differing record (rigorous mode)."""
+    """λ′: bound on ‖q̃‖² of the differing record and of its replacement (rigorous mode, Step 3)."""
     zeta_prime: float | None = None
     """ζ′ = λ′η + P: Lipschitz constant of the noisy differing record (rigorous mode)."""
+    neighbouring: str = NEIGHBOURING
+    """The neighbouring relation the guarantee is stated for (Step 1)."""
+    linear_sensitivity: float
+    """Largest change of the differing record's gradient on ‖w‖ ≤ η: λ′η + 2P (Step 6); the
+    paper calibrates to ζ."""
+    epsilon_split: dict[str, float]
+    """ε = log_det + linear (Step 7)."""
     delta_split: dict[str, float]
+    proven: bool
+    """True when docs/privacy.md proves the guarantee (rigorous mode); False in paper mode."""
     local_epsilon: float | None
     """ε of one record (q̃, p̃) as a Gaussian mechanism at `local_delta`; None means unbounded."""
     local_delta: float
@@ -83,18 +98,14 @@ def paper_min_n(delta: float) -> float:
     return 16.0 * math.log(8.0 / delta)
 
 
-def rigorous_gap(n: int, d: int, gamma2: float) -> float:
-    """√(n−1−d) − √d − √(2 log(1/γ₂)): must be > 0 for the smallest-eigenvalue bound to bite."""
-    if n - 1 - d <= 0:
-        return -math.inf
-    return math.sqrt(n - 1 - d) - math.sqrt(d) - math.sqrt(2.0 * math.log(1.0 / gamma2))
-
-
 def calibrate_paper(
     *, epsilon: float, delta: float, n: int, d: int, lam: float, p_bound: float, eta: float,
     delta_in: float,
 ) -> Calibration:
-    """Algorithm 1 verbatim: γ = δ′ = δ/2, σ_u from Lemma 7's quadratic, σ_b from Kifer et al."""
+    """Algorithm 1 verbatim: γ = δ′ = δ/2, σ_u from Lemma 7's quadratic, σ_b from Kifer et al.
+
+    Not a proof (docs/privacy.md, "The erratum"); `proven=False`.
+    """
     a = paper_a(n, delta)
     if 1.0 - 2.0 * a <= 0.0:
         raise CalibrationError(
@@ -119,61 +130,437 @@ def calibrate_paper(
         mode="paper", epsilon=epsilon, delta=delta, n=n, d=d, lam=lam, p_bound=p_bound, eta=eta,
         sigma_u2=sigma_u**2, sigma_b2=sigma_b2, delta_in=delta_in, zeta=zeta,
         delta_split={"gamma": delta / 2.0, "delta_prime": delta / 2.0},
+        linear_sensitivity=zeta, epsilon_split={"log_det": epsilon / 2.0, "linear": epsilon / 2.0},
+        proven=False,
     )
+
+
+
+_NORMAL = NormalDist()
+_SQRT_2PI = math.sqrt(2.0 * math.pi)
+
+
+def _q(x: float) -> float:
+    """Q(x) = P(N(0, 1) > x)."""
+    return 0.5 * math.erfc(x / math.sqrt(2.0))
+
+
+def _q_inv(p: float) -> float:
+    """Q⁻¹(p): the z with P(N(0, 1) > z) = p."""
+    return -_NORMAL.inv_cdf(p)
+
+
+def _phi(x: float) -> float:
+    return math.exp(-0.5 * x * x) / _SQRT_2PI
+
+
+def chi_mean(k: int) -> float:
+    """E χ_k = √2 Γ((k+1)/2)/Γ(k/2), the mean norm of a standard Gaussian vector in R^k."""
+    return math.sqrt(2.0) * math.exp(math.lgamma((k + 1) / 2.0) - math.lgamma(k / 2.0))
+
+
+def chi2_upper(k: int, probability: float) -> float:
+    """c with P(χ²_k ≥ c) ≤ probability (Laurent & Massart 2000, Lemma 1): k + 2√(kx) + 2x."""
+    x = math.log(1.0 / probability)
+    return k + 2.0 * math.sqrt(k * x) + 2.0 * x
+
+
+ALONG_SHARE = 0.9
+"""Share of each record's γ₁/2 spent on the noise component along q (Step 3); the rest bounds
+the orthogonal component, whose effect is s² times smaller."""
+
+
+def noisy_smoothness(*, sigma_u2: float, n: int, d: int, lam: float, gamma1: float) -> float:
+    """λ′ with P(‖q + u‖² > λ′) ≤ γ₁/2 for every ‖q‖² ≤ λ: Step 3 (noisy record) of docs/privacy.md.
+
+    With s² = σ_u²/n, z = q̂ᵀu/s ~ N(0, 1) and c = ‖u − (q̂ᵀu)q̂‖²/s² ~ χ²_{d−1} independent,
+    ‖q + u‖² = (‖q‖ + s·z)² + s²·c; the worst case is ‖q‖ = √λ.
+    """
+    s = math.sqrt(sigma_u2 / n)
+    if s == 0.0:
+        return lam
+    budget = gamma1 / 2.0
+    along = budget if d == 1 else ALONG_SHARE * budget
+    reach = 2.0 * math.sqrt(lam) / s
+    # (√λ + s·Z)² > (√λ + s·z)² iff Z > z or Z < −z − 2√λ/s: choose z with Q(z) + Q(z + reach) ≤ along.
+    z = _q_inv(along - _q(_q_inv(along) + reach))
+    across = 0.0 if d == 1 else chi2_upper(d - 1, budget - along)
+    return (math.sqrt(lam) + s * z) ** 2 + s * s * across
+
+
+def eigenvalue_gap(n: int, d: int, gamma2: float) -> float:
+    """g with P(λ_min(A₋ₙ) < (σ_u²/n)·g²) ≤ γ₂ when g > 0: Step 4 (smallest eigenvalue).
+
+    g = E χ_m − E χ_d − 1/√(2π) − Q⁻¹(γ₂) with m = n − 1 − d rows of Gaussian noise left after
+    projecting off the other records' clean rows (Gordon's bound on E s_min, the median within
+    1/√(2π) of the mean, and the Gaussian isoperimetric tail of a 1-Lipschitz function).
+    """
+    m = n - 1 - d
+    if m < d:
+        return -math.inf
+    return chi_mean(m) - chi_mean(d) - 1.0 / _SQRT_2PI - _q_inv(gamma2)
+
+
+def eigenvalue_bound(sigma_u2: float, n: int, d: int, gamma2: float) -> float:
+    """(σ_u²/n)·g²: w.p. ≥ 1 − γ₂ a lower bound on λ_min(A₋ₙ) (Step 4 (smallest eigenvalue))."""
+    g = eigenvalue_gap(n, d, gamma2)
+    return sigma_u2 / n * g * g if g > 0.0 else 0.0
+
+
+def log_det_epsilon(lambda_prime: float, beta: float) -> float:
+    """log(1 + λ′/β): bound on the Jacobian part of the privacy loss, Step 5 (log-det term)."""
+    return math.log1p(lambda_prime / beta)
+
+
+def linear_sensitivity(lambda_prime: float, eta: float, p_bound: float) -> float:
+    """Γ = λ′η + 2P: sup of ‖(q̃q̃ᵀ − q̃′q̃′ᵀ)w + p′ − p‖ on ‖w‖ ≤ η, Step 6 (linear term)."""
+    return lambda_prime * eta + 2.0 * p_bound
+
+
+def _chi3_hockey(c: float, alpha: float) -> float:
+    """E[(1 − e^{c − αX})₊] for X ~ χ_3 and α ≥ 0, in closed form (Step 6 (linear term))."""
+    if alpha <= 0.0:
+        return -math.expm1(c) if c < 0.0 else 0.0
+    if alpha > 35.0:
+        return 1.0  # the expectation is ≤ 1; this keeps e^{α²/2} finite
+    x0 = max(0.0, c / alpha)
+    y0 = x0 + alpha
+    tail = 2.0 * (x0 * _phi(x0) + _q(x0))
+    shifted = 2.0 * ((y0 - 2.0 * alpha) * _phi(y0) + (1.0 + alpha * alpha) * _q(y0))
+    return max(0.0, tail - math.exp(c + 0.5 * alpha * alpha) * shifted)
+
+
+LINEAR_NODES = 24
+"""Cells of the upper Riemann sum over the angle in linear_term_delta."""
+
+
+def linear_term_delta(epsilon2: float, sigma: float, kappa: float, p_bound: float) -> float:
+    """δ of the linear term at ε₂ with b-noise std σ: Step 6 (linear term) of docs/privacy.md.
+
+    The privacy loss is at most Λ = (κ + 2P·v₊)·X/σ + Γ²/(2σ²) with X ~ χ_3, v ~ U[−1, 1]
+    independent, κ = λ′η, Γ = κ + 2P. Returns an upper bound on E[(1 − e^{ε₂ − Λ})₊]: the
+    integral over v ≥ 0 is an upper Riemann sum of an increasing integrand.
+    """
+    gamma = kappa + 2.0 * p_bound
+    c = epsilon2 - gamma * gamma / (2.0 * sigma * sigma)
+    total = 0.5 * _chi3_hockey(c, kappa / sigma)
+    cells = sum(_chi3_hockey(c, (kappa + 2.0 * p_bound * i / LINEAR_NODES) / sigma)
+                for i in range(1, LINEAR_NODES + 1))
+    return min(1.0, total + 0.5 * cells / LINEAR_NODES)
+
+
+def linear_term_sigma(epsilon2: float, delta_k: float, kappa: float, p_bound: float) -> float:
+    """Least σ (relative 1e-9, rounded up) with linear_term_delta ≤ δ_K: Step 6 (linear term)."""
+    gamma = kappa + 2.0 * p_bound
+    hi = gamma * math.sqrt(2.0 * math.log(1.25 / delta_k)) / epsilon2
+    while linear_term_delta(epsilon2, hi, kappa, p_bound) > delta_k:
+        hi *= 2.0
+    lo = hi / 2.0
+    while linear_term_delta(epsilon2, lo, kappa, p_bound) <= delta_k:
+        lo, hi = lo / 2.0, lo
+    while hi / lo - 1.0 > 1e-9:
+        mid = math.sqrt(lo * hi)
+        if linear_term_delta(epsilon2, mid, kappa, p_bound) <= delta_k:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@dataclass(frozen=True)
+class _Problem:
+    epsilon: float
+    delta: float
+    n: int
+    d: int
+    lam: float
+    p_bound: float
+    eta: float
+    delta_in: float
+
+
+@dataclass(frozen=True)
+class _Point:
+    """One admissible choice of the free splits and the σ_u² it needs (Steps 3–5)."""
+
+    eps1: float
+    gamma1: float
+    gamma2: float
+    sigma_u2: float
+    lambda_prime: float
+
+    def kappa(self, pr: _Problem) -> float:
+        return self.lambda_prime * pr.eta
+
+    def delta_k(self, pr: _Problem) -> float:
+        return pr.delta - self.gamma1 - self.gamma2
+
+
+def _sigma_u2(pr: _Problem, eps1: float, gamma1: float, gamma2: float) -> float | None:
+    """Least σ_u² with Δ_in + eigenvalue_bound ≥ λ′/(e^{ε₁} − 1) (Step 5 (log-det term)).
+
+    In s = σ_u/√n the condition is E(Δ_in + g²s²) ≥ (√λ + z s)² + c s² with E = e^{ε₁} − 1,
+    a quadratic whose larger root is exact up to Step 3's negligible two-sided correction to z;
+    the result is checked against the exact condition and nudged up until it holds.
+    """
+    e = math.expm1(eps1)
+    g = eigenvalue_gap(pr.n, pr.d, gamma2)
+    if g <= 0.0:
+        return None
+    budget = gamma1 / 2.0
+    along = budget if pr.d == 1 else ALONG_SHARE * budget
+    z = _q_inv(along)
+    c = 0.0 if pr.d == 1 else chi2_upper(pr.d - 1, budget - along)
+    qa = g * g * e - z * z - c
+    if qa <= 0.0:
+        return None
+    qb = -2.0 * math.sqrt(pr.lam) * z
+    qc = e * pr.delta_in - pr.lam
+    s = (-qb + math.sqrt(qb * qb - 4.0 * qa * qc)) / (2.0 * qa)
+
+    def holds(s: float) -> bool:
+        lp = noisy_smoothness(sigma_u2=pr.n * s * s, n=pr.n, d=pr.d, lam=pr.lam, gamma1=gamma1)
+        return e * (pr.delta_in + g * g * s * s) >= lp
+
+    root, step = s, 1e-12
+    while not holds(s):
+        s, step = root * (1.0 + step), step * 2.0
+        if step > 1.0:
+            return None
+    return pr.n * s * s
+
+
+def _point(pr: _Problem, eps1: float, gamma1: float, gamma2: float) -> _Point | None:
+    sigma_u2 = _sigma_u2(pr, eps1, gamma1, gamma2)
+    if sigma_u2 is None:
+        return None
+    lp = noisy_smoothness(sigma_u2=sigma_u2, n=pr.n, d=pr.d, lam=pr.lam, gamma1=gamma1)
+    return _Point(eps1, gamma1, gamma2, sigma_u2, lp)
+
+
+def _noise_free_point(pr: _Problem) -> _Point | None:
+    """σ_u = 0 when the ridge alone meets Step 5: ε₁ = log(1 + λ/Δ_in), no γ₁, γ₂ needed."""
+    if pr.delta_in <= 0.0:
+        return None
+    eps1 = log_det_epsilon(pr.lam, pr.delta_in)
+    return _Point(eps1, 0.0, 0.0, 0.0, pr.lam) if eps1 < pr.epsilon else None
+
+
+def _golden(f, lo: float, hi: float, iterations: int = 14) -> float:
+    """Argmin of f on [lo, hi] by golden-section search (f unimodal; inf allowed)."""
+    r = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = lo + (1 - r) * (hi - lo), lo + r * (hi - lo)
+    fa, fb = f(a), f(b)
+    for _ in range(iterations):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = lo + (1 - r) * (hi - lo)
+            fa = f(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + r * (hi - lo)
+            fb = f(b)
+    return a if fa <= fb else b
+
+
+_LOG_GAMMA_RANGE = (math.log(1e-6), math.log(0.9))
+
+
+def _gammas(pr: _Problem, lg1: float, lg2: float) -> tuple[float, float] | None:
+    g1, g2 = pr.delta * math.exp(lg1), pr.delta * math.exp(lg2)
+    return (g1, g2) if g1 + g2 < 0.98 * pr.delta else None
+
+
+def _sigma_b2(pr: _Problem, pt: _Point) -> float:
+    return linear_term_sigma(pr.epsilon - pt.eps1, pt.delta_k(pr), pt.kappa(pr), pr.p_bound) ** 2
+
+
+def _fits_reference(pr: _Problem, pt: _Point | None, sigma_b: float) -> bool:
+    return pt is not None and linear_term_delta(
+        pr.epsilon - pt.eps1, sigma_b, pt.kappa(pr), pr.p_bound) <= pt.delta_k(pr)
+
+
+def _least_input_noise(pr: _Problem, reference_b2: float) -> _Point | None:
+    """Stage 1 of Step 8 (choice of the splits): least σ_u² with σ_b² at most the reference."""
+    sigma_b = math.sqrt(reference_b2)
+
+    def largest_eps1(g1: float, g2: float) -> _Point | None:
+        grid = [pr.epsilon * k / 32 for k in range(31, 0, -1)]
+        start = next((x for x in grid
+                      if _fits_reference(pr, _point(pr, x, g1, g2), sigma_b)), None)
+        if start is None:
+            return None
+        lo, hi = start, min(pr.epsilon, start + pr.epsilon / 32)
+        for _ in range(30):
+            mid = 0.5 * (lo + hi)
+            if _fits_reference(pr, _point(pr, mid, g1, g2), sigma_b):
+                lo = mid
+            else:
+                hi = mid
+        return _point(pr, lo, g1, g2)
+
+    def cost(lg1: float, lg2: float) -> float:
+        gs = _gammas(pr, lg1, lg2)
+        pt = largest_eps1(*gs) if gs else None
+        return math.inf if pt is None else pt.sigma_u2
+
+    lg1, lg2 = math.log(0.1), math.log(0.3)
+    if math.isinf(cost(lg1, lg2)):
+        return None
+    for _ in range(2):
+        lg1 = _golden(lambda v, lg2=lg2: cost(v, lg2), *_LOG_GAMMA_RANGE)
+        lg2 = _golden(lambda v, lg1=lg1: cost(lg1, v), *_LOG_GAMMA_RANGE)
+    return largest_eps1(*_gammas(pr, lg1, lg2))
+
+
+def _smallest_share(pr: _Problem, gamma1: float, gamma2: float) -> float | None:
+    """Least ε₁/ε (to 1e-9) for which Step 5 has a finite σ_u², or None."""
+    if _point(pr, 0.999 * pr.epsilon, gamma1, gamma2) is None:
+        return None
+    lo, hi = 0.0, 0.999
+    while hi - lo > 1e-9:
+        mid = 0.5 * (lo + hi)
+        if _point(pr, mid * pr.epsilon, gamma1, gamma2) is None:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _balanced(pr: _Problem, share: float | None) -> _Point | None:
+    """Stage 2 of Step 8 (choice of the splits): least σ_u²·σ_b² (ε₁ = share·ε if given)."""
+
+    def cost(x: float, lg1: float, lg2: float) -> float:
+        gs = _gammas(pr, lg1, lg2)
+        pt = _point(pr, x * pr.epsilon, *gs) if gs else None
+        if pt is None:
+            return math.inf
+        return math.log(pt.sigma_u2) + math.log(_sigma_b2(pr, pt))
+
+    lg1, lg2 = math.log(0.1), math.log(0.3)
+    if share is None:
+        lowest = _smallest_share(pr, *_gammas(pr, lg1, lg2))
+        if lowest is None:
+            return None
+        x = 0.5 * (lowest + 1.0)
+    else:
+        x = share
+    if math.isinf(cost(x, lg1, lg2)):
+        return None
+    for _ in range(2):
+        if share is None:
+            lowest = _smallest_share(pr, *_gammas(pr, lg1, lg2))
+            x = _golden(lambda v, a=lg1, b=lg2: cost(v, a, b), lowest, 0.995)
+        lg1 = _golden(lambda v, x=x, b=lg2: cost(x, v, b), *_LOG_GAMMA_RANGE)
+        lg2 = _golden(lambda v, x=x, a=lg1: cost(x, a, v), *_LOG_GAMMA_RANGE)
+    gs = _gammas(pr, lg1, lg2)
+    return _point(pr, x * pr.epsilon, *gs) if gs else None
+
+
+def reference_sigma_b2(*, epsilon: float, delta: float, lam: float, p_bound: float,
+                       eta: float) -> float:
+    """σ_b² cap of Step 8 (choice of the splits): objective perturbation at Kifer's constant."""
+    return kifer_sigma_b2(lam * eta + p_bound, epsilon, delta)
 
 
 def calibrate_rigorous(
     *, epsilon: float, delta: float, n: int, d: int, lam: float, p_bound: float, eta: float,
-    delta_in: float, split: tuple[float, float, float] = (0.5, 0.25, 0.25),
+    delta_in: float, log_det_share: float | None = None,
 ) -> Calibration:
-    """Smallest σ_u with Δ_in + λ_min-bound(A₋ₙ) ≥ 2λ′/ε, then σ_b from the noisy ζ′.
+    """The proven calibration of docs/privacy.md, Steps 1–8, with its free splits optimised.
 
-    With s = σ_u, τ = k·s where k = (√d + √(2 log(1/γ₁)))/√n, and the eigenvalue bound c·s² where
-    c = gap²/n, the condition Δ_in + c s² ≥ (2/ε)(√λ + k s)² is the quadratic
-    (c − 2k²/ε) s² − (4√λ k/ε) s + (Δ_in − 2λ/ε) ≥ 0, whose smallest non-negative solution is
-    found in closed form (exact, where a bisection would only approximate it; the tests
-    check it against the defining inequality).
+    Step 2 (conditioning on the noise) and Step 7 (the budget): on the event of Steps 3–4 the
+    conditional mechanism is (ε₁ + ε₂, δ_K)-DP, so the released w is (ε, δ_K + γ₁ + γ₂)-DP.
+
+    Step 8 (choice of the splits): the least σ_u² whose σ_b² does not exceed the noise of
+    objective perturbation with Kifer et al.'s published constant; where no split reaches that,
+    the least σ_u²·σ_b². `log_det_share` fixes ε₁ = share·ε (then the δ split minimises σ_u²·σ_b²).
     """
     if delta_in < 0.0:
         raise CalibrationError(f"delta_in={delta_in} must be ≥ 0")
-    delta_k, gamma1, gamma2 = (delta * f for f in split)
-    gap = rigorous_gap(n, d, gamma2)
-    if gap <= 0.0:
-        raise CalibrationError(
-            f"n={n} is too small for rigorous mode at d={d}: need √(n−1−d) > √d + "
-            f"√(2 log(1/γ₂)) = {math.sqrt(d) + math.sqrt(2 * math.log(1 / gamma2)):.4g} "
-            f"(γ₂ = δ/4 = {gamma2:.3g})"
-        )
-    c = gap**2 / n
-    k = (math.sqrt(d) + math.sqrt(2.0 * math.log(1.0 / gamma1))) / math.sqrt(n)
-    quad_a = c - 2.0 * k**2 / epsilon
-    quad_b = -4.0 * math.sqrt(lam) * k / epsilon
-    quad_c = delta_in - 2.0 * lam / epsilon
-    if quad_c >= 0.0:
-        sigma_u = 0.0
-    elif quad_a <= 0.0:
-        raise CalibrationError(
-            f"n={n} is too small for rigorous mode at d={d}, ε={epsilon}: the noise that "
-            "lifts the smallest eigenvalue grows the noisy record's norm faster "
-            f"(c = {c:.4g} ≤ 2k²/ε = {2 * k**2 / epsilon:.4g})"
-        )
-    else:
-        sigma_u = (-quad_b + math.sqrt(quad_b**2 - 4.0 * quad_a * quad_c)) / (2.0 * quad_a)
-    tau = k * sigma_u
-    lambda_prime = (math.sqrt(lam) + tau) ** 2
-    zeta_prime = lambda_prime * eta + p_bound
+    if log_det_share is not None and not 0.0 < log_det_share < 1.0:
+        raise CalibrationError(f"log_det_share={log_det_share} must lie in (0, 1)")
+    return _calibrate_rigorous(_Problem(float(epsilon), float(delta), int(n), int(d), float(lam),
+                                        float(p_bound), float(eta), float(delta_in)),
+                               log_det_share)
+
+
+@lru_cache(maxsize=256)
+def _calibrate_rigorous(pr: _Problem, share: float | None) -> Calibration:
+    pt = None
+    free = _noise_free_point(pr)
+    if free is not None and (share is None or free.eps1 <= share * pr.epsilon):
+        pt = free
+    elif share is None:
+        pt = _least_input_noise(pr, reference_sigma_b2(
+            epsilon=pr.epsilon, delta=pr.delta, lam=pr.lam, p_bound=pr.p_bound, eta=pr.eta))
+    if pt is None:
+        pt = _balanced(pr, share)
+    if pt is None:
+        _refuse(pr)
+    sigma_b2 = _sigma_b2(pr, pt)
+    lp = pt.lambda_prime
     return _finish(
-        mode="rigorous", epsilon=epsilon, delta=delta, n=n, d=d, lam=lam, p_bound=p_bound,
-        eta=eta, sigma_u2=sigma_u**2, sigma_b2=kifer_sigma_b2(zeta_prime, epsilon, delta_k),
-        delta_in=delta_in, zeta=lam * eta + p_bound, lambda_prime=lambda_prime,
-        zeta_prime=zeta_prime,
-        delta_split={"delta_k": delta_k, "gamma_1": gamma1, "gamma_2": gamma2},
+        mode="rigorous", epsilon=pr.epsilon, delta=pr.delta, n=pr.n, d=pr.d, lam=pr.lam,
+        p_bound=pr.p_bound, eta=pr.eta, sigma_u2=pt.sigma_u2, sigma_b2=sigma_b2,
+        delta_in=pr.delta_in, zeta=pr.lam * pr.eta + pr.p_bound, lambda_prime=lp,
+        zeta_prime=lp * pr.eta + pr.p_bound,
+        linear_sensitivity=linear_sensitivity(lp, pr.eta, pr.p_bound),
+        epsilon_split={"log_det": pt.eps1, "linear": pr.epsilon - pt.eps1},
+        delta_split={"delta_k": pt.delta_k(pr), "gamma_1": pt.gamma1, "gamma_2": pt.gamma2},
+        proven=True,
     )
 
 
-def rigorous_eigen_bound(sigma_u2: float, n: int, d: int, gamma2: float) -> float:
-    """(σ_u²/n)(√(n−1−d) − √d − √(2 log(1/γ₂)))²: w.p. ≥ 1−γ₂ a lower bound on λ_min(A₋ₙ)."""
-    return sigma_u2 / n * rigorous_gap(n, d, gamma2) ** 2
+def _refuse(pr: _Problem) -> None:
+    gap = eigenvalue_gap(pr.n, pr.d, 0.9 * pr.delta)
+    if gap <= 0.0:
+        raise CalibrationError(
+            f"n={pr.n} is too small for rigorous mode at d={pr.d}: the smallest-eigenvalue bound "
+            f"(Step 4) needs E χ_(n−1−d) − E χ_d ≈ √(n−1−d) − √d to exceed "
+            f"1/√(2π) + Q⁻¹(γ₂) ≥ {1 / _SQRT_2PI + _q_inv(0.9 * pr.delta):.4g}"
+        )
+    raise CalibrationError(
+        f"n={pr.n} is too small for rigorous mode at d={pr.d}, ε={pr.epsilon}: no split of ε "
+        "and δ lets the noise that lifts the smallest eigenvalue outgrow the noisy record's norm "
+        "(Steps 3–5); raise n or ε, or add a ridge Δ_in"
+    )
+
+
+@dataclass(frozen=True)
+class ObjectivePerturbation:
+    """Gaussian objective perturbation with clean features, under the accounting of Steps 5–7."""
+
+    sigma2: float
+    """Variance of each coordinate of the linear noise b ~ N(0, σ²I) (sum form)."""
+    ridge: float
+    """Δ: the objective is Σᵢ ½(qᵢᵀw)² − pᵢᵀw + (Δ/2)‖w‖² + bᵀw over ‖w‖ ≤ η."""
+    epsilon_split: dict[str, float]
+
+
+def objective_perturbation(
+    *, lam: float, p_bound: float, eta: float, epsilon: float, delta: float, d: int,
+    ridge: float | None = None,
+) -> ObjectivePerturbation:
+    """σ² and ridge of objective perturbation (no noisy features) with ipdp's tight accounting.
+
+    The proof of docs/privacy.md with σ_u = 0: λ′ = λ and λ_min of everyone else's Hessian is at
+    least Δ, so no γ₁, γ₂ are spent; ε₁ = log(1 + λ/Δ) (Step 5 (log-det term)) and σ is the
+    least with linear_term_delta(ε − ε₁, σ, λη, P) ≤ δ (Step 6 (linear term)), under the
+    replace-one relation of Step 1. The bound does not depend on d; the ridge defaults to 2λ/ε,
+    Kifer et al.'s choice.
+    """
+    ridge = 2.0 * lam / epsilon if ridge is None else ridge
+    if ridge <= 0.0:
+        raise CalibrationError(f"ridge={ridge} must be > 0 for objective perturbation")
+    eps1 = log_det_epsilon(lam, ridge)
+    if eps1 >= epsilon:
+        raise CalibrationError(
+            f"ridge={ridge:.4g} is too small at ε={epsilon}: log(1 + λ/Δ) = {eps1:.4g} ≥ ε"
+        )
+    sigma = linear_term_sigma(epsilon - eps1, delta, lam * eta, p_bound)
+    return ObjectivePerturbation(sigma2=sigma * sigma, ridge=ridge,
+                                 epsilon_split={"log_det": eps1, "linear": epsilon - eps1})
 
 
 def _finish(**kw) -> Calibration:
@@ -241,14 +628,17 @@ def local_epsilon(*, sensitivity_over_sigma: float, delta: float) -> float | Non
 
 def calibrate(
     *, mode: Mode, epsilon: float, delta: float, n: int, d: int, lam: float, p_bound: float,
-    eta: float, delta_in: float,
+    eta: float, delta_in: float, log_det_share: float | None = None,
 ) -> Calibration:
-    """Dispatch on `mode`; raises CalibrationError naming the violated bound."""
-    fn = calibrate_rigorous if mode == "rigorous" else calibrate_paper
-    return fn(
-        epsilon=epsilon, delta=delta, n=n, d=d, lam=lam, p_bound=p_bound, eta=eta,
-        delta_in=delta_in,
-    )
+    """Dispatch on `mode`; raises CalibrationError naming the violated bound.
+
+    `log_det_share` (rigorous mode only) fixes ε₁/ε instead of letting Step 8 choose it.
+    """
+    common = {"epsilon": epsilon, "delta": delta, "n": n, "d": d, "lam": lam,
+              "p_bound": p_bound, "eta": eta, "delta_in": delta_in}
+    if mode == "paper":
+        return calibrate_paper(**common)
+    return calibrate_rigorous(**common, log_det_share=log_det_share)
 
 
 #: Probability that an honest record is rejected by the norm check (union over q̃ and p̃).

@@ -21,7 +21,8 @@ def fmt(x: float | None, digits: int = 6) -> str:
 def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
     """Parameters, noise and guarantees of a calibration, in reading order."""
     rows = [
-        ("mode", cal.mode),
+        ("mode", f"{cal.mode} ({'proven' if cal.proven else 'NOT proven: for reproducing the paper'})"),
+        ("neighbouring data sets", cal.neighbouring),
         ("central (ε, δ)", f"({fmt(cal.epsilon)}, {fmt(cal.delta)})"),
         ("n, d", f"{cal.n}, {cal.d}"),
         ("λ, P, η", f"{fmt(cal.lam)}, {fmt(cal.p_bound)}, {fmt(cal.eta)}"),
@@ -34,11 +35,19 @@ def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
     if cal.lambda_prime is not None:
         rows += [("λ′ (noisy smoothness)", fmt(cal.lambda_prime)),
                  ("ζ′ (noisy Lipschitz)", fmt(cal.zeta_prime))]
-    rows.append(("δ split", ", ".join(f"{k}={fmt(v, 4)}" for k, v in cal.delta_split.items())))
+    rows += [
+        ("linear sensitivity", fmt(cal.linear_sensitivity)),
+        ("ε split", _split(cal.epsilon_split)),
+        ("δ split", _split(cal.delta_split)),
+    ]
     local = (f"({fmt(cal.local_epsilon, 5)}, {fmt(cal.local_delta)})  — each record alone is "
              "only weakly protected; the central guarantee is the one to quote")
     rows.append(("local (ε, δ) of one record", local))
     return rows
+
+
+def _split(parts: dict[str, float]) -> str:
+    return ", ".join(f"{k}={fmt(v, 4)}" for k, v in parts.items())
 
 
 def calibration_table(cal: Calibration) -> str:

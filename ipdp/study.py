@@ -33,6 +33,30 @@ class StudyStatus(enum.StrEnum):
 PAPER_DEFAULT_DELTA_IN = 1e-6
 
 
+def feature_bounds(loss: str, x_bound: float | None, y_bound: float | None) -> dict[str, float]:
+    """λ and P implied by ‖x‖ ≤ R and, for squared loss, |y| ≤ Y (the encodings in docs/privacy.md).
+
+    squared: q = x, p = y·x  ⇒  λ = R², P = R·Y.   logistic: q = x/2, p = y·x/2, y = ±1
+    ⇒  λ = R²/4, P = R/2. Returns {} when no bound is given, {"lam": …} when only R is given
+    for squared loss (P then stays as given).
+    """
+    if x_bound is None:
+        if y_bound is not None:
+            raise ValueError("y_bound needs x_bound: P = R·Y bounds ‖y·x‖")
+        return {}
+    if not (math.isfinite(x_bound) and x_bound > 0.0):
+        raise ValueError(f"x_bound={x_bound} must be a finite number > 0")
+    if loss == "logistic":
+        if y_bound is not None:
+            raise ValueError("y_bound is for squared loss; logistic labels are ±1")
+        return {"lam": x_bound**2 / 4.0, "p_bound": x_bound / 2.0}
+    if y_bound is None:
+        return {"lam": x_bound**2}
+    if not (math.isfinite(y_bound) and y_bound > 0.0):
+        raise ValueError(f"y_bound={y_bound} must be a finite number > 0")
+    return {"lam": x_bound**2, "p_bound": x_bound * y_bound}
+
+
 class Study(BaseModel):
     """Public parameters of one study (docs/privacy.md). Immutable once created."""
 
@@ -45,13 +69,40 @@ class Study(BaseModel):
     epsilon: float = Field(description="Central ε of each published model.")
     delta: float = Field(description="Central δ of each published model.")
     eta: float = Field(1.0, description="η: the model is constrained to ‖w‖ ≤ η.")
-    lam: float = Field(1.0, description="λ: contributors clip ‖q‖² ≤ λ.")
-    p_bound: float = Field(1.0, description="P: contributors clip ‖p‖ ≤ P.")
+    lam: float = Field(None, description="λ: contributors clip ‖q‖² ≤ λ (default 1, or from "
+                                         "x_bound).")
+    p_bound: float = Field(None, description="P: contributors clip ‖p‖ ≤ P (default 1, or from "
+                                             "x_bound and y_bound).")
+    x_bound: float | None = Field(None, description="R: the feature bound ‖x‖ ≤ R; sets λ and P.")
+    y_bound: float | None = Field(None, description="Y: the label bound |y| ≤ Y (squared loss).")
     delta_in: float | None = Field(
         None, description="Δ_in ≥ 0, the trainer's ridge; default 0 (rigorous), 1e-6 (paper)."
     )
     mode: Mode = "rigorous"
     max_rounds: int | None = Field(None, ge=1, description="Close the study after this many.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_feature_bounds(cls, data):
+        """λ and P from ‖x‖ ≤ R (and |y| ≤ Y) when given; a contradicting λ or P is refused."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        loss = data.get("loss", "squared")
+        derived = feature_bounds(loss, data.get("x_bound"), data.get("y_bound"))
+        given_bounds = f"x_bound={data.get('x_bound')}, y_bound={data.get('y_bound')}"
+        for name, value in derived.items():
+            given = data.get(name)
+            if given is not None and not math.isclose(float(given), value, rel_tol=1e-9):
+                raise ValueError(
+                    f"{name}={given} contradicts {given_bounds}, which give {name}={value:.6g} "
+                    f"for {loss} loss; give the feature bounds or {name}, not both"
+                )
+            data[name] = value
+        for name in ("lam", "p_bound"):
+            if data.get(name) is None:
+                data[name] = 1.0
+        return data
 
     @model_validator(mode="after")
     def _check_bounds(self) -> Study:

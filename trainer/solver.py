@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Solution", "solve_constrained"]
+__all__ = ["Solution", "solve_constrained", "solve_constrained_batch"]
 
 _SYMMETRY_RTOL = 1e-10
 _MU_RTOL = 1e-14
@@ -192,3 +192,53 @@ def _secular_root(lam: np.ndarray, c: np.ndarray, c_norm: float, eta: float) -> 
             return new
         mu = new
     return mu
+
+
+def solve_constrained_batch(H: np.ndarray, b: np.ndarray, eta: float) -> np.ndarray:
+    """Minimisers of ½ wᵀH_t w − b_tᵀw over ‖w‖₂ ≤ eta for T problems at once.
+
+    H: (T, d, d) symmetric positive definite; b: (T, d); returns w: (T, d). The method of
+    :func:`solve_constrained` (one batched eigendecomposition, then the secular equation by
+    safeguarded Newton on every binding problem in lockstep), for audits and benchmarks that
+    solve many small problems; malformed or singular input raises ValueError.
+    """
+    H = np.asarray(H, dtype=float)
+    b = np.asarray(b, dtype=float)
+    if H.ndim != 3 or H.shape[1] != H.shape[2] or b.shape != H.shape[:2]:
+        raise ValueError(f"need H of shape (T, d, d) and b of shape (T, d), got {H.shape}, {b.shape}")
+    if not (np.all(np.isfinite(H)) and np.all(np.isfinite(b))):
+        raise ValueError("H and b must be finite")
+    eta = float(eta)
+    if not (np.isfinite(eta) and eta > 0.0):
+        raise ValueError(f"eta must be finite and > 0, got {eta!r}")
+    lam, V = np.linalg.eigh(0.5 * (H + np.swapaxes(H, 1, 2)))
+    if np.any(lam[:, 0] <= 0.0):
+        raise ValueError("every H must be positive definite")
+    c = np.einsum("tji,tj->ti", V, b)
+    free = c / lam
+    binding = np.linalg.norm(free, axis=1) > eta
+    p = free
+    if np.any(binding):
+        lb, cb = lam[binding], c[binding]
+        c_norm = np.linalg.norm(cb, axis=1)
+        lo = np.maximum(0.0, c_norm / eta - lb[:, -1])
+        hi = c_norm / eta - lb[:, 0]
+        mu = lo.copy()
+        for _ in range(_MAX_ITER):
+            pm = cb / (lb + mu[:, None])
+            q = np.linalg.norm(pm, axis=1)
+            lo = np.where(q > eta, mu, lo)
+            hi = np.where(q > eta, hi, mu)
+            step = (q / eta - 1.0) * np.sum(pm**2, axis=1) / np.sum(pm**2 / (lb + mu[:, None]),
+                                                                        axis=1)
+            new = mu + step
+            new = np.where((new > lo) & (new < hi), new, 0.5 * (lo + hi))
+            done = (np.abs(new - mu) <= _MU_RTOL * np.maximum(new, _EPS)) | (hi - lo <= 0.0)
+            mu = new
+            if np.all(done):
+                break
+        pm = cb / (lb + mu[:, None])
+        pm *= (eta / np.linalg.norm(pm, axis=1))[:, None]
+        p = free.copy()
+        p[binding] = pm
+    return np.einsum("tij,tj->ti", V, p)

@@ -1,25 +1,36 @@
-"""Calibration against the reference table in docs/privacy.md, the analytic Gaussian mechanism, the erratum."""
+"""Calibration: the paper's reference table, the proof's inequalities, its events by Monte Carlo."""
 
 from __future__ import annotations
 
 import math
+import re
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.stats import norm
+from scipy.integrate import quad
+from scipy.stats import binom, chi, chi2, norm
 
+from ipdp import calibration as calibration_module
 from ipdp.calibration import (
     CalibrationError,
+    _chi3_hockey,
     calibrate,
     calibrate_rigorous,
+    eigenvalue_bound,
     gaussian_log_delta,
+    linear_term_delta,
     local_epsilon,
-    rigorous_eigen_bound,
+    log_det_epsilon,
+    noisy_smoothness,
+    objective_perturbation,
 )
+from ipdp.study import Study
 
 REFERENCE = {"epsilon": 1.0, "delta": 0.01, "lam": 1.0, "p_bound": 1.0, "eta": 1.0}
 
-# docs/privacy.md's reference table: (d, n, paper σ_u², rigorous σ_u²)
+# (d, n, paper σ_u², σ_u² of the first rigorous calibration): the design reference table
 TABLE = [
     (14, 1_000, 4.399, 10.21),
     (14, 10_000, 2.537, 2.94),
@@ -34,11 +45,26 @@ def test_paper_mode_reproduces_reference_sigma_u2_to_four_digits(d, n, paper, ri
     assert float(f"{cal.sigma_u2:.4g}") == paper
 
 
-@pytest.mark.parametrize(("d", "n", "paper", "rigorous"), TABLE)
-def test_rigorous_mode_reproduces_reference_sigma_u2_within_one_percent(d, n, paper, rigorous):
+@pytest.mark.parametrize(("d", "n", "paper", "first_rigorous"), TABLE)
+def test_rigorous_mode_never_needs_more_input_noise_than_the_first_rigorous_calibration(
+        d, n, paper, first_rigorous):
     cal = calibrate(mode="rigorous", n=n, d=d, delta_in=0.0, **REFERENCE)
-    assert cal.sigma_u2 == pytest.approx(rigorous, rel=0.01)
-    assert cal.sigma_u2 > calibrate(mode="paper", n=n, d=d, delta_in=1e-6, **REFERENCE).sigma_u2
+    assert cal.sigma_u2 <= first_rigorous
+
+
+@pytest.mark.parametrize(("n", "max_sigma_u2"), [(2**9, 9.0), (2**11, 3.0), (2**13, 2.1),
+                                                 (2**15, 1.8)])
+def test_rigorous_mode_meets_the_reviewed_targets_at_epsilon_one(n, max_sigma_u2):
+    cal = calibrate(mode="rigorous", n=n, d=14, delta_in=0.0, **REFERENCE)
+    paper_sigma_b2 = calibrate(mode="paper", n=2**11, d=14, delta_in=1e-6, **REFERENCE).sigma_b2
+    assert cal.sigma_u2 <= max_sigma_u2
+    if n >= 2**11:
+        assert cal.sigma_b2 < paper_sigma_b2
+
+
+def test_rigorous_mode_calibrates_epsilon_tenth_at_two_to_the_eleven():
+    cal = calibrate(mode="rigorous", n=2**11, d=14, delta_in=0.0, **{**REFERENCE, "epsilon": 0.1})
+    assert cal.sigma_u2 <= 160.0
 
 
 def test_paper_sigma_b2_is_kifer_noise_at_half_delta():
@@ -47,28 +73,53 @@ def test_paper_sigma_b2_is_kifer_noise_at_half_delta():
     assert cal.zeta == zeta
     assert cal.sigma_b2 == pytest.approx(zeta**2 * (8 * math.log(2 / 0.005) + 4) / 1.0)
     assert cal.delta_split == {"gamma": 0.005, "delta_prime": 0.005}
+    assert cal.proven is False and cal.linear_sensitivity == zeta
 
 
-@pytest.mark.parametrize(("d", "n"), [(14, 1_000), (14, 10_000), (100, 10_000), (3, 500)])
-@pytest.mark.parametrize("delta_in", [0.0, 0.5])
-def test_rigorous_sigma_u_is_the_smallest_that_meets_the_eigenvalue_condition(d, n, delta_in):
-    cal = calibrate(mode="rigorous", n=n, d=d, delta_in=delta_in, **REFERENCE)
-    gamma1, gamma2 = cal.delta_split["gamma_1"], cal.delta_split["gamma_2"]
+CONFIGS = [
+    {"n": 2**9, "d": 14, "delta_in": 0.0},
+    {"n": 10_000, "d": 14, "delta_in": 0.0},
+    {"n": 10_000, "d": 100, "delta_in": 0.0},
+    {"n": 2**11, "d": 14, "delta_in": 0.0, "epsilon": 0.1},
+    {"n": 500, "d": 3, "delta_in": 0.5},
+    {"n": 2**11, "d": 14, "delta_in": 0.0, "lam": 0.25, "p_bound": 0.5, "eta": 2.0},
+]
 
-    def slack(sigma_u2: float) -> float:
-        tau = math.sqrt(sigma_u2 / n) * (math.sqrt(d) + math.sqrt(2 * math.log(1 / gamma1)))
-        lam_prime = (1.0 + tau) ** 2
-        return delta_in + rigorous_eigen_bound(sigma_u2, n, d, gamma2) - 2 * lam_prime / 1.0
 
-    assert slack(cal.sigma_u2) == pytest.approx(0.0, abs=1e-9)
-    assert slack(cal.sigma_u2 * 0.999) < 0.0
-    assert slack(cal.sigma_u2 * 1.001) > 0.0
-    tau = math.sqrt(cal.sigma_u2 / n) * (math.sqrt(d) + math.sqrt(2 * math.log(1 / gamma1)))
-    assert cal.lambda_prime == pytest.approx((1 + tau) ** 2)
-    assert cal.zeta_prime == pytest.approx(cal.lambda_prime * 1.0 + 1.0)
-    assert cal.sigma_b2 == pytest.approx(
-        cal.zeta_prime**2 * (8 * math.log(2 / cal.delta_split["delta_k"]) + 4)
-    )
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_inequality_of_the_proof_holds_at_the_chosen_parameters(config):
+    params = {**REFERENCE, **config}
+    cal = calibrate(mode="rigorous", **params)
+    eps1, eps2 = cal.epsilon_split["log_det"], cal.epsilon_split["linear"]
+    delta_k, gamma1, gamma2 = (cal.delta_split[k] for k in ("delta_k", "gamma_1", "gamma_2"))
+    # Step 7: the budgets add up.
+    assert eps1 > 0.0 and eps2 > 0.0 and eps1 + eps2 == pytest.approx(cal.epsilon, rel=1e-12)
+    assert delta_k > 0.0 and delta_k + gamma1 + gamma2 <= cal.delta * (1 + 1e-12)
+    # Step 3: λ′ is the noisy-record bound at γ₁.
+    assert cal.lambda_prime == noisy_smoothness(sigma_u2=cal.sigma_u2, n=cal.n, d=cal.d,
+                                                lam=cal.lam, gamma1=gamma1)
+    # Steps 4–5: the ridge plus the eigenvalue bound meets the log-det condition.
+    beta = cal.delta_in + eigenvalue_bound(cal.sigma_u2, cal.n, cal.d, gamma2)
+    assert log_det_epsilon(cal.lambda_prime, beta) <= eps1 * (1 + 1e-12)
+    # Step 6: the linear term's δ at σ_b is within δ_K.
+    assert cal.linear_sensitivity == pytest.approx(cal.lambda_prime * cal.eta + 2 * cal.p_bound)
+    kappa = cal.lambda_prime * cal.eta
+    assert linear_term_delta(eps2, math.sqrt(cal.sigma_b2), kappa, cal.p_bound) <= delta_k
+    assert linear_term_delta(eps2, math.sqrt(cal.sigma_b2) * 0.99, kappa, cal.p_bound) > delta_k
+    assert cal.proven and cal.neighbouring == "replace-one"
+
+
+def test_rigorous_sigma_u_is_the_least_that_meets_the_log_det_condition():
+    cal = calibrate(mode="rigorous", n=10_000, d=14, delta_in=0.0, **REFERENCE)
+    eps1, gamma1, gamma2 = (cal.epsilon_split["log_det"], cal.delta_split["gamma_1"],
+                            cal.delta_split["gamma_2"])
+
+    def log_det(sigma_u2: float) -> float:
+        lp = noisy_smoothness(sigma_u2=sigma_u2, n=cal.n, d=cal.d, lam=cal.lam, gamma1=gamma1)
+        return log_det_epsilon(lp, eigenvalue_bound(sigma_u2, cal.n, cal.d, gamma2))
+
+    assert log_det(cal.sigma_u2) <= eps1 * (1 + 1e-12)
+    assert log_det(cal.sigma_u2 * 0.999) > eps1
 
 
 def test_rigorous_delta_split_adds_up_to_delta():
@@ -81,6 +132,20 @@ def test_large_delta_in_needs_no_noise_on_q_and_reports_no_local_guarantee():
     cal = calibrate_rigorous(n=10_000, d=14, delta_in=2.0, **REFERENCE)
     assert cal.sigma_u2 == 0.0
     assert cal.local_epsilon is None
+    assert cal.epsilon_split["log_det"] == pytest.approx(math.log(1.5))
+    assert cal.delta_split["delta_k"] == 0.01
+
+
+def test_a_fixed_log_det_share_is_honoured():
+    cal = calibrate(mode="rigorous", n=10_000, d=14, delta_in=0.0, log_det_share=0.5,
+                    **REFERENCE)
+    assert cal.epsilon_split["log_det"] == pytest.approx(0.5)
+
+
+def test_calibrate_is_fast_enough_to_run_on_every_process():
+    start = time.perf_counter()
+    calibrate(mode="rigorous", n=12_345, d=17, delta_in=0.0, **REFERENCE)
+    assert time.perf_counter() - start < 2.0  # generous: cold cache, shared machine
 
 
 @pytest.mark.parametrize(
@@ -90,6 +155,7 @@ def test_large_delta_in_needs_no_noise_on_q_and_reports_no_local_guarantee():
         ("paper", 100, 14, 1e-6, r"16·log\(8/δ\)"),
         ("paper", 10_000, 14, 0.0, "Δ > 2λ/ε"),
         ("rigorous", 30, 14, 0.0, r"√\(n−1−d\)"),
+        ("rigorous", 60, 14, 0.0, "too small for rigorous mode"),
         ("rigorous", 10_000, 14, -1.0, "delta_in"),
     ],
 )
@@ -152,10 +218,151 @@ def test_erratum_paper_noise_leaves_the_hessian_below_two_lambda_over_epsilon():
 def test_erratum_rigorous_noise_meets_its_condition_in_every_trial():
     n, d = 10_000, 14
     cal = calibrate(mode="rigorous", n=n, d=d, delta_in=0.0, **REFERENCE)
-    required = 2.0 * cal.lambda_prime / cal.epsilon
-    tau = math.sqrt(cal.lambda_prime) - 1.0
+    required = cal.lambda_prime / math.expm1(cal.epsilon_split["log_det"])
     for u, q in _adversarial_trials(cal.sigma_u2, n=n, d=d, trials=20, seed=11):
         rows = q + u
         a_minus_n = rows[:-1].T @ rows[:-1]
         assert np.linalg.eigvalsh(a_minus_n)[0] + cal.delta_in >= required
-        assert np.linalg.norm(u[-1]) <= tau
+        assert np.sum(rows[-1] ** 2) <= cal.lambda_prime
+
+
+def _not_more_often_than(failures: int, trials: int, probability: float) -> bool:
+    """One-sided binomial test: False when `failures` is implausibly many (p-value < 1e-3)."""
+    return binom.sf(failures - 1, trials, probability) >= 1e-3
+
+
+def test_the_binomial_check_rejects_a_deliberately_wrong_bound():
+    assert _not_more_often_than(105, 1000, 0.1)
+    assert not _not_more_often_than(160, 1000, 0.1)
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_noisy_record_event_is_at_least_as_likely_as_step_3_says(wrong):
+    n, d, gamma1 = 2**9, 14, 0.2  # a large γ₁ gives the test power; the bound is the same function
+    cal = calibrate(mode="rigorous", n=n, d=d, delta_in=0.0, **REFERENCE)
+    lam_prime = noisy_smoothness(sigma_u2=cal.sigma_u2, n=n, d=d, lam=1.0, gamma1=gamma1)
+    if wrong:  # forget the cross term 2√λ·s·z: the "bound" λ + s²·χ² is exceeded half the time
+        lam_prime = 1.0 + cal.sigma_u2 / n * chi2.ppf(1 - gamma1 / 2, d)
+    rng = np.random.default_rng(5)
+    u = rng.normal(0.0, math.sqrt(cal.sigma_u2 / n), size=(20_000, d))
+    record = np.zeros(d)
+    record[0] = 1.0  # at the clipping bound ‖q‖² = λ
+    replacement = np.zeros(d)
+    replacement[1] = 1.0  # the replacing record shares the contributor's noise u
+    fails = (np.sum((record + u) ** 2, axis=1) > lam_prime) | (
+        np.sum((replacement + u) ** 2, axis=1) > lam_prime)
+    assert _not_more_often_than(int(fails.sum()), len(fails), gamma1) != wrong
+
+
+def _rows(kind: str, n: int, d: int) -> np.ndarray:
+    q = np.zeros((n, d))
+    if kind == "all equal":
+        q[:, 0] = 1.0
+    elif kind == "few directions":
+        for i in range(n):
+            q[i, i % 3] = 1.0
+    return q
+
+
+@pytest.mark.parametrize("kind", ["all equal", "few directions", "zero"])
+@pytest.mark.parametrize("wrong", [False, True])
+def test_smallest_eigenvalue_event_is_at_least_as_likely_as_step_4_says(kind, wrong):
+    n, d, gamma2 = 2**9, 14, 0.3
+    cal = calibrate(mode="rigorous", n=n, d=d, delta_in=0.0, **REFERENCE)
+    bound = eigenvalue_bound(cal.sigma_u2, n, d, gamma2)
+    if wrong:  # E[UᵀU] = σ_u²(n−1)/n·I: Lemma 7's hope, blind to the spread of the eigenvalues
+        bound = cal.sigma_u2 * (n - 1) / n
+    rng = np.random.default_rng(9)
+    q = _rows(kind, n - 1, d)
+    trials = 400
+    fails = 0
+    for _ in range(trials):
+        rows = q + rng.normal(0.0, math.sqrt(cal.sigma_u2 / n), size=q.shape)
+        fails += np.linalg.eigvalsh(rows.T @ rows)[0] < bound
+    assert _not_more_often_than(fails, trials, gamma2) != wrong
+
+
+def test_gradient_shift_bound_of_step_6_holds_on_adversarial_configurations():
+    rng = np.random.default_rng(13)
+    d, lam_prime, p_bound, eta, sigma = 5, 1.3, 1.0, 1.0, 2.0
+    kappa, gamma = lam_prime * eta, lam_prime * eta + 2 * p_bound
+    for _ in range(3000):
+        a, a2 = (rng.normal(size=d) for _ in range(2))
+        a *= math.sqrt(lam_prime) * rng.uniform(0.5, 1) / np.linalg.norm(a)
+        a2 *= math.sqrt(lam_prime) / np.linalg.norm(a2)
+        p, p2 = (v * p_bound / np.linalg.norm(v) for v in rng.normal(size=(2, d)))
+        r = rng.normal(0.0, sigma, size=d)
+        g_matrix = np.outer(a, a) - np.outer(a2, a2)
+        # w: random, or aligned with the shift's best response to the noise
+        w = g_matrix @ r if rng.random() < 0.5 else rng.normal(size=d)
+        w *= eta / np.linalg.norm(w)
+        g = g_matrix @ w + (p2 - p)
+        g0 = p2 - p
+        basis, _ = np.linalg.qr(np.column_stack([g0, a, a2]))
+        z = r / sigma
+        along = max(0.0, float(z @ g0) / np.linalg.norm(g0))
+        bound = 2 * sigma * (2 * p_bound * along + kappa * np.linalg.norm(basis.T @ z)) + gamma**2
+        assert 2 * r @ g + g @ g <= bound + 1e-9
+
+
+@pytest.mark.parametrize(("c", "alpha"), [(0.3, 0.2), (-0.5, 0.7), (0.9, 0.05), (2.0, 1.5)])
+def test_chi3_privacy_loss_expectation_matches_numerical_integration(c, alpha):
+    expected, _ = quad(lambda x: chi.pdf(x, 3) * max(0.0, 1 - math.exp(c - alpha * x)), 0, 60,
+                       limit=200)
+    assert _chi3_hockey(c, alpha) == pytest.approx(expected, rel=1e-7, abs=1e-12)
+
+
+def test_linear_term_delta_bounds_a_monte_carlo_of_the_privacy_loss():
+    eps2, sigma, kappa, p_bound = 0.4, 8.0, 1.2, 1.0
+    rng = np.random.default_rng(17)
+    x = np.linalg.norm(rng.normal(size=(400_000, 3)), axis=1)
+    v = rng.uniform(-1, 1, size=x.size)
+    loss = (kappa + 2 * p_bound * np.maximum(v, 0)) * x / sigma + (kappa + 2 * p_bound) ** 2 / (
+        2 * sigma**2)
+    mc = np.maximum(0.0, 1 - np.exp(eps2 - loss))
+    bound = linear_term_delta(eps2, sigma, kappa, p_bound)
+    assert mc.mean() <= bound <= mc.mean() * 1.05 + 4 * mc.std() / math.sqrt(x.size)
+
+
+def test_objective_perturbation_uses_the_same_accounting_without_noisy_features():
+    op = objective_perturbation(lam=1.0, p_bound=1.0, eta=1.0, epsilon=1.0, delta=0.01, d=14)
+    assert op.ridge == 2.0 and op.epsilon_split["log_det"] == pytest.approx(math.log(1.5))
+    assert linear_term_delta(op.epsilon_split["linear"], math.sqrt(op.sigma2), 1.0, 1.0) <= 0.01
+    assert op.sigma2 < 2.0**2 * (8 * math.log(2 / 0.01) + 4)  # below Kifer et al.'s constant
+    with pytest.raises(CalibrationError, match="too small"):
+        objective_perturbation(lam=1.0, p_bound=1.0, eta=1.0, epsilon=1.0, delta=0.01, d=14,
+                               ridge=0.5)
+
+
+def test_every_proof_step_named_in_a_docstring_is_in_docs_privacy():
+    source = Path(calibration_module.__file__).read_text()
+    named = set(re.findall(r"Step \d+ \([^)]+\)", source))
+    assert len({s.split(" (")[0] for s in named}) >= 6
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    headings = set(re.findall(r"^#+ (Step \d+ \([^)]+\))", docs, flags=re.MULTILINE))
+    assert named <= headings, named - headings
+
+
+def test_study_derives_lambda_and_p_from_feature_bounds():
+    base = {"study_id": "s", "d": 14, "n": 10_000, "epsilon": 1.0, "delta": 0.01}
+    squared = Study(**base, x_bound=2.0, y_bound=3.0)
+    assert (squared.lam, squared.p_bound) == (4.0, 6.0)
+    logistic = Study(**base, loss="logistic", x_bound=2.0)
+    assert (logistic.lam, logistic.p_bound) == (1.0, 1.0)
+    assert Study(**base, loss="logistic", x_bound=2.0, lam=1.0) == logistic
+    assert Study.model_validate_json(logistic.to_json()) == logistic
+    assert Study(**base).lam == 1.0
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [({"x_bound": 2.0, "lam": 1.0}, "lam=1.0 contradicts x_bound=2.0"),
+     ({"x_bound": 1.0, "y_bound": 2.0, "p_bound": 1.0}, "p_bound=1.0 contradicts"),
+     ({"y_bound": 2.0}, "y_bound needs x_bound"),
+     ({"loss": "logistic", "x_bound": 1.0, "y_bound": 1.0}, "logistic labels are ±1"),
+     ({"x_bound": -1.0}, "x_bound=-1.0 must be a finite number > 0")],
+)
+def test_inconsistent_feature_bounds_are_refused_with_a_clear_message(override, match):
+    base = {"study_id": "s", "d": 14, "n": 10_000, "epsilon": 1.0, "delta": 0.01}
+    with pytest.raises(ValueError, match=match):
+        Study(**{**base, **override})

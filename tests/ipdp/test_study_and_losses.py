@@ -18,7 +18,8 @@ def test_default_study_is_rigorous_with_zero_ridge():
     s = Study(**BASE)
     assert s.mode == "rigorous"
     assert s.resolved_delta_in == 0.0
-    assert s.calibration.sigma_u2 == pytest.approx(2.94, rel=0.01)
+    assert s.calibration.sigma_u2 == pytest.approx(1.483, rel=0.01)
+    assert s.calibration.proven
     assert len(s.hash) == 16
 
 

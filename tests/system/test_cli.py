@@ -18,23 +18,29 @@ def ipdp(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-@pytest.mark.parametrize(("mode", "sigma_u2"), [("rigorous", 2.936), ("paper", 2.537)])
+@pytest.mark.parametrize(("mode", "sigma_u2"), [("rigorous", 1.483), ("paper", 2.537)])
 def test_calibrate_json_has_the_documented_keys(mode, sigma_u2):
     out = ipdp(*CALIBRATE, "--mode", mode, "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert {"sigma_u2", "sigma_b2", "delta_in", "mode", "local_epsilon"} <= result.keys()
+    assert {"sigma_u2", "sigma_b2", "delta_in", "mode", "local_epsilon", "neighbouring",
+            "linear_sensitivity", "epsilon_split", "delta_split", "proven"} <= result.keys()
+    assert result["neighbouring"] == "replace-one"
+    assert result["proven"] == (mode == "rigorous")
+    assert sum(result["epsilon_split"].values()) == pytest.approx(1.0)
     assert result["mode"] == mode
     assert result["sigma_u2"] == pytest.approx(sigma_u2, rel=1e-3)
     if mode == "rigorous":
         assert result["lambda_prime"] > 1.0
         assert result["zeta_prime"] == pytest.approx(result["lambda_prime"] + 1.0)
+        assert result["linear_sensitivity"] == pytest.approx(result["lambda_prime"] + 2.0)
 
 
 def test_calibrate_prints_a_readable_table():
     out = ipdp(*CALIBRATE)
     assert out.returncode == 0, out.stderr
-    assert "σ_u²" in out.stdout and "2.93601" in out.stdout
+    assert "σ_u²" in out.stdout and "1.48298" in out.stdout
+    assert "replace-one" in out.stdout and "ε split" in out.stdout
     assert "local (ε, δ) of one record" in out.stdout
 
 
