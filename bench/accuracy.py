@@ -86,7 +86,7 @@ RIDGE_MULTIPLIERS = (1 / 16, 1 / 4, 1 / 2, 1.0, 2.0, 4.0)
 IP_RIGOROUS_MULTIPLIERS = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 3 / 8, 1 / 2)
 """IP-rigorous Δ_in candidates, multiples of 2λ/ε; those at which q needs no noise drop out."""
 TIGHT_MULTIPLIERS = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 1.0, 5 / 4, 3 / 2, 2.0, 3.0)
-"""ObjPert-tight ridges, multiples of 2λ/ε; those that would still need noise on q drop out."""
+"""ObjPert-tight ridges, multiples of 2λ/ε; those too small for its proof drop out."""
 OUTPUT_REGS = tuple(2.0**-k for k in (14, 12, 10, 8, 6, 4, 2))
 """Per-record Λ candidates for output perturbation (sum-form ridge nΛ)."""
 DIFFPRIVLIB_C = (1 / 64, 1 / 8, 1.0)
@@ -293,10 +293,10 @@ def ip_calibration(
 
 
 @functools.cache
-def objpert_tight(epsilon: float, n: int, d: int, task: Task, ridge: float) -> float | None:
-    """σ of ObjPert-tight's b at this ridge, or None where ipdp's accounting needs noise on q."""
+def objpert_tight(epsilon: float, d: int, task: Task, ridge: float) -> float | None:
+    """σ of ObjPert-tight's b at this ridge, or None where the ridge is too small for the proof."""
     return objpert_tight_sigma(epsilon=epsilon, delta=DELTA, lam=task.lam, p_bound=task.p_bound,
-                               eta=task.eta, n=n, d=d, ridge=ridge)
+                               eta=task.eta, d=d, ridge=ridge)
 
 
 def reg_grid(method: str, task: Task, epsilon: float) -> tuple[float, ...]:
@@ -345,7 +345,7 @@ def fit(
         cal = objpert_gauss(epsilon=epsilon, delta=DELTA, lam=task.lam, zeta=task.zeta)
         return task.solve(st.qq + reg * eye, st.sp - cal.sigma * noise.xi)
     if method == "ObjPert-tight":
-        sigma = objpert_tight(epsilon, st.n, d, task, reg)
+        sigma = objpert_tight(epsilon, d, task, reg)
         if sigma is None:
             return None
         return task.solve(st.qq + reg * eye, st.sp - sigma * noise.xi)
@@ -723,7 +723,7 @@ def noise_table(o: Outcome) -> str:
             paper = ip_calibration("paper", e, n, o.d, o.task, o.regs[e, "IP-paper"])
             rig = ip_calibration("rigorous", e, n, o.d, o.task, o.regs[e, "IP-rigorous"])
             obj = objpert_gauss(epsilon=e, delta=DELTA, lam=o.task.lam, zeta=o.task.zeta)
-            tight = (objpert_tight(e, n, o.d, o.task, o.regs[e, "ObjPert-tight"])
+            tight = (objpert_tight(e, o.d, o.task, o.regs[e, "ObjPert-tight"])
                      if "ObjPert-tight" in o.task.methods else None)
             cells += [f"{paper.sigma_u2:.3g} / {f'{rig.sigma_u2:.3g}' if rig else 'n/a'}",
                       f"{paper.sigma_b2:.4g} / {f'{rig.sigma_b2:.4g}' if rig else 'n/a'}",

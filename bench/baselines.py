@@ -16,7 +16,7 @@ guarantees (bench.accuracy_data).
   σ² = ζ²(8 log(2/δ) + 4ε)/ε². The paper writes the objective divided by n; the minimiser is the
   same. The theorem needs every loss Hessian to have rank one with eigenvalue ≤ λ: here it is qqᵀ.
 - Objective perturbation with ipdp's own accounting (`objpert_tight_sigma`): the same mechanism,
-  σ and Δ taken from ipdp.calibration with no noise on q.
+  σ for the ridge Δ from ipdp.calibration.objective_perturbation (no noise on q).
 - Output perturbation (Chaudhuri, Monteleoni & Sarwate 2011, Algorithm 1): the minimiser w_Λ of
   J(w)/n + (Λ/2)‖w‖² over the ball has L2 sensitivity 2ζ/(nΛ); release w_Λ + v with density
   ∝ exp(−ε‖v‖ / (2ζ/(nΛ))), i.e. ‖v‖ ~ Gamma(d, scale 2ζ/(nΛε)) in a uniform direction: ε-DP.
@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ipdp.calibration import calibrate, gaussian_log_delta, kifer_sigma_b2
+from ipdp.calibration import gaussian_log_delta, kifer_sigma_b2, objective_perturbation
+from ipdp.errors import CalibrationError
 from trainer.solver import solve_constrained
 
 
@@ -123,22 +124,21 @@ def project_ball(w: np.ndarray, eta: float) -> np.ndarray:
 
 
 def objpert_tight_sigma(
-    *, epsilon: float, delta: float, lam: float, p_bound: float, eta: float, n: int, d: int,
-    ridge: float,
+    *, epsilon: float, delta: float, lam: float, p_bound: float, eta: float, d: int, ridge: float,
 ) -> float | None:
     """σ of b for objective perturbation with q in the clear and ridge Δ, by ipdp's own accounting.
 
-    The one adapter onto ipdp.calibration. With trainer ridge Δ_in = Δ, ipdp's rigorous
-    calibration needs no noise on q (σ_u = 0) once Δ alone satisfies its Hessian condition; the
-    mechanism is then exactly Gaussian objective perturbation, b = Σr ~ N(0, σ_b² I), with ipdp's
-    neighbouring relation, sensitivity and δ budget. None where that accounting still needs
-    noise on q at this ridge: objective perturbation with q in the clear has no guarantee there.
+    The one adapter onto ipdp.calibration: `objective_perturbation`, the proof of docs/privacy.md
+    with no noise on q (replace-one; ε₁ = log(1 + λ/Δ) for the log-det term, the rest of ε for
+    the linear term, whose σ is the least that keeps its δ ≤ δ). None where the ridge is too
+    small for that split (log(1 + λ/Δ) ≥ ε).
     """
-    cal = calibrate(mode="rigorous", epsilon=epsilon, delta=delta, n=n, d=d, lam=lam,
-                    p_bound=p_bound, eta=eta, delta_in=ridge)
-    if cal.sigma_u2 > 0.0:
+    try:
+        op = objective_perturbation(lam=lam, p_bound=p_bound, eta=eta, epsilon=epsilon,
+                                    delta=delta, d=d, ridge=ridge)
+    except CalibrationError:
         return None
-    return math.sqrt(cal.sigma_b2)
+    return math.sqrt(op.sigma2)
 
 
 def gram_sensitivity(lam: float) -> float:
