@@ -1,6 +1,7 @@
 """Fold a validated batch into Redis in one atomic transaction.
 
-A batch is the messages one poll returned: per partition, a contiguous run of offsets. The fold
+A batch is the messages one poll returned: per partition, a contiguous run of offsets. A
+container message (wire version 2) folds all its records or none: its offset is one unit. The fold
 is a checkpoint in the quixstreams sense — the statistics it produces and the offsets it consumed
 are written in the same MULTI/EXEC, guarded by WATCH on every key it read — so a crash either
 loses the whole fold (and the restarted aggregator re-reads the same offsets from Redis) or
@@ -18,7 +19,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from aggregator.validate import Message, Rejection, Validator, ValidRows
+from aggregator.validate import (
+    Message,
+    Polled,
+    Rejection,
+    Validator,
+    ValidRows,
+    in_order,
+    split_containers,
+)
 from ipdp import registry, state
 from ipdp.study import Study, StudyStatus
 from ipdp.wire import RejectReason
@@ -40,6 +49,16 @@ class FoldResult:
     reseek: dict[int, int] = field(default_factory=dict)
     """partition → offset to seek to, when the batch started past the committed offset."""
     conflicts: int = 0
+
+
+def _first_of_each_id(ids: np.ndarray) -> np.ndarray:
+    """Positions of the first occurrence of each distinct 16-byte id (rows of uint8)."""
+    halves = np.ascontiguousarray(ids).view("<u8")
+    _, first = np.unique(halves[:, 0], return_index=True)  # an integer sort, not a bytes sort
+    if len(first) == len(ids):
+        return first
+    _, first = np.unique(ids.view("V16").ravel(), return_index=True)
+    return first
 
 
 class Folder:
@@ -75,39 +94,46 @@ class Folder:
 
     def fold(
         self,
-        messages: Sequence[Message],
+        messages: Polled | Sequence[Message],
         dead_letter: Callable[[list[Rejection]], None] | None = None,
     ) -> FoldResult:
         """Validate and fold `messages`; `dead_letter` is called before the commit (at least once)."""
         now_ms = int(self.clock() * 1000)
-        stateless_rejects, valid = self.validator.validate(messages, now_ms)
-        first: dict[int, int] = {}
-        last: dict[int, int] = {}
-        for m in messages:
-            first[m.partition] = min(first.get(m.partition, m.offset), m.offset)
-            last[m.partition] = max(last.get(m.partition, m.offset), m.offset)
-        partitions = sorted(first)
+        polled = in_order(messages if isinstance(messages, Polled) else Polled.of(messages))
+        if len(polled) == 0:
+            return FoldResult()
+        # Sorted by (partition, offset): each partition's first and last offsets bound its run.
+        starts = np.flatnonzero(np.r_[True, polled.partition[1:] != polled.partition[:-1]])
+        ends = np.r_[starts[1:], len(polled)] - 1
+        partitions = polled.partition[starts].tolist()
+        first = dict(zip(partitions, polled.offset[starts].tolist(), strict=True))
+        last = dict(zip(partitions, polled.offset[ends].tolist(), strict=True))
+        rows, container_rejects = split_containers(polled)
+        stateless_rejects, valid = self.validator.validate(rows, now_ms)
+        if container_rejects:
+            stateless_rejects = sorted(
+                container_rejects + stateless_rejects,
+                key=lambda x: (x.message.partition, x.message.offset, x.index or 0))
         watched = [self.offsets_key]
         for v in valid:
             sid = v.study.study_id
             watched += [state.open_key(sid), state.study_key(sid), state.seen_key(sid)]
-        sent: set[tuple[int, int, str]] = set()
+        sent: set[tuple[str, RejectReason]] = set()
         conflicts = 0
         with self.r.pipeline() as pipe:
             while True:
                 try:
                     pipe.watch(*watched)
                     result = self._fold_watched(
-                        pipe, partitions, first, last, stateless_rejects, valid, now_ms)
+                        pipe, rows, partitions, first, last, stateless_rejects, valid, now_ms)
                     if result is None:
                         pipe.unwatch()
                         return FoldResult(reseek=self._reseek(partitions, first),
                                           conflicts=conflicts)
-                    fresh = [x for x in result.rejected
-                             if (x.message.partition, x.message.offset, x.reason) not in sent]
+                    fresh = [x for x in result.rejected if (x.source, x.reason) not in sent]
                     if dead_letter and fresh:
                         dead_letter(fresh)
-                    sent.update((x.message.partition, x.message.offset, x.reason) for x in fresh)
+                    sent.update((x.source, x.reason) for x in fresh)
                     pipe.execute()
                     result.conflicts = conflicts
                     return result
@@ -120,7 +146,8 @@ class Folder:
         committed = self.committed_offsets()
         return {p: committed.get(p, first[p]) for p in partitions}
 
-    def _fold_watched(self, pipe, partitions, first, last, stateless_rejects, valid, now_ms):
+    def _fold_watched(self, pipe, rows: Polled, partitions, first, last, stateless_rejects,
+                      valid, now_ms):
         """Reads under WATCH, then queues the writes; returns None when the batch must be re-read."""
         committed = pipe.hmget(self.offsets_key, [str(p) for p in partitions])
         start: dict[int, int] = {}
@@ -134,19 +161,23 @@ class Folder:
             else:
                 start[p] = int(raw)
         result = FoldResult()
+        part_sorted = np.array(partitions)
+        start_of = np.array([start[p] for p in partitions])
 
-        def keep(m: Message) -> bool:
-            return m.offset >= start[m.partition]
+        def keep(row: np.ndarray) -> np.ndarray:
+            """Rows at or past the committed offset of their partition."""
+            return rows.offset[row] >= start_of[np.searchsorted(part_sorted, rows.partition[row])]
 
-        result.rejected = [x for x in stateless_rejects if keep(x.message)]
+        result.rejected = [x for x in stateless_rejects
+                           if x.message.offset >= start[x.message.partition]]
         result.skipped = sum(
             max(0, min(start[p], last[p] + 1) - first[p]) for p in partitions)
         writes: list[Callable[[], None]] = []
         for v in valid:
-            mask = np.fromiter((keep(m) for m in v.messages), bool, len(v.messages))
+            mask = keep(v.row)
             if not mask.any():
                 continue
-            self._fold_study(pipe, v, mask, now_ms, result, writes)
+            self._fold_study(pipe, rows, v, mask, now_ms, result, writes)
         pipe.multi()
         for w in writes:
             w()
@@ -163,30 +194,33 @@ class Folder:
                 pipe.hincrby(state.REJECTED, reason, c)
         return result
 
-    def _fold_study(self, pipe, v: ValidRows, mask, now_ms, result: FoldResult, writes) -> None:
+    def _fold_study(self, pipe, rows: Polled, v: ValidRows, mask, now_ms, result: FoldResult,
+                    writes) -> None:
         study = v.study
         sid = study.study_id
-        msgs = [m for m, k in zip(v.messages, mask, strict=True) if k]
-        ids, q, p = v.record_id[mask], v.q[mask], v.p[mask]
+        if mask.all():
+            row, ids, q, p = v.row, v.record_id, v.q, v.p
+        else:
+            row, ids, q, p = v.row[mask], v.record_id[mask], v.q[mask], v.p[mask]
         status = pipe.hget(state.study_key(sid), "status")
         if status is None or status.decode() != StudyStatus.OPEN:
             reason = RejectReason.UNKNOWN_STUDY if status is None else RejectReason.CLOSED_STUDY
-            result.rejected += [Rejection(m, reason, f"study {sid} is {status and status.decode()}")
-                                for m in msgs]
+            detail = f"study {sid} is {status and status.decode()}"
+            result.rejected += [rows.rejection(i, reason, detail) for i in row.tolist()]
             return
         seen_before = self._replay(keys=[state.seen_key(sid)],
                                    args=[np.ascontiguousarray(ids).tobytes(), "check"],
                                    client=pipe)
-        _, first_idx = np.unique(ids.view("V16").ravel(), return_index=True)
-        fresh = np.zeros(len(msgs), bool)
+        first_idx = _first_of_each_id(ids)
+        fresh = np.zeros(len(row), bool)
         fresh[first_idx] = True
         fresh &= np.frombuffer(seen_before, np.uint8) == ord("0")
-        for i in np.flatnonzero(~fresh):
-            result.rejected.append(Rejection(msgs[i], RejectReason.REPLAYED,
-                                             "record id already seen within the replay window"))
-        q, p = q[fresh], p[fresh]
-        keep_ids = ids[fresh]
-        kept_msgs = [msgs[i] for i in np.flatnonzero(fresh)]
+        result.rejected += [rows.rejection(i, RejectReason.REPLAYED,
+                                           "record id already seen within the replay window")
+                            for i in row[~fresh].tolist()]
+        if not fresh.all():
+            q, p, ids, row = q[fresh], p[fresh], ids[fresh], row[fresh]
+        keep_ids = ids
 
         raw = pipe.hmget(state.open_key(sid), ["round", "count", "A", "b"])
         round_no = int(raw[0]) if raw[0] is not None else 1
@@ -205,15 +239,16 @@ class Folder:
             pos += take
             if count == n:
                 closed.append((round_no, a, b))
-                if study.max_rounds is not None and round_no >= study.max_rounds:
+                if study.round_limit is not None and round_no >= study.round_limit:
                     study_closed = True
                     break
                 round_no, count = round_no + 1, 0
                 a, b = np.zeros((study.d, study.d)), np.zeros(study.d)
         folded = pos
-        for i in range(folded, m):
-            result.rejected.append(Rejection(kept_msgs[i], RejectReason.CLOSED_STUDY,
-                                             f"study {sid} closed after {study.max_rounds} rounds"))
+        result.rejected += [rows.rejection(i, RejectReason.CLOSED_STUDY,
+                                           f"study {sid} closed after {study.round_limit} "
+                                           "rounds (max_rounds or its privacy budget)")
+                            for i in row[folded:].tolist()]
         result.folded[sid] = folded
         result.closed_rounds += [(sid, r) for r, _, _ in closed]
         result.open_rounds[sid] = (round_no, 0 if study_closed else count, n)
@@ -254,5 +289,6 @@ class Folder:
             if found is None:
                 return None
             study = self._studies[key] = found[0]
+            study.round_limit  # noqa: B018 - the budget's accounting, once, outside any fold
         return study
 

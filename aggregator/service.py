@@ -8,18 +8,21 @@ Redis's offsets, not Kafka's. Kafka commits are made too, but only so lag tools 
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
 import redis
 from kafka import TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, OffsetOutOfRangeError
 
 from aggregator.fold import Folder, FoldResult
+from aggregator.logs import LogGuard, Pause
 from aggregator.settings import AggregatorSettings
-from aggregator.validate import Message, Rejection
+from aggregator.validate import Polled, Rejection
 from ipdp import metrics
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
@@ -32,6 +35,8 @@ LAG_REFRESH_S = 5.0
 LAG_TIMEOUT_MS = 2_000
 DEAD_LETTER_TIMEOUT_S = 30.0
 REDIS_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+_OFFSET = operator.attrgetter("offset")
+_VALUE = operator.attrgetter("value")
 
 
 class _SeekToRedisOffsets(ConsumerRebalanceListener):
@@ -44,6 +49,7 @@ class _SeekToRedisOffsets(ConsumerRebalanceListener):
         log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
         for tp in revoked:  # its new owner reports the lag now; a stale value would double it
             metrics.CONSUMER_LAG.remove(str(tp.partition))
+        self.service.logs.release([tp.partition for tp in revoked])
 
     def on_partitions_assigned(self, assigned) -> None:
         self.service.seek_to_committed(assigned)
@@ -68,9 +74,12 @@ class Aggregator:
             max_future_skew_s=settings.max_future_skew_s,
             max_message_bytes=settings.max_message_bytes,
         )
+        self.logs = LogGuard(self.redis, kafka, group=settings.group, topic=topics.records)
         self.producer = kafka_producer(kafka)
+        # No automatic reset: a vanished offset must pause its partition, never jump in the log.
         self.consumer = kafka_consumer(
             kafka, group_id=settings.group, max_poll_records=settings.max_batch,
+            auto_offset_reset="none",
             session_timeout_ms=settings.session_timeout_ms,
             max_partition_fetch_bytes=max(settings.max_message_bytes * 4, 1 << 20),
         )
@@ -80,14 +89,54 @@ class Aggregator:
         self._lag_at = 0.0
 
     def seek_to_committed(self, assigned) -> None:
-        """Seek each assigned partition to the next offset Redis says is unfolded."""
+        """Seek each assigned partition to the next offset Redis says is unfolded (its log's
+        start if none), and pause those whose log is not the one that offset belongs to."""
         committed = self._with_retry(self.folder.committed_offsets)
         for tp in assigned:
             if tp.partition in committed:
                 self.consumer.seek(tp, committed[tp.partition])
+            else:
+                self.consumer.seek_to_beginning(tp)
         log.info("assigned partitions %s; resuming from Redis offsets %s",
                  sorted(tp.partition for tp in assigned),
                  {tp.partition: committed.get(tp.partition) for tp in assigned})
+        self._pause(self._with_retry(
+            lambda: self.logs.check(sorted(tp.partition for tp in assigned))))
+
+    def _pause(self, pauses: list[Pause]) -> None:
+        if pauses:
+            self.consumer.pause(*(TopicPartition(self.topics.records, x.partition)
+                                  for x in pauses))
+        for x in pauses:
+            self.logs.pause(x)
+
+    def _resume_released(self) -> None:
+        """Resume the paused partitions an operator has pointed at the current log."""
+        ready = self._with_retry(self.logs.resumable)
+        committed = self._with_retry(self.folder.committed_offsets)
+        for p in ready:
+            tp = TopicPartition(self.topics.records, p)
+            self.consumer.seek(tp, committed[p])
+            self.consumer.resume(tp)
+            log.warning("topic %s partition %d resumed by the operator at offset %d",
+                        self.topics.records, p, committed[p])
+
+    def _from_verified_log(self, messages: Polled) -> Polled:
+        """Drop a batch fetched from another log than the one checked at assignment.
+
+        The client learns a recreated topic's new id from its metadata, possibly before the
+        rebalance that re-checks it; until then every assigned partition is paused.
+        """
+        seen = self.consumer._client.cluster.topic_id(self.topics.records)  # ids: metadata only
+        if seen is not None and self.logs.verified_id is not None \
+                and str(seen) != self.logs.verified_id:
+            self._pause(self._with_retry(lambda: self.logs.replaced(
+                sorted(tp.partition for tp in self.consumer.assignment()), str(seen))))
+            return messages.take(np.zeros(0, np.int64))
+        if not self.logs.paused:
+            return messages
+        keep = ~np.isin(messages.partition, np.fromiter(self.logs.paused, np.int64))
+        return messages.take(np.flatnonzero(keep))
 
     def run(self, *, idle_exit_s: float | None = None) -> dict[str, int]:
         """Fold until stopped (SIGTERM/SIGINT or stop_event); returns the totals folded here."""
@@ -97,6 +146,11 @@ class Aggregator:
             try:
                 polled = self.consumer.poll(timeout_ms=self.settings.poll_timeout_ms,
                                             max_records=self.settings.max_batch)
+            except OffsetOutOfRangeError as exc:
+                offsets = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+                self._pause(self._with_retry(lambda o=offsets: self.logs.out_of_range(
+                    {tp.partition: offset for tp, offset in o.items()})))
+                continue
             except KafkaError as exc:
                 pause_after_failure(backoff, self.stop_event, "kafka", "poll", exc)
                 continue
@@ -109,17 +163,26 @@ class Aggregator:
                     break
                 continue
             idle_since = time.monotonic()
-            messages = [Message(tp.partition, rec.offset, rec.value)
-                        for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition)
-                        for rec in recs]
-            for tp, recs in polled.items():
-                metrics.RECORDS_CONSUMED.labels(str(tp.partition)).inc(len(recs))
-            self._fold(messages)
+            self._fold(self._as_arrays(polled))
             self._refresh_lag()
         self.close()
         return self.totals
 
-    def _fold(self, messages: list[Message]) -> None:
+    @staticmethod
+    def _as_arrays(polled) -> Polled:
+        """A poll result as arrays, gathered once per partition (no object per record)."""
+        parts, offsets, values = [], [], []
+        for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition):
+            metrics.RECORDS_CONSUMED.labels(str(tp.partition)).inc(len(recs))
+            parts.append(np.full(len(recs), tp.partition, np.int64))
+            offsets.append(np.fromiter(map(_OFFSET, recs), np.int64, len(recs)))
+            values += map(_VALUE, recs)
+        return Polled(np.concatenate(parts), np.concatenate(offsets), values)
+
+    def _fold(self, messages: Polled) -> None:
+        messages = self._from_verified_log(messages)
+        if not len(messages):
+            return
         started = time.perf_counter()
         result = self._with_retry(lambda: self.folder.fold(messages, self._dead_letter))
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
@@ -157,14 +220,13 @@ class Aggregator:
         """Send rejected messages with their reason; delivered (or raising) before the fold commits."""
         futures = []
         for x in rejections:
-            m = x.message
-            value = m.value if isinstance(m.value, bytes | bytearray) else b""
+            value = x.message.value if isinstance(x.message.value, bytes | bytearray) else b""
             if len(value) > self.settings.max_message_bytes:
                 value = b""
             headers = [("reason", x.reason.value.encode()), ("detail", x.detail.encode()),
-                       ("source", f"{self.topics.records}:{m.partition}:{m.offset}".encode())]
+                       ("source", f"{self.topics.records}:{x.source}".encode())]
             futures.append(self.producer.send(
-                self.topics.dead_letter, key=f"{m.partition}:{m.offset}".encode(),
+                self.topics.dead_letter, key=x.source.encode(),
                 value=bytes(value), headers=headers))
         self.producer.flush(timeout=DEAD_LETTER_TIMEOUT_S)
         for f in futures:  # a failed delivery raises here, so the fold does not commit without it
@@ -192,6 +254,8 @@ class Aggregator:
         if time.monotonic() - self._lag_at < LAG_REFRESH_S:
             return
         self._lag_at = time.monotonic()
+        if self.logs.paused:
+            self._resume_released()
         assigned = self.consumer.assignment()
         if not assigned:
             return

@@ -1,8 +1,11 @@
 """Every check on a polled batch that does not depend on Redis state, vectorised per study.
 
-Decode (ipdp.wire) → known study → dimension → norm bounds → time window. What passes is grouped
-per study as arrays, in (partition, offset) order, for the fold; what fails becomes a
-:class:`Rejection` with its reason, for the dead-letter topic.
+A poll becomes a :class:`Polled`: partitions, offsets and values gathered once, as arrays.
+Containers (wire version 2) are split into their records (one row each, with its position in
+the container) → decode (ipdp.wire) → known study → dimension → norm bounds → time window. What
+passes is grouped per study as arrays, in (partition, offset, index) order, for the fold; what
+fails becomes a :class:`Rejection` with its reason, for the dead-letter topic. Only rejected
+records ever become Python objects.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import numpy as np
 
 from ipdp.calibration import record_norm_bounds
 from ipdp.study import Study
-from ipdp.wire import RecordBatch, RejectReason, decode_batch
+from ipdp.wire import CONTAINER_VERSION, RecordBatch, RejectReason, decode_batch, split_container
+
+NOT_IN_CONTAINER = -1
+"""The ``index`` of a record that is a Kafka message of its own."""
 
 
 @dataclass(frozen=True)
@@ -28,19 +34,123 @@ class Message:
 
 @dataclass(frozen=True)
 class Rejection:
-    """A message that will not be folded, and why."""
+    """A record that will not be folded, and why.
+
+    ``message.value`` is the record's own bytes; ``index`` is its position inside a container
+    message (None when the message is the record)."""
 
     message: Message
     reason: RejectReason
     detail: str
+    index: int | None = None
+
+    @property
+    def source(self) -> str:
+        """``partition:offset`` or, inside a container, ``partition:offset#index``."""
+        where = f"{self.message.partition}:{self.message.offset}"
+        return where if self.index is None else f"{where}#{self.index}"
+
+
+@dataclass
+class Polled:
+    """Records of one poll as arrays: ``partition``, ``offset`` and container ``index`` per row
+    (NOT_IN_CONTAINER for a plain message), ``values`` in the same order."""
+
+    partition: np.ndarray
+    offset: np.ndarray
+    values: list
+    index: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.index is None:
+            self.index = np.full(len(self.values), NOT_IN_CONTAINER, np.int64)
+
+    @classmethod
+    def of(cls, messages: Sequence[Message]) -> Polled:
+        """From Message objects (tests, benchmarks); the service builds arrays directly."""
+        return cls(np.fromiter((m.partition for m in messages), np.int64, len(messages)),
+                   np.fromiter((m.offset for m in messages), np.int64, len(messages)),
+                   [m.value for m in messages])
+
+    def __len__(self) -> int:
+        """Return the number of rows."""
+        return len(self.values)
+
+    def take(self, rows: np.ndarray) -> Polled:
+        """The rows at positions ``rows``, in that order."""
+        return Polled(self.partition[rows], self.offset[rows],
+                      [self.values[i] for i in rows.tolist()], self.index[rows])
+
+    def rejection(self, row: int, reason: RejectReason, detail: str) -> Rejection:
+        """The Rejection of row ``row``."""
+        i = int(self.index[row])
+        return Rejection(Message(int(self.partition[row]), int(self.offset[row]),
+                                 self.values[row]), reason, detail,
+                         None if i == NOT_IN_CONTAINER else i)
+
+
+def in_order(polled: Polled) -> Polled:
+    """Sorted by (partition, offset), with one argsort when not already in order."""
+    key = polled.partition * (1 << 40) + polled.offset
+    if len(key) < 2 or bool((np.diff(key) >= 0).all()):
+        return polled
+    return polled.take(np.argsort(key, kind="stable"))
+
+
+def split_containers(polled: Polled) -> tuple[Polled, list[Rejection]]:
+    """One row per record: every version-2 value is replaced by its records (index 0..k-1);
+    a container that does not split is rejected whole as undecodable."""
+    values = polled.values
+    try:
+        lengths = np.fromiter(map(len, values), np.int64, len(values))
+        joined = np.frombuffer(b"".join(values), np.uint8)
+        starts = np.cumsum(lengths) - lengths
+        firsts = np.where(lengths > 0, joined[np.minimum(starts, max(len(joined) - 1, 0))], 0) \
+            if len(joined) else np.zeros(len(values), np.uint8)
+    except TypeError:  # a tombstone (None) or an odd type: the decoder rejects it
+        firsts = None
+    if firsts is not None and len(firsts) == len(values):
+        containers = np.flatnonzero(firsts == CONTAINER_VERSION)
+    else:
+        containers = np.array([i for i, v in enumerate(values)
+                               if isinstance(v, bytes | bytearray | memoryview) and len(v)
+                               and v[0] == CONTAINER_VERSION], np.int64)
+    if len(containers) == 0:
+        return polled, []
+    rejects: list[Rejection] = []
+    parts, offs, idx, vals = [], [], [], []
+    last = 0
+    for c in containers.tolist():
+        parts.append(polled.partition[last:c])
+        offs.append(polled.offset[last:c])
+        idx.append(polled.index[last:c])
+        vals += values[last:c]
+        last = c + 1
+        records = split_container(values[c])
+        if records is None:
+            rejects.append(polled.rejection(c, RejectReason.UNDECODABLE,
+                                            "malformed container: count, length or reserved "
+                                            "bytes do not add up"))
+            continue
+        k = len(records)
+        parts.append(np.full(k, polled.partition[c]))
+        offs.append(np.full(k, polled.offset[c]))
+        idx.append(np.arange(k, dtype=np.int64))
+        vals += records
+    parts.append(polled.partition[last:])
+    offs.append(polled.offset[last:])
+    idx.append(polled.index[last:])
+    vals += values[last:]
+    return Polled(np.concatenate(parts), np.concatenate(offs), vals, np.concatenate(idx)), rejects
 
 
 @dataclass
 class ValidRows:
-    """Rows that passed every stateless check, for one study, in (partition, offset) order."""
+    """Rows that passed every stateless check, for one study, in (partition, offset) order;
+    ``row`` points into the Polled the validator was given."""
 
     study: Study
-    messages: list[Message]
+    row: np.ndarray
     record_id: np.ndarray
     q: np.ndarray
     p: np.ndarray
@@ -56,58 +166,61 @@ class Validator:
         self.skew_ms = max_future_skew_s * 1000
         self.max_message_bytes = max_message_bytes
 
-    def validate(self, messages: Sequence[Message], now_ms: int):
-        """Every check that does not depend on Redis state, vectorised per study."""
-        rejects: list[Rejection] = []
-        batches, bad = decode_batch([m.value for m in messages], self.max_message_bytes)
-        rejects += [Rejection(messages[i], err.reason, err.detail) for i, err in bad]
-        valid: dict[str, ValidRows] = {}
+    def validate(self, rows: Polled, now_ms: int) -> tuple[list[Rejection], list[ValidRows]]:
+        """Every check that does not depend on Redis state, vectorised per study; ``rows`` are
+        records (containers already split) in (partition, offset, index) order."""
+        bad_rows: list[tuple[int, RejectReason, str]] = []
+        batches, bad = decode_batch(rows.values, self.max_message_bytes)
+        bad_rows += [(i, err.reason, err.detail) for i, err in bad]
+        valid: dict[str, list] = {}
         for batch in batches:
             keys = batch.study_hash.view("V16").ravel()
-            for key in np.unique(keys):
-                rows = batch.take(np.flatnonzero(keys == key))
+            if (batch.study_hash == batch.study_hash[0]).all():  # one study: skip the sort
+                uniq = keys[:1]
+            else:
+                uniq = np.unique(keys)
+            for key in uniq:
+                part = batch if len(uniq) == 1 else batch.take(np.flatnonzero(keys == key))
                 study = self.lookup(bytes(key))
                 if study is None:
-                    rejects += [Rejection(messages[i], RejectReason.UNKNOWN_STUDY,
-                                          f"no study has hash {bytes(key).hex()}")
-                                for i in rows.index]
+                    detail = f"no study has hash {bytes(key).hex()}"
+                    bad_rows += [(i, RejectReason.UNKNOWN_STUDY, detail)
+                                 for i in part.index.tolist()]
                     continue
-                rows = self._check_rows(study, rows, messages, now_ms, rejects)
-                if len(rows) == 0:
-                    continue
-                v = valid.get(study.study_id)
-                msgs = [messages[i] for i in rows.index]
-                if v is None:
-                    valid[study.study_id] = ValidRows(study, msgs, rows.record_id, rows.q, rows.p)
-                else:
-                    v.messages += msgs
-                    v.record_id = np.concatenate([v.record_id, rows.record_id])
-                    v.q = np.concatenate([v.q, rows.q])
-                    v.p = np.concatenate([v.p, rows.p])
-        for v in valid.values():
-            order = sorted(range(len(v.messages)),
-                           key=lambda i: (v.messages[i].partition, v.messages[i].offset))
-            if order != list(range(len(order))):
-                v.messages = [v.messages[i] for i in order]
-                v.record_id = v.record_id[order]
-                v.q, v.p = v.q[order], v.p[order]
-        rejects.sort(key=lambda x: (x.message.partition, x.message.offset))
-        return rejects, list(valid.values())
+                part = self._check_rows(study, part, now_ms, bad_rows)
+                if len(part):
+                    valid.setdefault(study.study_id, [study]).append(part)
+        out = []
+        for study, *parts in valid.values():
+            if len(parts) == 1:
+                b = parts[0]
+                row, rid, q, p = b.index, b.record_id, b.q, b.p
+            else:
+                row = np.concatenate([b.index for b in parts])
+                order = np.argsort(row, kind="stable")
+                row = row[order]
+                rid = np.concatenate([b.record_id for b in parts])[order]
+                q = np.concatenate([b.q for b in parts])[order]
+                p = np.concatenate([b.p for b in parts])[order]
+            if len(row) > 1 and not bool((np.diff(row) > 0).all()):
+                order = np.argsort(row, kind="stable")
+                row, rid, q, p = row[order], rid[order], q[order], p[order]
+            out.append(ValidRows(study, row, rid, q, p))
+        bad_rows.sort(key=lambda x: x[0])
+        return [rows.rejection(i, reason, detail) for i, reason, detail in bad_rows], out
 
-    def _check_rows(self, study: Study, rows: RecordBatch, messages, now_ms,
-                    rejects) -> RecordBatch:
+    def _check_rows(self, study: Study, rows: RecordBatch, now_ms: int, bad_rows) -> RecordBatch:
         """Dimension, norm bounds and the time window; returns the rows that pass."""
         if rows.d != study.d:
-            rejects += [Rejection(messages[i], RejectReason.WRONG_DIMENSION,
-                                  f"record has d={rows.d}, study {study.study_id} has d={study.d}")
-                        for i in rows.index]
+            detail = f"record has d={rows.d}, study {study.study_id} has d={study.d}"
+            bad_rows += [(i, RejectReason.WRONG_DIMENSION, detail) for i in rows.index.tolist()]
             return rows.take(np.zeros(len(rows), bool))
         max_q, max_p = record_norm_bounds(study.calibration)
-        norm_q = np.linalg.norm(rows.q, axis=1)
-        norm_p = np.linalg.norm(rows.p, axis=1)
+        sq_q = np.einsum("ij,ij->i", rows.q, rows.q)
+        sq_p = np.einsum("ij,ij->i", rows.p, rows.p)
         checks = [
-            (norm_q > max_q, RejectReason.NORM_OUT_OF_BOUNDS, f"‖q̃‖ exceeds {max_q:.4g}"),
-            (norm_p > max_p, RejectReason.NORM_OUT_OF_BOUNDS, f"‖p̃‖ exceeds {max_p:.4g}"),
+            (sq_q > max_q * max_q, RejectReason.NORM_OUT_OF_BOUNDS, f"‖q̃‖ exceeds {max_q:.4g}"),
+            (sq_p > max_p * max_p, RejectReason.NORM_OUT_OF_BOUNDS, f"‖p̃‖ exceeds {max_p:.4g}"),
             (rows.created_ms < now_ms - self.window_ms, RejectReason.STALE,
              "created before the replay window"),
             (rows.created_ms > now_ms + self.skew_ms, RejectReason.FUTURE,
@@ -116,6 +229,7 @@ class Validator:
         ok = np.ones(len(rows), bool)
         for bad, reason, detail in checks:
             hit = bad & ok
-            rejects += [Rejection(messages[i], reason, detail) for i in rows.index[hit]]
+            if hit.any():
+                bad_rows += [(i, reason, detail) for i in rows.index[hit].tolist()]
             ok &= ~bad
-        return rows.take(ok)
+        return rows if ok.all() else rows.take(ok)

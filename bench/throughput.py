@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import platform
 import subprocess
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from aggregator.fold import Folder
-from aggregator.validate import Message
+from aggregator.validate import Polled
 from bench.markdown import replace_block
 from ipdp import registry, state
 from ipdp.embedded import EmbeddedRedis, EmbeddedRuntime
@@ -49,6 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e-records", dest="e2e_records", type=int, default=100_000,
                    help="Records through the embedded broker (default 100000).")
     p.add_argument("--quick", action="store_true", help="Small sizes, for a smoke run.")
+    p.add_argument("--json", action="store_true",
+                   help="Print the headline figures as one JSON line on stdout (the tables go "
+                        "to stderr).")
+    p.add_argument("--scale-records", dest="scale_records", type=int, default=100_000,
+                   help="Records per aggregator process in the scale-out table (default 100000).")
     p.add_argument("--write", metavar="MD", default=None,
                    help="Also put the tables into MD between the bench.throughput markers "
                         "(docs/benchmarks.md).")
@@ -61,7 +67,14 @@ def _records(study: Study, k: int, seed: int) -> list[bytes]:
     return perturb_records(study, x, np.clip(x[:, 0], -1, 1), rng)[1]
 
 
-def fold_path(k14: int) -> list[list[str]]:
+def _polled(values: list[bytes], start: int, size: int, first_offset: int | None = None) -> Polled:
+    """values[start:start + size] as one poll of partition 0 (offsets from first_offset)."""
+    chunk = values[start:start + size]
+    first = start if first_offset is None else first_offset
+    return Polled(np.zeros(len(chunk), np.int64), np.arange(first, first + len(chunk)), chunk)
+
+
+def fold_path(k14: int, figures: dict | None = None) -> list[list[str]]:
     """Decode + validate + fold + atomic Redis commit, per batch size, and its ceilings."""
     rows = []
     with EmbeddedRedis() as srv:
@@ -80,10 +93,9 @@ def fold_path(k14: int) -> list[list[str]]:
             rows.append([str(d), "5000", "numpy fold only (ceiling)", f"{numpy_rate:,.0f}", "—"])
             folder = Folder(r, group="bench", topic=f"t{d}", replay_window_s=86_400,
                             max_future_skew_s=300, max_message_bytes=1 << 20)
-            msgs = [Message(0, i, v) for i, v in enumerate(values)]
             t0 = time.perf_counter()
             for s in range(0, k, 5000):
-                folder.validator.validate(msgs[s:s + 5000], int(time.time() * 1000))
+                folder.validator.validate(_polled(values, s, 5000), int(time.time() * 1000))
             rows.append([str(d), "5000", "decode + validate, no Redis",
                          f"{k / (time.perf_counter() - t0):,.0f}", "—"])
             for batch in (500, 2000, 5000, 20000):
@@ -91,10 +103,64 @@ def fold_path(k14: int) -> list[list[str]]:
                          state.open_key(study.study_id))
                 wall0, cpu0 = time.perf_counter(), time.process_time()
                 for s in range(0, k, batch):
-                    folder.fold(msgs[s:s + batch])
+                    folder.fold(_polled(values, s, batch))
                 wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+                if figures is not None and d == 14 and batch == 5000:
+                    figures["fold_records_per_cpu_second_d14"] = round(k / cpu)
+                    figures["fold_records_per_second_d14"] = round(k / wall)
                 rows.append([str(d), str(batch), "full fold path (real Redis)",
                              f"{k / wall:,.0f}", f"{k / cpu:,.0f}"])
+    return rows
+
+
+def _fold_partition(redis_settings, partition: int, k: int, batch: int, go, out) -> None:
+    """One aggregator process folding partition `partition` of one study (no broker)."""
+    r = redis_client(redis_settings)
+    study = registry.study_by_hash(r, Study(study_id="bench-scale", d=14, n=10**9, epsilon=1.0,
+                                            delta=0.01).hash)[0]
+    values = _records(study, k, seed=100 + partition)
+    folder = Folder(r, group="scale", topic="t", replay_window_s=86_400, max_future_skew_s=300,
+                    max_message_bytes=1 << 20)
+    polls = [Polled(np.full(len(values[s:s + batch]), partition, np.int64),
+                    np.arange(s, s + len(values[s:s + batch])), values[s:s + batch])
+             for s in range(0, k, batch)]
+    go.wait()
+    cpu0, folds, conflicts = time.process_time(), 0, 0
+    for polled in polls:
+        conflicts += folder.fold(polled).conflicts
+        folds += 1
+    out.put((folds, conflicts, time.process_time() - cpu0))
+
+
+def scale_out(k_per_process: int, batch: int = 5000) -> list[list[str]]:
+    """k = 1, 2, 4 aggregator processes folding one study on one Redis, no broker."""
+    import multiprocessing as mp
+
+    rows = []
+    ctx = mp.get_context("spawn")
+    for procs in (1, 2, 4):
+        with EmbeddedRedis() as srv:
+            r = redis_client(srv.settings())
+            registry.register_study(r, Study(study_id="bench-scale", d=14, n=10**9, epsilon=1.0,
+                                             delta=0.01))
+            go, out = ctx.Event(), ctx.Queue()
+            workers = [ctx.Process(target=_fold_partition,
+                                   args=(srv.settings(), i, k_per_process, batch, go, out))
+                       for i in range(procs)]
+            for w in workers:
+                w.start()
+            time.sleep(2 + procs)  # let every worker build its records before the clock starts
+            t0 = time.perf_counter()
+            go.set()
+            results = [out.get(timeout=600) for _ in workers]
+            wall = time.perf_counter() - t0
+            for w in workers:
+                w.join()
+            folded = int(r.hget(state.counts_key("bench-scale"), "folded") or 0)
+            folds = sum(x[0] for x in results)
+            conflicts = sum(x[1] for x in results)
+            rows.append([str(procs), f"{folded:,}", f"{folds / wall:,.1f}", f"{conflicts:,}",
+                         f"{folded / wall:,.0f}"])
     return rows
 
 
@@ -236,7 +302,7 @@ def replay_set(k: int) -> list[list[str]]:
     return rows
 
 
-def memory(quick: bool) -> list[list[str]]:
+def memory(quick: bool, figures: dict | None = None) -> list[list[str]]:
     """Redis bytes of one study's statistics and offsets after 10³ and 10⁶ records."""
     rows = []
     with EmbeddedRedis() as srv:
@@ -248,13 +314,15 @@ def memory(quick: bool) -> list[list[str]]:
                             max_future_skew_s=300, max_message_bytes=1 << 20)
             for s in range(0, k, 100_000):
                 values = _records(study, min(100_000, k - s), seed=s)
-                folder.fold([Message(0, s + i, v) for i, v in enumerate(values)])
+                folder.fold(_polled(values, 0, len(values), first_offset=s))
             stats = r.memory_usage(state.open_key(study.study_id))
             payload = sum(r.hstrlen(state.open_key(study.study_id), f) for f in ("A", "b"))
             offsets = r.memory_usage(state.offsets_key(f"mem{k}", "t"))
             seen = r.memory_usage(state.seen_key(study.study_id), samples=0)
             rows.append([f"{k:,}", str(payload), str(stats), str(offsets), f"{seen:,}",
                          f"{seen / k:.0f}"])
+            if figures is not None:
+                figures["replay_bytes_per_id"] = round(seen / k, 1)
     return rows
 
 
@@ -265,13 +333,25 @@ def main(argv: list[str] | None = None) -> int:
     return run(p.parse_args(argv))
 
 
+def gateway_e2e_records_per_second(k: int) -> float:
+    """Device HTTP → gateway → Kafka → aggregator → Redis (bench/gateway_load.py)."""
+    from bench import gateway_load
+
+    return gateway_load.gateway_e2e(k)["gateway_e2e_records_per_second"]
+
+
 def run(args: argparse.Namespace) -> int:
     """`ipdp bench throughput`: print the tables (and write them with --write)."""
     buffer = io.StringIO()
-    with contextlib.redirect_stdout(_Tee(sys.stdout, buffer)):
-        _run(args)
+    figures: dict = {}
+    human = sys.stderr if args.json else sys.stdout
+    with contextlib.redirect_stdout(_Tee(human, buffer)):
+        _run(args, figures)
+    if args.json:
+        print(json.dumps(figures, sort_keys=True))
     if args.write:
-        command = "ipdp bench throughput" + (" --quick" if args.quick else "")
+        command = "ipdp bench throughput" + (" --quick" if args.quick else "") + (
+            " --json" if args.json else "")
         text = f"Command: `{command}`\n\n{buffer.getvalue()}"
         if not replace_block(Path(args.write), "bench.throughput", text):
             print(f"{args.write} has no bench.throughput markers; nothing written",
@@ -294,20 +374,32 @@ class _Tee(io.TextIOBase):
             stream.flush()
 
 
-def _run(args: argparse.Namespace) -> None:
+def _run(args: argparse.Namespace, figures: dict) -> None:
     k = 20_000 if args.quick else args.records
     k_e2e = 20_000 if args.quick else args.e2e_records
+    k_scale = 10_000 if args.quick else args.scale_records
     print(f"Machine: {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}, numpy {np.__version__}\n")
     print(f"### Fold path without a broker (target {TARGETS['fold']})\n")
     _md(["d", "batch", "what", "records/s (wall)", "records/s per aggregator CPU-second"],
-        fold_path(k))
+        fold_path(k, figures))
     print("\nThe replay-id script alone, batches of 5,000 ids:\n")
     _md(["redis-server", "operation", "ids/s"], replay_set(k))
     print(f"\n### End to end on the embedded broker, {k_e2e:,} records "
           f"(target {TARGETS['e2e']})\n")
     rows, e2e = end_to_end(k_e2e)
     _md(["path", "records/s", "client CPU µs per record"], rows)
+    figures["direct_e2e_records_per_second"] = round(e2e["agg_rate"])
+    figures["bare_consumer_records_per_second"] = round(e2e["bare_rate"])
+    figures["e2e_aggregator_over_bare_consumer"] = round(e2e["agg_rate"] / e2e["bare_rate"], 3)
+    gateway = gateway_e2e_records_per_second(k_e2e)
+    figures["gateway_e2e_records_per_second"] = round(gateway)
+    print(f"\nThrough the HTTP gateway (device → gateway → Kafka → aggregator → Redis): "
+          f"{gateway:,.0f} records/s\n")
+    print(f"### Scale-out: one study folded by k aggregator processes on one Redis, no broker "
+          f"({k_scale:,} records each, batches of 5,000, d = 14)\n")
+    _md(["processes", "records folded", "folds/s", "WATCH conflicts (retried folds)",
+         "records/s"], scale_out(k_scale))
     print(f"\n### Trainer (target {TARGETS['solve']})\n")
     print(f"n-th record produced → model on Kafka and acknowledged in Redis: "
           f"{e2e['last_record_to_model_ms']:.0f} ms; of which round closed → model published: "
@@ -315,7 +407,7 @@ def _run(args: argparse.Namespace) -> None:
     _md(["d", "solve median (ms)", "solve max (ms)"], solve_times())
     print(f"\n### Memory (target {TARGETS['bytes']})\n")
     _md(["records folded", "A and b bytes", "open-round hash, MEMORY USAGE", "offsets bytes",
-         "replay ids bytes", "bytes per replay id"], memory(args.quick))
+         "replay ids bytes", "bytes per replay id"], memory(args.quick, figures))
     print(f"\naggregator peak RSS: {e2e['agg_peak_rss_mb']:.0f} MiB")
 
 

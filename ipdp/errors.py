@@ -45,5 +45,10 @@ class StudyExists(StudyError, ValueError):
     """The id (or the wire hash) is taken by a study with different parameters."""
 
 
+class TooManyRecords(StudyError, ValueError):
+    """A device offered more records to one round than its Contributor allows (the unit of
+    privacy is one record per device per round; more cost group privacy, docs/accounting.md)."""
+
+
 class ContributionError(IpdpError):
     """Records were handed to Kafka but not acknowledged."""

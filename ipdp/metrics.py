@@ -29,6 +29,13 @@ FOLD_CONFLICTS = Counter(
     "ipdp_fold_conflicts_total", "Fold transactions retried because another writer raced.")
 CONSUMER_LAG = Gauge(
     "ipdp_consumer_lag_records", "Records behind the end of the partition.", ["partition"])
+PARTITIONS_PAUSED = Gauge(
+    "ipdp_partitions_paused",
+    "Partitions this aggregator holds paused: their log does not match Redis's offsets.")
+PARTITION_PAUSES = Counter(
+    "ipdp_partition_pauses_total",
+    "Partitions paused because their log was replaced or truncated, or the offset vanished.",
+    ["reason"])
 ROUND_RECORDS = Gauge(
     "ipdp_round_records", "Records folded into the open round.", ["study"])
 ROUND_TARGET = Gauge("ipdp_round_target_records", "Records per round (n).", ["study"])
@@ -51,6 +58,18 @@ LOADGEN_RECORDS_SENT = Counter(
     "ipdp_loadgen_records_sent_total", "Records the load generator produced.", ["study"])
 LOADGEN_SEND_ERRORS = Counter(
     "ipdp_loadgen_send_errors_total", "Records the load generator failed to produce.", ["study"])
+GATEWAY_REQUESTS = Counter(
+    "ipdp_gateway_requests_total", "HTTP requests the gateway answered.", ["route", "status"])
+GATEWAY_RECORDS_ACCEPTED = Counter(
+    "ipdp_gateway_records_accepted_total",
+    "Records the gateway answered 202 for (Kafka acknowledged them).")
+GATEWAY_RECORDS_REJECTED = Counter(
+    "ipdp_gateway_records_rejected_total",
+    "Records in requests the gateway refused, by the request's reason.", ["reason"])
+GATEWAY_KAFKA_SECONDS = Histogram(
+    "ipdp_gateway_kafka_produce_seconds",
+    "From handing a request's container(s) to the producer to Kafka's acks=all acknowledgement.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 BACKEND_ERRORS = Counter(
     "ipdp_backend_errors_total", "Errors talking to Kafka or Redis.", ["backend", "operation"])
 BACKEND_RETRIES = Counter(

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ipdp.accounting import Composed
 from ipdp.calibration import Calibration
 
 MESSAGE_VERSION = 1
+UNIT = "one record of one device in one round (replace-one)"
 
 
 class PrivacyReport(BaseModel):
@@ -19,8 +21,12 @@ class PrivacyReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     mode: str
+    proven: bool = Field(description="Whether docs/privacy.md proves (epsilon, delta) for mode.")
+    neighbouring: str = Field(description="The neighbouring relation: replace one record.")
     epsilon: float
     delta: float
+    epsilon_split: dict[str, float]
+    linear_sensitivity: float
     sigma_u2: float
     sigma_b2: float
     delta_in: float
@@ -32,11 +38,22 @@ class PrivacyReport(BaseModel):
     delta_split: dict[str, float]
     local_epsilon: float | None = Field(description="ε of one record on its own, at local_delta.")
     local_delta: float
+    unit: str = Field(UNIT, description="What (ε, δ) protects (docs/accounting.md).")
+    composed_epsilon: float | None = Field(
+        None, description="ε of rounds 1 … rounds_composed together, for a device that "
+        "contributed one record to each; None: no finite ε at composed_delta.")
+    composed_delta: float | None = None
+    rounds_composed: int | None = None
+    composition: str | None = Field(None, description="The composition theorem applied.")
 
     @classmethod
-    def from_calibration(cls, cal: Calibration) -> PrivacyReport:
-        """Copy the guarantee-bearing fields of a calibration."""
-        return cls(**cal.model_dump(include=set(cls.model_fields)))
+    def from_calibration(cls, cal: Calibration, composed: Composed | None = None) -> PrivacyReport:
+        """Copy the guarantee-bearing fields of a calibration, and the composed guarantee."""
+        fields = cal.model_dump(include=set(cls.model_fields))
+        if composed is not None:
+            fields |= {"composed_epsilon": composed.epsilon, "composed_delta": composed.delta,
+                       "rounds_composed": composed.rounds, "composition": composed.composition}
+        return cls(**fields)
 
 
 class ModelMessage(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from ipdp.errors import RedisAuthError
+from ipdp.errors import ConfigurationError, RedisAuthError
 from ipdp.settings import RedisSettings
 
 __all__ = ["check_redis", "describe", "redis_client"]
@@ -24,12 +24,27 @@ def redis_client(s: RedisSettings) -> redis.Redis:
         socket_keepalive=True,
         health_check_interval=30,
     )
+    if s.url.startswith("rediss://"):
+        # Certificates are always verified (redis-py's default for rediss://); these say whom
+        # to trust and who we are.
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            if getattr(s, name):
+                pool.connection_kwargs[name] = getattr(s, name)
+    elif s.ssl_ca_certs or s.ssl_certfile or s.ssl_keyfile:
+        raise ConfigurationError(
+            f"IPDP_REDIS_SSL_* files are set but IPDP_REDIS_URL={_without_password(s.url)} "
+            "is not a rediss:// URL: nothing would be encrypted")
     # from_url lets credentials in the URL win over keyword arguments; settings win here.
     if s.username is not None:
         pool.connection_kwargs["username"] = s.username
     if s.password is not None:
         pool.connection_kwargs["password"] = s.password.get_secret_value()
     return redis.Redis(connection_pool=pool)
+
+
+def _without_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url
 
 
 def describe(client: redis.Redis) -> tuple[str, str]:

@@ -57,6 +57,11 @@ class RedisSettings(BaseSettings):
     username: str | None = Field(None, description="ACL user (Redis 6+).")
     password: SecretStr | None = None
     socket_timeout_s: float = Field(10.0, gt=0)
+    ssl_ca_certs: str | None = Field(
+        None, description="rediss://: PEM file of the CA(s) that signed Redis's certificate "
+        "(default: the system's trust store).")
+    ssl_certfile: str | None = Field(None, description="rediss://: client certificate (mutual TLS).")
+    ssl_keyfile: str | None = Field(None, description="rediss://: the client certificate's key.")
 
 
 class TopicSettings(BaseSettings):

@@ -9,6 +9,7 @@
 | `ipdp:published:{id}` | hash | round → publication time (ms) |
 | `ipdp:rounds` | stream | one entry per closed round: `study`, `round` (the trainer's queue) |
 | `ipdp:offsets:{group}:{topic}` | hash | partition → next offset to fold (written with the statistics) |
+| `ipdp:log-ids:{group}:{topic}` | hash | partition → id of the Kafka log its offset belongs to (aggregator/logs.py) |
 | `ipdp:seen:{id}` | zset | record id → creation time (ms), for replay detection, trimmed to the window |
 | `ipdp:counts:{id}` | hash | `accepted`, `folded`, `rounds_closed` |
 | `ipdp:rejected` | hash | reason → count, over all studies (unknown studies have no id) |
@@ -49,6 +50,11 @@ def published_key(study_id: str) -> str:
 def offsets_key(group: str, topic: str) -> str:
     """Next offset to fold per partition, written atomically with the statistics."""
     return f"{PREFIX}:offsets:{group}:{topic}"
+
+
+def log_ids_key(group: str, topic: str) -> str:
+    """Per partition, the topic id of the log the stored offset is a position in."""
+    return f"{PREFIX}:log-ids:{group}:{topic}"
 
 
 def seen_key(study_id: str) -> str:

@@ -13,7 +13,14 @@ import math
 from functools import cached_property
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from ipdp.calibration import Calibration, Mode, calibrate
 from ipdp.errors import CalibrationError, ConfigurationError
@@ -31,6 +38,10 @@ class StudyStatus(enum.StrEnum):
 #: Δ_in used in paper mode when none is given: Algorithm 2 needs Δ > 2λ/ε strictly, so Δ_in > 0;
 #: its size is a utility knob, and 1e-6 leaves the solution practically unregularised.
 PAPER_DEFAULT_DELTA_IN = 1e-6
+OPTIONAL_BUDGET_FIELDS = ("budget_epsilon", "budget_delta")
+#: A budget is counted up to this many rounds (a few seconds of accounting); a budget that
+#: would allow more closes the study here, which spends less than the budget, never more.
+BUDGET_ROUNDS_COUNTED = 10_000
 
 
 def feature_bounds(loss: str, x_bound: float | None, y_bound: float | None) -> dict[str, float]:
@@ -80,6 +91,10 @@ class Study(BaseModel):
     )
     mode: Mode = "rigorous"
     max_rounds: int | None = Field(None, ge=1, description="Close the study after this many.")
+    budget_epsilon: float | None = Field(
+        None, description="Total ε a device that contributes once per round may spend; with "
+        "budget_delta, the study closes before a round that would exceed it (ipdp.accounting).")
+    budget_delta: float | None = Field(None, description="Total δ of the budget.")
 
     @model_validator(mode="before")
     @classmethod
@@ -114,11 +129,29 @@ class Study(BaseModel):
             raise ValueError(f"delta={self.delta} must lie in the open interval (0, 1)")
         if self.delta_in is not None and not (math.isfinite(self.delta_in) and self.delta_in >= 0):
             raise ValueError(f"delta_in={self.delta_in} must be a finite number ≥ 0")
+        if (self.budget_epsilon is None) != (self.budget_delta is None):
+            raise ValueError("budget_epsilon and budget_delta go together: give both or neither")
+        if self.budget_epsilon is not None:
+            if not (math.isfinite(self.budget_epsilon) and self.budget_epsilon >= self.epsilon):
+                raise ValueError(f"budget_epsilon={self.budget_epsilon} must be finite and ≥ "
+                                 f"epsilon={self.epsilon} (the budget of one round)")
+            if not (self.delta <= self.budget_delta < 1.0):
+                raise ValueError(f"budget_delta={self.budget_delta} must lie in [delta, 1)")
         try:
             self.calibration  # noqa: B018 - computing it is the check
         except CalibrationError as exc:
             raise ValueError(str(exc)) from None
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_budget(self, handler):
+        # A study without a budget keeps the exact text it had before budgets existed (devices
+        # and stored studies compare it), so the budget appears only when it is set.
+        data = handler(self)
+        for name in OPTIONAL_BUDGET_FIELDS:
+            if data.get(name, 0) is None:
+                del data[name]
+        return data
 
     @property
     def resolved_delta_in(self) -> float:
@@ -134,6 +167,18 @@ class Study(BaseModel):
             mode=self.mode, epsilon=self.epsilon, delta=self.delta, n=self.n, d=self.d,
             lam=self.lam, p_bound=self.p_bound, eta=self.eta, delta_in=self.resolved_delta_in,
         )
+
+    @cached_property
+    def round_limit(self) -> int | None:
+        """The last round the study may close: max_rounds, or fewer if the budget says so."""
+        if self.budget_epsilon is None:
+            return self.max_rounds
+        from ipdp.accounting import rounds_within_budget
+
+        within = rounds_within_budget(self.epsilon, self.delta, self.budget_epsilon,
+                                      self.budget_delta,
+                                      limit=self.max_rounds or BUDGET_ROUNDS_COUNTED)
+        return max(1, within)
 
     @cached_property
     def hash(self) -> bytes:

@@ -218,7 +218,8 @@ def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None
     """The records of a container value, or None if ``value`` is not a well-formed container.
 
     A value whose first byte is not 2 is not a container (a single record, or garbage for the
-    record decoder to reject). A container whose count or length does not add up is malformed:
+    record decoder to reject). A container whose count or length does not add up (k records of
+    48 + 16·d bytes each, d ≥ 1) is malformed:
     None as well, and the caller rejects the whole value as undecodable.
     """
     buf = bytes(value)
@@ -229,6 +230,8 @@ def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None
     if k < 1 or body % k:
         return None
     size = body // k
+    if size < HEADER_SIZE + 16 or (size - HEADER_SIZE) % 16:
+        return None  # not k records of one dimension: no record decoder could read them
     return [buf[CONTAINER_HEADER_SIZE + i * size: CONTAINER_HEADER_SIZE + (i + 1) * size]
             for i in range(k)]
 
@@ -252,6 +255,16 @@ def decode_batch(
     values: Sequence[bytes | bytearray | memoryview | None], max_size: int | None = None
 ) -> tuple[list[RecordBatch], list[tuple[int, MalformedRecord]]]:
     """Decode many values: one RecordBatch per distinct d, and (input index, error) rejects."""
+    same = _one_length(values)
+    if same is not None:  # the usual poll: records of one study, one d, no tombstone
+        joined, length = same
+        if (max_size is None or length <= max_size) and length >= HEADER_SIZE + 16 \
+                and (length - HEADER_SIZE) % 16 == 0:
+            rejects: list[tuple[int, MalformedRecord]] = []
+            batch = _parse_group(None, np.arange(len(values), dtype=np.int64),
+                                 (length - HEADER_SIZE) // 16, rejects, joined=joined)
+            rejects.sort(key=operator.itemgetter(0))
+            return ([batch] if len(batch) else []), rejects
     bufs = [v if type(v) is bytes else _as_byte_buffer(v) for v in values]
     lengths = np.array([-1 if b is None else len(b) for b in bufs], dtype=np.int64)
     batches: list[RecordBatch] = []
@@ -283,11 +296,31 @@ def decode_batch(
     return batches, rejects
 
 
+def _one_length(values: Sequence) -> tuple[bytes, int] | None:
+    """(all values joined, their common length) when every value is bytes-like of one length."""
+    if not values:
+        return None
+    try:
+        joined = b"".join(values)
+    except TypeError:  # a tombstone (None) or something that is not a buffer
+        return None
+    length = len(values[0])
+    if len(joined) != length * len(values):
+        return None
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    if (lengths != length).any():
+        return None
+    return joined, length
+
+
 def _parse_group(
-    bufs: list, idx: np.ndarray, d: int, rejects: list[tuple[int, MalformedRecord]]
+    bufs: list | None, idx: np.ndarray, d: int, rejects: list[tuple[int, MalformedRecord]],
+    joined: bytes | None = None,
 ) -> RecordBatch:
     """Parse values of one valid length with one frombuffer; append bad rows to ``rejects``."""
-    rows = np.frombuffer(b"".join([bufs[i] for i in idx.tolist()]), dtype=_record_dtype(d))
+    if joined is None:
+        joined = b"".join([bufs[i] for i in idx.tolist()])
+    rows = np.frombuffer(joined, dtype=_record_dtype(d))
     q, p = rows["q"], rows["p"]
     bad_version = rows["version"] != WIRE_VERSION
     bad_reserved = rows["reserved"].any(axis=1)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
-from ipdp.errors import ContributionError, StudyClosed, UnknownStudy
+from ipdp.accounting import GroupPrivacy, group_privacy
+from ipdp.errors import ContributionError, StudyClosed, TooManyRecords, UnknownStudy
 from ipdp.losses import prepare
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
@@ -33,6 +34,7 @@ __all__ = [
     "Contributor",
     "DeliveryCounter",
     "StudyClosed",
+    "TooManyRecords",
     "UnknownStudy",
     "new_record_ids",
     "now_ms",
@@ -96,14 +98,23 @@ class DeliveryCounter:
 
 
 class Contributor:
-    """Publishes perturbed records for one study.
+    """One device's contribution to one round of a study.
+
+    The unit of privacy is one record of one device in one round (docs/accounting.md), so a
+    Contributor sends at most ``records_per_device`` records (default 1) and refuses more with
+    :class:`TooManyRecords`. Allowing k > 1 costs that device group privacy, stated by
+    :attr:`privacy`. For a later round, use a new Contributor.
 
     >>> c = Contributor.connect("my-study", KafkaSettings(), TopicSettings())
     >>> record_id = c.submit(x, y); c.flush()
     """
 
     def __init__(self, study: Study, producer: KafkaProducer, topic: str,
-                 rng: np.random.Generator | None = None):
+                 rng: np.random.Generator | None = None, *, records_per_device: int = 1):
+        if records_per_device < 1:
+            raise ValueError(f"records_per_device must be ≥ 1, got {records_per_device}")
+        self.records_per_device = records_per_device
+        self.submitted = 0
         self.study = study
         self.producer = producer
         self.topic = topic
@@ -116,7 +127,7 @@ class Contributor:
     @classmethod
     def connect(cls, study_id: str, kafka: KafkaSettings, topics: TopicSettings,
                 rng: np.random.Generator | None = None, timeout_s: float = 10.0,
-                **producer_overrides) -> Contributor:
+                records_per_device: int = 1, **producer_overrides) -> Contributor:
         """Read the study from the studies topic and build a producer of our own.
 
         Raises :class:`UnknownStudy` for an unknown id and :class:`StudyClosed` for a closed
@@ -126,7 +137,8 @@ class Contributor:
         from producer.studies import find_open_study
 
         study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s)
-        c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, rng=rng)
+        c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, rng=rng,
+                records_per_device=records_per_device)
         c._owns_producer = True
         return c
 
@@ -139,11 +151,30 @@ class Contributor:
         if y.shape != (x.shape[0],):
             raise ValueError(f"y must have shape ({x.shape[0]},), got {y.shape}")
 
+    @property
+    def privacy(self) -> GroupPrivacy:
+        """This device's per-round guarantee: the study's (ε, δ) for one record, the group-privacy
+        cost (kε, k·e^{(k−1)ε}·δ) when it may send k = records_per_device."""
+        cal = self.study.calibration
+        return group_privacy(cal.epsilon, cal.delta, self.records_per_device)
+
     def encode_many(self, x, y) -> tuple[np.ndarray, list[bytes]]:
-        """Perturb and wire-encode k examples without sending: (ids (k,16) uint8, values)."""
+        """Perturb and wire-encode k examples without sending: (ids (k,16) uint8, values).
+
+        Counts against ``records_per_device``: raises :class:`TooManyRecords` past it.
+        """
         x = np.asarray(x, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
         self._check(x, y)
+        k = x.shape[0]
+        if self.submitted + k > self.records_per_device:
+            raise TooManyRecords(
+                f"this device already sent {self.submitted} record(s) to study "
+                f"{self.study.study_id!r} and may send {self.records_per_device} per round: "
+                f"{k} more would be {self.submitted + k}. The unit of privacy is one record per "
+                f"device per round; allow k records with Contributor(..., records_per_device=k), "
+                f"which costs the device (kε, k·e^(k−1)ε·δ) by group privacy")
+        self.submitted += k
         return perturb_records(self.study, x, y, self._rng)
 
     def _send(self, ids: np.ndarray, values: list[bytes]) -> None:

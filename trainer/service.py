@@ -19,6 +19,7 @@ import redis
 from kafka.errors import KafkaError
 
 from ipdp import metrics, registry, state
+from ipdp.accounting import compose
 from ipdp.errors import IpdpError, UnknownStudy
 from ipdp.kafka_io import kafka_producer
 from ipdp.model_message import ModelMessage, PrivacyReport, model_key
@@ -52,9 +53,17 @@ def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no
     return ModelMessage(
         study_id=study.study_id, round=round_no, n=count, d=study.d, loss=study.loss,
         weights=solution.w.tolist(), constraint_active=solution.constrained,
-        privacy=PrivacyReport.from_calibration(cal), solve_seconds=solve_s,
+        privacy=PrivacyReport.from_calibration(cal, composed_after(study, round_no)),
+        solve_seconds=solve_s,
         round_closed_ms=closed_ms, published_ms=int(time.time() * 1000),
     )
+
+
+def composed_after(study: Study, round_no: int):
+    """The study's guarantee after rounds 1 … round_no for a device in each once (at the
+    budget's δ when the study has a budget)."""
+    cal = study.calibration
+    return compose(cal.epsilon, cal.delta, round_no, study.budget_delta)
 
 
 class Trainer:

@@ -41,10 +41,20 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
         p.add_argument("--study-id", dest="study_id", help="Study id (letters, digits, . _ -).")
         p.add_argument("--loss", choices=["squared", "logistic"], default=None)
         p.add_argument("--max-rounds", dest="max_rounds", type=int, default=None)
+        p.add_argument("--budget-epsilon", dest="budget_epsilon", type=float, default=None,
+                       help="Total ε over the rounds (with --budget-delta): the study closes "
+                       "before a round that would exceed it (docs/accounting.md).")
+        p.add_argument("--budget-delta", dest="budget_delta", type=float, default=None,
+                       help="Total δ of the budget.")
     p.add_argument("--epsilon", type=float, help="Central ε of each model.")
     p.add_argument("--delta", type=float, help="Central δ of each model.")
     p.add_argument("--n", type=int, help="Records per round.")
     p.add_argument("--d", type=int, help="Dimension.")
+    p.add_argument("--x-bound", dest="x_bound", type=float, default=None,
+                   help="R: devices clip ‖x‖ ≤ R; λ and P are derived per loss (instead of "
+                   "--lam/--p-bound).")
+    p.add_argument("--y-bound", dest="y_bound", type=float, default=None,
+                   help="Y: |y| ≤ Y, squared loss only (P = R·Y).")
     p.add_argument("--lam", type=float, default=None, help="λ: bound on ‖q‖² (default 1).")
     p.add_argument("--p-bound", dest="p_bound", type=float, default=None,
                    help="P: bound on ‖p‖ (default 1).")
@@ -54,8 +64,9 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
                    help="Δ_in ≥ 0, the trainer's ridge (paper mode: > 0).")
 
 
-STUDY_FIELDS = ("study_id", "loss", "max_rounds", "epsilon", "delta", "n", "d", "lam", "p_bound",
-                "eta", "mode", "delta_in")
+STUDY_FIELDS = ("study_id", "loss", "max_rounds", "budget_epsilon", "budget_delta", "epsilon",
+                "delta", "n", "d", "x_bound", "y_bound", "lam", "p_bound", "eta", "mode",
+                "delta_in")
 
 
 def study_from_args(args: argparse.Namespace, base: dict | None = None):

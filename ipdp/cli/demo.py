@@ -1,7 +1,7 @@
 """`ipdp demo`: the whole pipeline in one command on the embedded broker and Redis.
 
-Starts the runtime, creates a study, runs `ipdp aggregator run` and `ipdp trainer run` as child
-processes (exactly as an operator would), simulates the devices with the load generator, waits
+Starts the runtime, creates a study, runs `ipdp aggregator run` and `ipdp trainer run` (and with
+--via-gateway `ipdp gateway`) as child processes (exactly as an operator would), simulates the devices with the load generator, waits
 for the first model, and compares it with a non-private fit on the same training rows. The
 simulator holds the raw rows only because it plays every device; no service ever sees them.
 """
@@ -21,6 +21,7 @@ import numpy as np
 
 from ipdp import registry, state
 from ipdp.cli.common import UsageError, format_validation_error
+from ipdp.embedded.children import free_port
 from ipdp.embedded.runtime import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer
 from ipdp.losses import clip, encode
@@ -30,7 +31,8 @@ from ipdp.report import calibration_rows, table
 from ipdp.study import Study
 from ipdp.subscriber import ModelSubscriber
 from producer.datasets import synthetic, train_test_split
-from producer.loadgen import run_loadgen
+from producer.gateway_client import GatewayClient
+from producer.loadgen import run_loadgen, run_loadgen_http
 from trainer.solver import solve_constrained
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", choices=["squared", "logistic"], default="squared")
     p.add_argument("--mode", choices=["rigorous", "paper"], default="rigorous")
     p.add_argument("--seed", type=int, default=None, help="Seed of the synthetic data set only.")
+    p.add_argument("--via-gateway", dest="via_gateway", action="store_true",
+                   help="Also start `ipdp gateway` and send the devices' records over HTTP "
+                   "through it instead of straight to Kafka.")
     p.add_argument("--json", action="store_true", help="Print one JSON object at the end.")
     p.set_defaults(func=cmd_demo)
 
@@ -80,10 +85,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
         registry.create_study(redis_client(rt.redis_settings()), producer, topics, study)
         producer.close()
         say(table(calibration_rows(study.calibration), title=f"study {study.study_id}"))
-        children = _start_services(rt, Path(rt.directory))
+        roles = ("aggregator", "trainer", "gateway") if args.via_gateway else (
+            "aggregator", "trainer")
+        gateway_port = free_port() if args.via_gateway else None
+        children = _start_services(rt, Path(rt.directory), roles, gateway_port)
         try:
-            say(f"simulating {devices} devices …")
-            sent = run_loadgen(study, kafka, topics, train.x, train.y, progress=not args.json)
+            if args.via_gateway:
+                url = f"http://127.0.0.1:{gateway_port}"
+                with GatewayClient(url, timeout_s=5) as client:
+                    client.wait_ready(60, alive=lambda: children["gateway"].poll() is None)
+                say(f"simulating {devices} devices through the gateway at {url} …")
+                sent = run_loadgen_http(study, url, _batches(train.x, train.y, 2000),
+                                        total=devices, progress=not args.json)
+            else:
+                say(f"simulating {devices} devices …")
+                sent = run_loadgen(study, kafka, topics, train.x, train.y,
+                                   progress=not args.json)
             say(f"sent {sent.sent} records in {sent.seconds:.1f} s ({sent.rate:,.0f} records/s); "
                 "waiting for the model …")
             model = _first_model(kafka, topics, study.study_id, children)
@@ -92,7 +109,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         finally:
             _stop_services(children)
     result = _evaluate(study, model, train, test)
-    result.update(n=study.n, d=study.d, records_sent=sent.sent, records_folded=folded,
+    result.update(n=study.n, d=study.d, records_sent=sent.sent, via_gateway=args.via_gateway, records_folded=folded,
                   round=model.round, epsilon=study.epsilon, delta=study.delta,
                   mode=study.mode, loss=study.loss, local_epsilon=study.calibration.local_epsilon,
                   solve_seconds=model.solve_seconds, elapsed_s=round(time.monotonic() - started, 2))
@@ -107,15 +124,23 @@ def _fmt(v) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
-def _start_services(rt: EmbeddedRuntime, directory: Path) -> dict[str, subprocess.Popen]:
+def _start_services(rt: EmbeddedRuntime, directory: Path, roles: tuple[str, ...],
+                    gateway_port: int | None) -> dict[str, subprocess.Popen]:
     env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0"}
+    if gateway_port is not None:
+        env.update(IPDP_GATEWAY_HOST="127.0.0.1", IPDP_GATEWAY_PORT=str(gateway_port))
     children = {}
-    for role in ("aggregator", "trainer"):
+    for role in roles:
         logfile = open(directory / f"{role}.log", "ab")  # noqa: SIM115 - child owns it
+        command = ["gateway"] if role == "gateway" else [role, "run"]
         children[role] = subprocess.Popen(
-            [sys.executable, "-m", "ipdp.cli", role, "run"], env=env, stdout=logfile,
+            [sys.executable, "-m", "ipdp.cli", *command], env=env, stdout=logfile,
             stderr=subprocess.STDOUT)
     return children
+
+
+def _batches(x: np.ndarray, y: np.ndarray, size: int):
+    return ((x[i:i + size], y[i:i + size]) for i in range(0, x.shape[0], size))
 
 
 def _stop_services(children: dict[str, subprocess.Popen]) -> None:

@@ -35,6 +35,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="Seed of the simulated dataset (the privacy noise is always OS-seeded).")
     p.add_argument("--batch", type=int, default=LoadgenSettings().batch, metavar="B",
                    help="Devices simulated per vectorised step (IPDP_LOADGEN_BATCH).")
+    p.add_argument("--via", default=None, metavar="URL",
+                   help="Send through the HTTP gateway at URL (http://HOST:PORT) instead of "
+                   "Kafka; the study is then read from the gateway too.")
+    p.add_argument("--connections", type=int, default=LoadgenSettings().connections, metavar="C",
+                   help="With --via: concurrent keep-alive connections "
+                   "(IPDP_LOADGEN_CONNECTIONS).")
+    p.add_argument("--per-request", dest="per_request", type=int,
+                   default=LoadgenSettings().per_request, metavar="K",
+                   help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST).")
     p.add_argument("--no-progress", dest="no_progress", action="store_true",
                    help="No progress bar.")
     add_kafka_flag(p)
@@ -69,12 +78,30 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
     return study
 
 
+def _study_via_gateway(args: argparse.Namespace) -> Study:
+    """The study as the gateway serves it (what a device over HTTP sees)."""
+    from producer.gateway_client import GatewayClient
+
+    try:
+        with GatewayClient(args.via) as client:
+            found = client.study(args.study)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read study {args.study!r} from the gateway {args.via}: "
+                         f"{exc}") from None
+    if found is None:
+        raise UsageError(f"the gateway {args.via} has no study {args.study!r}")
+    study, status = found
+    if status is StudyStatus.CLOSED:
+        raise UsageError(f"study {args.study!r} is closed and accepts no more records")
+    return study
+
+
 def cmd_loadgen(args: argparse.Namespace) -> int:
     """`ipdp loadgen`: simulate --devices devices contributing to --study."""
     from ipdp.metrics import serve
     from ipdp.settings import MetricsSettings
     from producer.datasets import from_csv, synthetic_batches
-    from producer.loadgen import run_loadgen, run_loadgen_batches
+    from producer.loadgen import run_loadgen_batches, run_loadgen_http
 
     if args.devices < 1:
         raise UsageError(f"--devices must be ≥ 1, got {args.devices}")
@@ -82,17 +109,18 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch must be ≥ 1, got {args.batch}")
     if args.rate is not None and not args.rate > 0:
         raise UsageError(f"--rate must be > 0, got {args.rate}")
-    kafka = kafka_settings(args)
-    topics = TopicSettings()
-    study = _find_study(args, kafka, topics)
+    if args.connections < 1 or args.per_request < 1:
+        raise UsageError("--connections and --per-request must be ≥ 1")
+    if args.via:
+        study = _study_via_gateway(args)
+    else:
+        kafka = kafka_settings(args)
+        topics = TopicSettings()
+        study = _find_study(args, kafka, topics)
     serve(MetricsSettings())
-    progress = not args.no_progress
-    common = {"rate": args.rate, "progress": progress, "batch": args.batch}
     if args.dataset == "synthetic":
         _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,
                                        seed=args.seed)
-        result = run_loadgen_batches(study, kafka, topics, batches, total=args.devices,
-                                     **common)
     elif args.dataset.startswith("csv:"):
         if not args.target:
             raise UsageError("--dataset csv:PATH needs --target COLUMN")
@@ -106,9 +134,16 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
         # One device per row, in random order; more devices than rows reuse rows.
         order = np.random.default_rng(args.seed).permutation(len(ds))
         idx = np.resize(order, args.devices)
-        result = run_loadgen(study, kafka, topics, ds.x[idx], ds.y[idx], **common)
+        batches = ((ds.x[idx[i:i + args.batch]], ds.y[idx[i:i + args.batch]])
+                   for i in range(0, args.devices, args.batch))
     else:
         raise UsageError(f"--dataset must be 'synthetic' or 'csv:PATH', got {args.dataset!r}")
+    common = {"rate": args.rate, "progress": not args.no_progress, "total": args.devices}
+    if args.via:
+        result = run_loadgen_http(study, args.via, batches, connections=args.connections,
+                                  per_request=args.per_request, **common)
+    else:
+        result = run_loadgen_batches(study, kafka, topics, batches, batch=args.batch, **common)
     print(f"records sent  {result.sent}")
     print(f"errors        {result.errors}")
     print(f"elapsed       {result.seconds:.2f} s")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ipdp.cli import bench, demo, loadgen, models, study, up
+from ipdp.cli import bench, demo, gateway, loadgen, models, study, up
 from ipdp.cli.common import lazy
 from ipdp.errors import IpdpError
 
@@ -26,17 +26,35 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_commands(sub)
     for role, text in (("aggregator", "Fold records into sufficient statistics in Redis."),
                        ("trainer", "Solve closed rounds and publish models.")):
-        p = sub.add_parser(role, help=text)
-        run = p.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
-            "run", help=text + " Settings come from IPDP_* environment variables.")
+        actions = sub.add_parser(role, help=text).add_subparsers(
+            dest="action", required=True, metavar="ACTION")
+        run = actions.add_parser("run", help=text + " Settings come from IPDP_* environment "
+                                 "variables.")
         run.add_argument("--idle-exit", dest="idle_exit", type=float, default=None,
                          help="Exit after this many seconds without work (default: never).")
         run.set_defaults(func=lazy(f"{role}.service", "cmd_run"))
+        if role == "aggregator":
+            add_resume(actions)
+    gateway.add_commands(sub)
     loadgen.add_commands(sub)
     models.add_commands(sub)
     demo.add_commands(sub)
     bench.add_commands(sub)
     return parser
+
+
+def add_resume(actions) -> None:
+    """`ipdp aggregator resume`: the operator's answer to a partition paused for its log."""
+    resume = actions.add_parser(
+        "resume", help="Resume folding a partition the aggregator paused because its Kafka log "
+        "was replaced or truncated: store where its unfolded records start.")
+    resume.add_argument("--partition", type=int, required=True)
+    where = resume.add_mutually_exclusive_group(required=True)
+    where.add_argument("--from-offset", dest="from_offset", type=int,
+                       help="First offset of the current log to fold.")
+    where.add_argument("--from-beginning", dest="from_beginning", action="store_true",
+                       help="Fold the current log from its first retained record.")
+    resume.set_defaults(func=lazy("aggregator.logs", "cmd_resume"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import sys
 from datetime import UTC, datetime
 
 from ipdp.cli.common import (
+    UsageError,
     add_kafka_flag,
     add_redis_flag,
     kafka_producer_for,
@@ -44,6 +45,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     study_flags(p, with_id=True)
     p.add_argument("--file", default=None, metavar="PATH", help="Study parameters, JSON/YAML.")
     p.add_argument("--json", action="store_true", help="Print the calibration as JSON.")
+    p.add_argument("--allow-unproven-paper-calibration", dest="allow_paper", action="store_true",
+                   help="Allow --mode paper for a live study: its guarantee is NOT proven "
+                   "(docs/privacy.md, the erratum). For reproducing the paper only.")
     p.set_defaults(func=cmd_study_create)
 
     p = ssub.add_parser("show", parents=[redis_opts],
@@ -81,6 +85,11 @@ def cmd_study_create(args: argparse.Namespace) -> int:
 
     base = load_study_file(args.file) if args.file else None
     study = study_from_args(args, base)
+    if not study.calibration.proven and not args.allow_paper:
+        raise UsageError(
+            f"mode {study.mode!r} has no proven guarantee (docs/privacy.md, the erratum): a live "
+            "study needs the default rigorous mode, or --allow-unproven-paper-calibration to "
+            "reproduce the paper knowingly")
     with redis_connection(args) as r, kafka_producer_for(args) as producer:
         created = create_study(r, producer, topic_settings(), study)
     if args.json:
@@ -143,6 +152,9 @@ def cmd_study_show(args: argparse.Namespace) -> int:
         ("created", _iso(info["created_ms"])),
         ("loss", study.loss),
         ("max rounds", "unlimited" if study.max_rounds is None else str(study.max_rounds)),
+        ("budget (ε, δ)", "none" if study.budget_epsilon is None else
+         f"({fmt(study.budget_epsilon)}, {fmt(study.budget_delta)}): at most "
+         f"{study.round_limit} rounds"),
         ("rounds published", str(info["rounds_published"])),
         ("open round", "none yet" if o is None else f"{o['round']}: {o['count']}/{study.n}"),
         ("Δ_in given", "mode default" if study.delta_in is None else fmt(study.delta_in)),

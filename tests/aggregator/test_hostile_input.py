@@ -24,7 +24,14 @@ from ipdp.calibration import record_norm_bounds
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.losses import prepare
 from ipdp.redis_io import redis_client
-from ipdp.wire import RejectReason, decode_record, encode_batch, encode_record, study_hash
+from ipdp.wire import (
+    RejectReason,
+    decode_record,
+    encode_batch,
+    encode_container,
+    encode_record,
+    study_hash,
+)
 from producer.contributor import new_record_ids
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, create, total_stats, wait_for
 
@@ -65,7 +72,9 @@ def hostile_values(study, closed_study) -> list[tuple[RejectReason, bytes | None
     nan_q[1] = np.nan
     inf_p = p[0].copy()
     inf_p[0] = -np.inf
-    v2 = bytearray(good[0])
+    v3 = bytearray(good[0])
+    v3[0] = 3
+    v2 = bytearray(good[0])  # a version-1 record relabelled 2: a container that does not split
     v2[0] = 2
     reserved = bytearray(good[1])
     reserved[2] = 7
@@ -77,7 +86,8 @@ def hostile_values(study, closed_study) -> list[tuple[RejectReason, bytes | None
         (RejectReason.UNDECODABLE, b""),
         (RejectReason.UNDECODABLE, None),  # a tombstone
         (RejectReason.UNDECODABLE, bytes(reserved)),
-        (RejectReason.UNSUPPORTED_VERSION, bytes(v2)),
+        (RejectReason.UNSUPPORTED_VERSION, bytes(v3)),
+        (RejectReason.UNDECODABLE, bytes(v2)),
         (RejectReason.UNSUPPORTED_VERSION, b"\x07" + bytes(10)),
         (RejectReason.WRONG_DIMENSION, small),
         (RejectReason.NON_FINITE, one(study, nan_q, p[0])),
@@ -367,3 +377,78 @@ def test_a_record_dated_ahead_of_the_aggregator_clock_cannot_be_replayed_after_t
     replay = folder.fold([Message(0, 2, ahead[0])])
     assert [x.reason for x in replay.rejected] == [RejectReason.REPLAYED]
     assert total_stats(redis_settings, study)[2] == 2
+
+
+# --------------------------------------------------------------------------- containers
+
+
+def test_a_container_folds_its_good_records_once_and_dead_letters_each_bad_one(
+        redis_settings, studies):
+    study, _ = studies
+    good, q, p = honest(study, 6, seed=7)
+    max_q, _ = record_norm_bounds(study.calibration)
+    big = one(study, np.eye(study.d)[0] * max_q * 1.001, p[0])
+    stale = one(study, q[0], p[0], created_ms=now_ms() - (WINDOW_S + 600) * 1000)
+    nan_q = q[1].copy()
+    nan_q[0] = np.nan
+    records = [good[0], big, good[1], good[0], stale, one(study, nan_q, p[1]), good[2]]
+    malformed = encode_container(good[3:5])[:-1]  # count no longer divides the length
+    msgs = [Message(0, 0, encode_container(records)), Message(0, 1, malformed),
+            Message(1, 0, good[5])]
+    sent = []
+    folder = make_folder(redis_settings)
+    result = folder.fold(msgs, sent.extend)
+    assert result.folded == {"hostile": 4}
+    got = sorted((x.source, x.reason) for x in sent)
+    assert got == sorted([("0:0#1", RejectReason.NORM_OUT_OF_BOUNDS),
+                          ("0:0#3", RejectReason.REPLAYED),
+                          ("0:0#4", RejectReason.STALE),
+                          ("0:0#5", RejectReason.NON_FINITE),
+                          ("0:1", RejectReason.UNDECODABLE)])
+    by_source = {x.source: x.message.value for x in sent}
+    assert by_source["0:0#1"] == big  # the bad record's own bytes, not the whole container
+    # Re-reading the same offsets folds nothing twice (exactly once per Kafka offset).
+    again = folder.fold(msgs)
+    assert again.folded == {} and again.skipped == 3
+    # A record of that container replayed inside a later container is refused.
+    later = folder.fold([Message(0, 2, encode_container([good[4], good[2]]))])
+    assert later.folded == {"hostile": 1}
+    assert [(x.source, x.reason) for x in later.rejected] == [("0:2#1", RejectReason.REPLAYED)]
+    keep = [0, 1, 2, 4, 5]
+    a, b, count = total_stats(redis_settings, study)
+    assert count == 5
+    np.testing.assert_allclose(a, q[keep].T @ q[keep], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(b, p[keep].sum(axis=0), rtol=0, atol=ATOL)
+
+
+def test_dead_letters_of_a_container_name_the_record_inside_it(kafka_settings, redis_settings,
+                                                               topics, studies):
+    study, _ = studies
+    good, q, _ = honest(study, 2, seed=8)
+    max_q, _ = record_norm_bounds(study.calibration)
+    big = one(study, np.eye(study.d)[0] * max_q * 1.001, q[0] * 0)
+    producer = kafka_producer(kafka_settings)
+    producer.send(topics.records, value=encode_container([good[0], big, good[1]]),
+                  partition=0).get(timeout=30)
+    producer.close()
+    agg = Aggregator(kafka_settings, redis_settings, topics,
+                     AggregatorSettings(group=f"agg-{uuid.uuid4().hex[:8]}",
+                                        replay_window_s=WINDOW_S, max_future_skew_s=SKEW_S,
+                                        max_message_bytes=MAX_BYTES))
+    totals = agg.run(idle_exit_s=3)
+    assert totals["folded"] == 2 and totals["rejected"] == 1
+    dlq = kafka_consumer(kafka_settings, group_id=None)
+    dlq.assign([TopicPartition(topics.dead_letter, p)
+                for p in dlq.partitions_for_topic(topics.dead_letter)])
+    dlq.seek_to_beginning()
+    got = []
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        for recs in dlq.poll(timeout_ms=500).values():
+            got += recs
+    dlq.close()
+    (m,) = got
+    headers = dict(m.headers)
+    assert headers["reason"] == b"norm_out_of_bounds"
+    assert headers["source"] == f"{topics.records}:0:0#1".encode()
+    assert m.value == big

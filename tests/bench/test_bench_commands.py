@@ -41,3 +41,15 @@ def test_soak_with_a_few_kills_holds_every_invariant(tmp_path):
     honest = int(re.search(r"\(([\d,]+) honest", out.stdout)[1].replace(",", ""))
     assert re.search(rf"^folded +{honest:,}$", out.stdout, re.M)  # every honest record, once
     assert out.stdout.rstrip().endswith("all invariants held")
+
+
+def test_ipdp_audit_json_reports_a_lower_bound_below_the_claim():
+    out = ipdp("audit", "--epsilon", "2", "--d", "2", "--n", "512", "--trials", "20000",
+               "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"claimed_epsilon", "epsilon_lower_bound", "delta", "trials"} <= result.keys()
+    assert result["claimed_epsilon"] == 2 and result["trials"] == 20000
+    assert 0 <= result["epsilon_lower_bound"] <= 2

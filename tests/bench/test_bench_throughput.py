@@ -9,10 +9,13 @@ from bench.markdown import replace_block
 
 
 def test_fold_path_and_memory_sections_report_positive_rates_and_flat_statistics_bytes():
-    rows = throughput.fold_path(2_000)
+    figures = {}
+    rows = throughput.fold_path(2_000, figures)
     assert {r[0] for r in rows} == {"14", "100"}
     assert all(float(r[3].replace(",", "")) > 0 for r in rows)
-    memory = throughput.memory(quick=True)
+    assert figures["fold_records_per_cpu_second_d14"] > 0
+    memory = throughput.memory(quick=True, figures=figures)
+    assert figures["replay_bytes_per_id"] > 0
     # The open round's statistics are d×d + d floats whatever the record count.
     assert memory[0][1] == memory[1][1] == str((14 * 14 + 14) * 8)
     assert int(memory[1][4].replace(",", "")) > int(memory[0][4].replace(",", ""))
@@ -29,3 +32,13 @@ def test_generated_block_replaces_only_the_text_between_its_markers(tmp_path: Pa
     assert md.read_text(encoding="utf-8") == (
         "intro\n<!-- x:begin -->\nnew table\n<!-- x:end -->\noutro\n")
     assert not replace_block(md, "y", "anything")
+
+
+def test_scale_out_folds_every_record_of_every_process_once():
+    rows = throughput.scale_out(2_000, batch=500)
+    assert [r[0] for r in rows] == ["1", "2", "4"]
+    assert [r[1] for r in rows] == ["2,000", "4,000", "8,000"]
+
+
+def test_the_gateway_figure_is_a_measured_positive_rate():
+    assert throughput.gateway_e2e_records_per_second(2000) > 0

@@ -128,7 +128,8 @@ def test_submit_many_with_seeded_rng_matches_prepare(r, producer, kafka_settings
     rng = np.random.default_rng(42)
     x = rng.uniform(-0.5, 0.5, (200, 4))
     y = np.where(rng.uniform(size=200) > 0.5, 1.0, -1.0)
-    c = Contributor(study, producer, topics.records, rng=np.random.default_rng(7))
+    c = Contributor(study, producer, topics.records, rng=np.random.default_rng(7),
+                    records_per_device=200)
     ids = c.submit_many(x, y)
     c.flush()
     assert ids.shape == (200, 16) and len({i.tobytes() for i in ids}) == 200
@@ -339,3 +340,21 @@ def test_models_cli(env_topics, producer, capsys):
     objs = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [(o["study_id"], o["round"]) for o in objs] == [("m-a", 1), ("m-a", 2)]
     assert ModelMessage.model_validate(objs[1]).weights == [0.6, 0.8, 0.0, 0.0]
+
+
+def test_a_live_paper_mode_study_needs_the_explicit_flag(env_topics, kafka_settings, r, capsys):
+    argv = ["study", "create", "--study-id", "paper-1", "--d", "4", "--n", "10000",
+            "--epsilon", "1", "--delta", "0.01", "--mode", "paper"]
+    with pytest.raises(UsageError, match="no proven guarantee.*--allow-unproven-paper-calibration"):
+        _run(argv)
+    assert load_study(r, "paper-1") is None
+    assert _run([*argv, "--allow-unproven-paper-calibration"]) == 0
+    assert "NOT proven" in capsys.readouterr().out
+    assert load_study(r, "paper-1")[0].mode == "paper"
+
+
+def test_study_create_takes_the_feature_bound_instead_of_lambda_and_p(env_topics, r, capsys):
+    assert _run(["study", "create", "--study-id", "xb-1", "--loss", "logistic", "--d", "4",
+                 "--n", "10000", "--epsilon", "1", "--delta", "0.01", "--x-bound", "2"]) == 0
+    study = load_study(r, "xb-1")[0]
+    assert (study.lam, study.p_bound) == (1.0, 1.0)  # logistic: λ = R²/4, P = R/2

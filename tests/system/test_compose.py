@@ -68,7 +68,9 @@ def _ipdp_services(compose: dict) -> dict[str, dict]:
 def _metrics_ports(compose: dict) -> dict[str, int]:
     ports = {}
     for name, service in _ipdp_services(compose).items():
-        port = int(_env(service).get("IPDP_METRICS_PORT", "0"))
+        # The gateway serves its metrics on its own HTTP port.
+        env = _env(service)
+        port = int(env.get("IPDP_METRICS_PORT") or env.get("IPDP_GATEWAY_PORT") or "0")
         if port:
             ports[name] = port
     return ports
@@ -114,6 +116,7 @@ def test_the_ipdp_services_are_built_from_one_dockerfile_and_run_real_commands(c
     assert services["aggregator"]["command"] == ["aggregator", "run"]
     assert services["trainer"]["command"] == ["trainer", "run"]
     assert services["models"]["command"] == ["models", "--follow"]
+    assert services["gateway"]["command"] == ["gateway"]
     assert services["loadgen"]["profiles"] == ["load"]
     # The demo study is valid, and the load generator contributes to it.
     from ipdp.cli.common import study_from_args
@@ -192,10 +195,11 @@ def test_kafka_is_a_single_kraft_node_and_redis_persists_every_write_behind_a_pa
 def test_every_metrics_port_is_a_prometheus_target_and_every_ipdp_job_a_service(
         compose, prometheus):
     ports = _metrics_ports(compose)
-    assert set(ports) == {"aggregator", "trainer", "loadgen"}
+    assert set(ports) == {"aggregator", "trainer", "loadgen", "gateway"}
     assert len(set(ports.values())) == len(ports)
     for name in ports:
-        assert _env(compose["services"][name])["IPDP_METRICS_HOST"] == "0.0.0.0", name
+        env = _env(compose["services"][name])
+        assert "0.0.0.0" in (env["IPDP_METRICS_HOST"], env.get("IPDP_GATEWAY_HOST")), name
     jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
     assert set(jobs) - {"prometheus"} == set(ports)
     for name, port in ports.items():

@@ -38,3 +38,11 @@ def test_demo_logistic_loss_reports_accuracy_instead_of_rmse():
     assert "rmse_private" not in result
     assert result["records_folded"] == 20000
     assert result["accuracy_private"] > 0.75  # about 0.92 here; chance is 0.5
+
+
+@pytest.mark.integration
+def test_demo_via_gateway_sends_every_record_over_http_and_gets_the_same_round():
+    result = _demo("--n", "5000", "--via-gateway")
+    assert result["via_gateway"] is True
+    assert (result["records_sent"], result["records_folded"], result["round"]) == (5000, 5000, 1)
+    assert result["rmse_private"] < result["rmse_zero_model"]

@@ -29,9 +29,9 @@ from ipdp.model_message import model_key
 from ipdp.redis_io import redis_client
 from ipdp.settings import TopicSettings
 from ipdp.subscriber import ModelSubscriber
+from tests.aggregator.test_hostile_input import honest, make_folder
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, total_stats, wait_for
 from tests.proc_services import service_env, start, stop
-from tests.aggregator.test_hostile_input import honest, make_folder
 from trainer.service import Trainer
 from trainer.settings import TrainerSettings
 from trainer.solver import solve_constrained
@@ -347,14 +347,17 @@ def test_broker_frozen_mid_load_the_aggregator_waits_reports_and_folds_exactly_o
 
 
 @pytest.mark.slow
-def test_broker_restarted_the_aggregator_survives_reports_and_resumes(tmp_path):
+def test_broker_restarted_under_load_the_new_log_is_paused_not_skipped_then_folded_once(
+        tmp_path, monkeypatch, caplog):
     """A private runtime: its memory-storage broker loses every topic and record on restart.
 
-    The aggregator must stay up through the outage, count it, rejoin and fold what is produced
-    after the restart. The recreated topic restarts at offset 0 while Redis holds the old
-    offsets, and the aggregator never refolds below them: records at offsets Redis says are
-    folded are skipped, so exactly the records past the old offsets are folded.
+    The recreated topic starts again at offset 0 with a new topic id while Redis holds the old
+    log's offsets. Nothing of the new log may be skipped silently: every partition is reported
+    paused (one log line each, the metrics), folds nothing, and after `ipdp aggregator resume
+    --from-beginning` every record of the new log is folded exactly once.
     """
+    from ipdp.cli.main import main as ipdp_main
+
     rt = EmbeddedRuntime(tmp_path / "rt")
     rt.start()
     try:
@@ -364,27 +367,53 @@ def test_broker_restarted_the_aggregator_survives_reports_and_resumes(tmp_path):
         study = create(kafka, rs, topics, study_id="restart", d=3, n=10**5, epsilon=1.0,
                        delta=0.01)
         r = redis_client(rs)
-        offsets_key = state.offsets_key(f"agg-{topics.records}", topics.records)
-        errors = sample("ipdp_backend_errors_total", backend="kafka", operation="end_offsets")
-        q1, p1, _ = produce_rows(study, kafka, topics, 40, seed=41)
-        with AggregatorThread(kafka, rs, topics) as agg:
-            wait_for(lambda: folded(r, study.study_id) == 40, GROUP_JOIN_TIMEOUT_S, "40 folded")
-            old = {int(k): int(v) for k, v in r.hgetall(offsets_key).items()}
+        group = f"agg-{topics.records}"
+        pauses = sum(sample("ipdp_partition_pauses_total", reason=why)
+                     for why in ("log_replaced", "offset_out_of_range", "log_truncated"))
+        with AggregatorThread(kafka, rs, topics, group=group) as agg:
+            with Feeder(study, kafka, topics, chunk=40, pause_s=0.05, seed=4100) as before:
+                wait_for(lambda: folded(r, study.study_id) >= 200, GROUP_JOIN_TIMEOUT_S,
+                         "folding under load")
+            q1, p1 = before.all_rows()
+            wait_for(lambda: folded(r, study.study_id) == len(q1), GROUP_JOIN_TIMEOUT_S,
+                     f"{len(q1)} folded")
+            old_ids = r.hgetall(state.log_ids_key(group, topics.records))
+            assert len(old_ids) == topics.records_partitions
             rt.broker.stop()
-            time.sleep(5.0)
+            time.sleep(2.0)
             rt.restart_broker()
             ensure_topics(kafka, topics)
-            q2, p2, where = produce_rows(study, kafka, topics, 400, seed=42)
-            past = np.array([offset >= old.get(partition, 0) for partition, offset in where])
-            assert 0 < past.sum() < len(past)
-            wait_for(lambda: folded(r, study.study_id) == 40 + past.sum(),
-                     GROUP_JOIN_TIMEOUT_S * 2, f"{40 + past.sum()} folded")
+            with Feeder(study, kafka, topics, chunk=40, pause_s=0.05, seed=4200) as after:
+                wait_for(lambda: sample("ipdp_partitions_paused") == topics.records_partitions,
+                         GROUP_JOIN_TIMEOUT_S * 2, "every partition reported paused")
+                time.sleep(1.0)
+            q2, p2 = after.all_rows()
+            time.sleep(3.0)  # the aggregator is up and holds the partitions: it folds nothing
+            assert folded(r, study.study_id) == len(q1)
             assert agg.thread.is_alive()
-        assert sample("ipdp_backend_errors_total", backend="kafka",
-                      operation="end_offsets") > errors
+            paused_lines = [rec.getMessage() for rec in caplog.records
+                            if "PAUSED" in rec.getMessage()]
+            assert {line.split(" partition ")[1].split()[0] for line in paused_lines} == {
+                str(p) for p in range(topics.records_partitions)}
+            assert all("ipdp aggregator resume" in line for line in paused_lines)
+
+            for name, value in {**rt.env(), "IPDP_AGGREGATOR_GROUP": group,
+                                "IPDP_TOPIC_RECORDS": topics.records}.items():
+                monkeypatch.setenv(name, value)
+            for partition in range(topics.records_partitions):
+                assert ipdp_main(["aggregator", "resume", "--partition", str(partition),
+                                  "--from-beginning"]) == 0
+            wait_for(lambda: folded(r, study.study_id) == len(q1) + len(q2),
+                     GROUP_JOIN_TIMEOUT_S, f"{len(q1) + len(q2)} folded")
+            assert sample("ipdp_partitions_paused") == 0
+            assert r.hgetall(state.log_ids_key(group, topics.records)).keys() == old_ids.keys()
+            assert set(r.hgetall(state.log_ids_key(group, topics.records)).values()).isdisjoint(
+                old_ids.values())
+        assert sum(sample("ipdp_partition_pauses_total", reason=why)
+                   for why in ("log_replaced", "offset_out_of_range", "log_truncated")) \
+            >= pauses + topics.records_partitions
         assert r.hgetall(state.REJECTED) == {}
-        assert_clean_fold(rs, study, np.concatenate([q1, q2[past]]),
-                          np.concatenate([p1, p2[past]]))
+        assert_clean_fold(rs, study, np.concatenate([q1, q2]), np.concatenate([p1, p2]))
     finally:
         rt.stop()
 

@@ -128,3 +128,30 @@ def test_redis_holds_only_statistics_and_bookkeeping_whose_size_does_not_grow_wi
             assert all(len(m) == 16 for m in blobs), key
         for blob in blobs:
             assert not any(needle in blob for needle in needles), key
+
+
+def test_a_budget_for_exactly_two_rounds_closes_the_study_before_the_third(
+        kafka_settings, redis_settings, topics):
+    """(ε, δ) = (1, 0.01) per round, budget (2, 0.05): two rounds compose to ε ≈ 1.94, a
+    third would need ≈ 2.95 (tests/ipdp/test_accounting.py checks both against the theorem)."""
+    from ipdp.accounting import composed_epsilon
+    from ipdp.study import StudyStatus
+
+    study = create(kafka_settings, redis_settings, topics, study_id="budget", d=3, n=200,
+                   epsilon=1.0, delta=0.01, delta_in=0.5, budget_epsilon=2.0, budget_delta=0.05)
+    contribute(study, kafka_settings, topics, 3 * study.n, seed=9)
+    r = redis_client(redis_settings)
+    with services(kafka_settings, redis_settings, topics):
+        wait_for(lambda: len(_models(kafka_settings, topics, study.study_id)) == 2,
+                 GROUP_JOIN_TIMEOUT_S, "two models")
+        wait_for(lambda: int(r.hget(state.REJECTED, "closed_study") or 0) == study.n, 30,
+                 "the third round's records dead-lettered")
+    models = sorted(_models(kafka_settings, topics, study.study_id), key=lambda m: m.round)
+    assert [m.round for m in models] == [1, 2]
+    assert r.hget(state.study_key(study.study_id), "status") == StudyStatus.CLOSED.value.encode()
+    assert r.hget(state.counts_key(study.study_id), "folded") == str(2 * study.n).encode()
+    for m in models:
+        assert (m.privacy.rounds_composed, m.privacy.composed_delta) == (m.round, 0.05)
+        assert m.privacy.composed_epsilon == composed_epsilon(1.0, 0.01, m.round, 0.05) <= 2.0
+        assert "Kairouz" in m.privacy.composition and "one device" in m.privacy.unit
+    assert composed_epsilon(1.0, 0.01, 3, 0.05) > 2.0

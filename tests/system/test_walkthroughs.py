@@ -29,9 +29,11 @@ BLOCK = re.compile(r"<!-- run: (shell|file (\S+)) -->\s*```(\w+)\n(.*?)```", re.
 #: README table commands that the walkthrough does not run, and the test that runs each for real.
 RUN_ELSEWHERE = {
     "ipdp demo": "tests/system/test_demo.py",
+    "ipdp gateway": "tests/gateway/test_process.py",
     "ipdp bench accuracy": "tests/bench/test_bench_commands.py",
     "ipdp bench throughput": "tests/bench/test_bench_commands.py",
     "ipdp soak": "tests/bench/test_bench_commands.py",
+    "ipdp audit": "tests/bench/test_bench_commands.py",
 }
 
 

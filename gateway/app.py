@@ -1,0 +1,431 @@
+"""The gateway's HTTP application (Starlette): routes, the cheap checks, and the Kafka hand-off.
+
+A POST's records are checked in one vectorised pass (``ipdp.wire.decode_batch`` plus the study's
+d and hash), packed unchanged into version-2 containers of at most ``max_message_bytes`` and
+produced with acks=all; the handler awaits Kafka's acknowledgement through the producer's
+callbacks, so the event loop never blocks on the broker. Nothing here logs or keeps a record's
+bytes: an error names the reason and the record's position, never its content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.openapi import openapi_document
+from gateway.settings import GatewaySettings
+from ipdp.metrics import (
+    GATEWAY_KAFKA_SECONDS,
+    GATEWAY_RECORDS_ACCEPTED,
+    GATEWAY_RECORDS_REJECTED,
+    GATEWAY_REQUESTS,
+)
+from ipdp.settings import KafkaSettings, TopicSettings
+from ipdp.studies_topic import StudiesFollower
+from ipdp.study import Study, StudyStatus
+from ipdp.wire import (
+    CONTAINER_HEADER_SIZE,
+    WIRE_VERSION,
+    decode_batch,
+    encode_batch,
+    encode_container,
+    record_size,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Refusal", "create_app", "create_app_from_env", "records_per_message"]
+
+OCTET_STREAM = "application/octet-stream"
+JSON_TYPE = "application/json"
+#: Byte range of the record id inside a version-1 record (the Kafka key of a container).
+_RECORD_ID = slice(24, 40)
+_I64 = (-(2**63), 2**63 - 1)
+
+
+class Refusal(Exception):
+    """A request the gateway answers with a 4xx or 503: ``{"error": reason, "detail": ...}``."""
+
+    def __init__(self, status: int, reason: str, detail: str, records: int = 0,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(reason, detail)
+        self.status, self.reason, self.detail = status, reason, detail
+        self.records, self.headers = records, headers
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.reason, "detail": self.detail},
+                            status_code=self.status, headers=self.headers)
+
+
+class JsonRecord(BaseModel):
+    """One record in the JSON form of a POST (the gateway wire-encodes it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    record_id: str = Field(pattern=r"^[0-9a-fA-F]{32}$")
+    created_ms: int = Field(ge=_I64[0], le=_I64[1])
+    q: list[float] = Field(min_length=1)
+    p: list[float] = Field(min_length=1)
+
+
+class JsonRecords(BaseModel):
+    """The JSON body of a POST: ``{"records": [...]}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    records: list[JsonRecord] = Field(min_length=1)
+
+
+def records_per_message(d: int, max_message_bytes: int) -> int:
+    """How many records of dimension d one container of at most ``max_message_bytes`` holds."""
+    return max(1, (max_message_bytes - CONTAINER_HEADER_SIZE) // record_size(d))
+
+
+class RateLimiter:
+    """A token bucket per client address: ``rate`` requests/s, bursts of ``burst``.
+
+    Remembers at most ``max_clients`` addresses (least recently seen dropped first), so a flood
+    of addresses costs bounded memory; a dropped client starts again with a full bucket.
+    """
+
+    def __init__(self, rate: float, burst: int, max_clients: int = 100_000) -> None:
+        self.rate, self.burst, self.max_clients = rate, float(burst), max_clients
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def allow(self, client: str, now: float | None = None) -> bool:
+        """Take one token for ``client``; False if its bucket is empty."""
+        now = time.monotonic() if now is None else now
+        tokens, last = self._buckets.pop(client, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        allowed = tokens >= 1.0
+        self._buckets[client] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self._buckets) > self.max_clients:
+            self._buckets.popitem(last=False)
+        return allowed
+
+    def retry_after_s(self) -> int:
+        """Seconds until one token is back, rounded up (the Retry-After header)."""
+        return max(1, int(np.ceil(1.0 / self.rate)))
+
+
+def check_binary(body: bytes, study: Study) -> list[bytes]:
+    """The records of an octet-stream body, each checked; raises Refusal (400) on the first bad one.
+
+    Checks in order: a whole number of records of the study's size (else ``wrong_dimension`` if
+    the first header names another d, ``undecodable`` otherwise), each header's d, then the wire
+    decoder's checks (version, reserved bytes, finite values), then the study hash.
+    """
+    size = record_size(study.d)
+    n = len(body)
+    if n == 0:
+        raise Refusal(400, "undecodable", "the body holds no record")
+    if n % size:
+        if n >= 8 and body[0] == WIRE_VERSION:
+            d = int.from_bytes(body[4:8], "little")
+            if d != study.d:
+                raise Refusal(400, "wrong_dimension",
+                              f"record 0 has d={d}, study {study.study_id!r} has d={study.d}")
+        raise Refusal(400, "undecodable", f"body length {n} is not a multiple of the record "
+                      f"size {size} (48 + 16·d, d={study.d})")
+    k = n // size
+    header_d = np.ndarray((k,), dtype="<u4", buffer=body, offset=4, strides=(size,))
+    wrong = np.flatnonzero((header_d != study.d)
+                           & (np.ndarray((k,), "u1", body, 0, (size,)) == WIRE_VERSION))
+    if wrong.size:
+        i = int(wrong[0])
+        raise Refusal(400, "wrong_dimension",
+                      f"record {i} has d={int(header_d[i])}, study {study.study_id!r} has "
+                      f"d={study.d}", records=k)
+    records = [body[i:i + size] for i in range(0, n, size)]
+    batches, rejects = decode_batch(records)
+    if rejects:
+        i, err = rejects[0]
+        raise Refusal(400, err.reason.value, f"record {i}: {err.detail}", records=k)
+    hashes = batches[0].study_hash
+    mismatch = np.flatnonzero((hashes != np.frombuffer(study.hash, np.uint8)).any(axis=1))
+    if mismatch.size:
+        raise Refusal(400, "study_mismatch", f"record {int(mismatch[0])} names another study "
+                      f"than {study.study_id!r}", records=k)
+    return records
+
+
+def encode_json(body: bytes, study: Study) -> list[bytes]:
+    """Wire-encode the records of a JSON body; raises Refusal (400) if one is unusable."""
+    try:
+        parsed = JsonRecords.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise Refusal(400, "undecodable", f"{where}: {first['msg']}") from None
+    recs = parsed.records
+    k = len(recs)
+    for i, r in enumerate(recs):
+        if len(r.q) != study.d or len(r.p) != study.d:
+            raise Refusal(400, "wrong_dimension", f"record {i} has len(q)={len(r.q)}, "
+                          f"len(p)={len(r.p)}, study {study.study_id!r} has d={study.d}",
+                          records=k)
+    q = np.array([r.q for r in recs], dtype=np.float64)
+    p = np.array([r.p for r in recs], dtype=np.float64)
+    bad = np.flatnonzero(~(np.isfinite(q).all(axis=1) & np.isfinite(p).all(axis=1)))
+    if bad.size:
+        raise Refusal(400, "non_finite", f"record {int(bad[0])}: q̃ or p̃ holds NaN or Inf",
+                      records=k)
+    ids = np.frombuffer(b"".join(bytes.fromhex(r.record_id) for r in recs),
+                        dtype=np.uint8).reshape(k, 16)
+    ms = np.array([r.created_ms for r in recs], dtype=np.int64)
+    return encode_batch(study.hash, ids, ms, q, p)
+
+
+class Gateway:
+    """The state behind the routes: settings, the studies follower and the Kafka producer."""
+
+    def __init__(self, settings: GatewaySettings, kafka: KafkaSettings,
+                 topics: TopicSettings) -> None:
+        self.settings, self.kafka, self.topics = settings, kafka, topics
+        self.studies = StudiesFollower(kafka, topics)
+        self.producer = None
+        self.limiter = (RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+                        if settings.rate_limit_per_s > 0 else None)
+        self._connector: asyncio.Task | None = None
+        self._last_kafka_failure = -float("inf")
+
+    async def start(self) -> None:
+        """Follow the studies topic and connect the producer in the background."""
+        self.studies.start()
+        self._connector = asyncio.create_task(self._connect())
+
+    async def stop(self) -> None:
+        """Flush what is in flight, close the producer, stop following."""
+        if self._connector is not None:
+            self._connector.cancel()
+        if self.producer is not None:
+            await asyncio.to_thread(self.producer.close, 10)
+        await asyncio.to_thread(self.studies.stop)
+
+    async def _connect(self) -> None:
+        from ipdp.kafka_io import kafka_producer
+
+        timeout_ms = int(self.settings.kafka_timeout_s * 1000)
+        delay = 0.5
+        while self.producer is None:
+            try:
+                self.producer = await asyncio.to_thread(
+                    kafka_producer, self.kafka,
+                    delivery_timeout_ms=timeout_ms,
+                    request_timeout_ms=max(1000, timeout_ms - 100),
+                    # send() runs on the event loop: bound how long it may block on metadata.
+                    max_block_ms=min(timeout_ms, 2000),
+                    max_request_size=max(self.settings.max_message_bytes + 1024, 1 << 20))
+                log.info("gateway: Kafka producer connected to %s", self.kafka.bootstrap)
+            except Exception as exc:  # noqa: BLE001 - keep trying; /readyz says not ready
+                log.warning("gateway: cannot connect to Kafka at %s: %r", self.kafka.bootstrap,
+                            exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10)
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready: producer bootstrapped, no Kafka failure in the last ``kafka_timeout_s``, and
+        the studies topic read once."""
+        if self.producer is None:
+            return False, "Kafka producer not connected"
+        since = time.monotonic() - self._last_kafka_failure
+        if since < self.settings.kafka_timeout_s:
+            return False, f"Kafka refused or timed out {since:.1f}s ago"
+        if not self.studies.ready.is_set():
+            return False, "studies topic not read yet"
+        return True, "ready"
+
+    def study_for(self, study_id: str, *, open_only: bool):
+        if not self.studies.ready.is_set():
+            raise Refusal(503, "studies_unavailable", "the studies topic has not been read yet",
+                          headers={"Retry-After": "1"})
+        entry = self.studies.get(study_id)
+        if entry is None:
+            raise Refusal(404, "unknown_study", f"no study {study_id!r} on the studies topic")
+        if open_only and entry.status is not StudyStatus.OPEN:
+            raise Refusal(409, "closed_study", f"study {study_id!r} is {entry.status.value} "
+                          "and accepts no more records")
+        return entry
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise Refusal(413, "too_large", f"body of {declared} bytes exceeds {limit}")
+        chunks, total = [], 0
+        try:
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > limit:
+                    raise Refusal(413, "too_large", f"body exceeds {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise Refusal(400, "undecodable", "the client closed the request early") from None
+        return b"".join(chunks)
+
+    async def produce(self, records: list[bytes], d: int) -> None:
+        """Send the records as container(s) and wait for acks=all; Refusal(503) if Kafka fails."""
+        from kafka.errors import KafkaError
+
+        producer = self.producer
+        if producer is None:
+            raise Refusal(503, "kafka_unavailable", "not connected to Kafka yet",
+                          headers={"Retry-After": "1"})
+        per = records_per_message(d, self.settings.max_message_bytes)
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        waits = []
+        try:
+            for lo in range(0, len(records), per):
+                chunk = records[lo:lo + per]
+                future = producer.send(self.topics.records, key=chunk[0][_RECORD_ID],
+                                       value=encode_container(chunk))
+                waits.append(_as_asyncio(future, loop))
+            await asyncio.wait_for(asyncio.gather(*waits), self.settings.kafka_timeout_s + 1)
+        except (KafkaError, TimeoutError) as exc:
+            for w in waits:
+                w.cancel()
+            self._last_kafka_failure = time.monotonic()
+            log.warning("gateway: Kafka did not acknowledge %d record(s): %r", len(records), exc)
+            raise Refusal(503, "kafka_unavailable", f"Kafka did not acknowledge the records: "
+                          f"{type(exc).__name__}", records=len(records),
+                          headers={"Retry-After": "1"}) from None
+        GATEWAY_KAFKA_SECONDS.observe(time.perf_counter() - started)
+
+
+def _as_asyncio(future, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    """An asyncio future resolved by a kafka-python future's callbacks (from its I/O thread)."""
+    out = loop.create_future()
+
+    def settle(value=None, exc: BaseException | None = None) -> None:
+        if out.done():
+            return
+        if exc is None:
+            out.set_result(value)
+        else:
+            out.set_exception(exc)
+
+    future.add_callback(lambda md: loop.call_soon_threadsafe(settle, md))
+    future.add_errback(lambda exc: loop.call_soon_threadsafe(settle, None, exc))
+    return out
+
+
+def _counted(route: str, handler: Callable[[Gateway, Request], Awaitable[Response]]):
+    """Wrap a handler: a Refusal becomes its JSON answer; every answer is counted by status."""
+
+    async def endpoint(request: Request) -> Response:
+        gw: Gateway = request.app.state.gateway
+        try:
+            response = await handler(gw, request)
+        except Refusal as refusal:
+            if refusal.records and refusal.status != 503:
+                GATEWAY_RECORDS_REJECTED.labels(refusal.reason).inc(refusal.records)
+            response = refusal.response()
+        GATEWAY_REQUESTS.labels(route, str(response.status_code)).inc()
+        return response
+
+    return endpoint
+
+
+async def post_records(gw: Gateway, request: Request) -> Response:
+    study_id = request.path_params["study_id"]
+    if gw.limiter is not None:
+        client = request.client.host if request.client else "unknown"
+        if not gw.limiter.allow(client):
+            raise Refusal(429, "rate_limited", f"more than {gw.settings.rate_limit_per_s:g} "
+                          "requests per second from this client",
+                          headers={"Retry-After": str(gw.limiter.retry_after_s())})
+    study = gw.study_for(study_id, open_only=True).study
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media not in (OCTET_STREAM, JSON_TYPE):
+        raise Refusal(415, "unsupported_media_type",
+                      f"Content-Type must be {OCTET_STREAM} or {JSON_TYPE}, got {media!r}")
+    body = await gw.read_body(request)
+    records = check_binary(body, study) if media == OCTET_STREAM else encode_json(body, study)
+    await gw.produce(records, study.d)
+    GATEWAY_RECORDS_ACCEPTED.inc(len(records))
+    return JSONResponse({"accepted": len(records)}, status_code=202)
+
+
+async def get_study(gw: Gateway, request: Request) -> Response:
+    entry = gw.study_for(request.path_params["study_id"], open_only=False)
+    return Response(entry.value, media_type=JSON_TYPE)
+
+
+async def healthz(gw: Gateway, request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(gw: Gateway, request: Request) -> Response:
+    ok, why = gw.ready()
+    if not ok:
+        raise Refusal(503, "not_ready", why)
+    return JSONResponse({"status": why})
+
+
+async def metrics(gw: Gateway, request: Request) -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi(gw: Gateway, request: Request) -> Response:
+    return JSONResponse(openapi_document())
+
+
+_REASONS = {404: "not_found", 405: "method_not_allowed"}
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    reason = _REASONS.get(exc.status_code, "bad_request")
+    GATEWAY_REQUESTS.labels("other", str(exc.status_code)).inc()
+    return JSONResponse({"error": reason, "detail": str(exc.detail)},
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(settings: GatewaySettings | None = None, kafka: KafkaSettings | None = None,
+               topics: TopicSettings | None = None) -> Starlette:
+    """The gateway as an ASGI app; settings default to the IPDP_* environment."""
+    gw = Gateway(settings or GatewaySettings(), kafka or KafkaSettings(),
+                 topics or TopicSettings())
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    routes = [
+        Route("/studies/{study_id}/records",
+              _counted("/studies/{study_id}/records", post_records), methods=["POST"]),
+        Route("/studies/{study_id}", _counted("/studies/{study_id}", get_study),
+              methods=["GET"]),
+        Route("/healthz", _counted("/healthz", healthz), methods=["GET"]),
+        Route("/readyz", _counted("/readyz", readyz), methods=["GET"]),
+        Route("/metrics", _counted("/metrics", metrics), methods=["GET"]),
+        Route("/openapi.json", _counted("/openapi.json", openapi), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})
+    app.state.gateway = gw
+    return app
+
+
+def create_app_from_env() -> Starlette:
+    """uvicorn's factory (``gateway.app:create_app_from_env``): every worker builds its own."""
+    return create_app()
+

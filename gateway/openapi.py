@@ -1,0 +1,151 @@
+"""The gateway's OpenAPI 3.1 document, written out by hand (served at /openapi.json and committed
+as docs/gateway-openapi.json; tests/gateway/test_openapi.py checks the two agree)."""
+
+from __future__ import annotations
+
+import json
+
+__all__ = ["REASONS", "openapi_document", "openapi_text"]
+
+#: Every machine reason an error answer may carry, by HTTP status.
+REASONS: dict[int, list[str]] = {
+    400: ["undecodable", "unsupported_version", "wrong_dimension", "non_finite",
+          "study_mismatch"],
+    404: ["unknown_study", "not_found"],
+    405: ["method_not_allowed"],
+    409: ["closed_study"],
+    413: ["too_large"],
+    415: ["unsupported_media_type"],
+    429: ["rate_limited"],
+    503: ["kafka_unavailable", "studies_unavailable", "not_ready"],
+}
+
+_TEXT = {
+    400: "A record is unusable; `error` names the first check it failed.",
+    404: "No study with this id on the studies topic.",
+    409: "The study is closed and accepts no more records.",
+    413: "The body is longer than IPDP_GATEWAY_MAX_BODY_BYTES.",
+    415: "Content-Type is neither application/octet-stream nor application/json.",
+    429: "Too many requests from this client; retry after Retry-After seconds.",
+    503: "Kafka did not acknowledge the records (or the gateway is not ready yet); nothing was "
+         "accepted. Retry the same bytes: the record id makes a retry harmless.",
+}
+
+
+def _error(status: int) -> dict:
+    return {"description": _TEXT[status],
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+_STUDY_ID = {"name": "study_id", "in": "path", "required": True, "schema": {"type": "string"},
+             "description": "The study's id (its key on the studies topic)."}
+
+
+def openapi_document() -> dict:
+    """The OpenAPI document of every route the gateway serves."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ipdp gateway",
+            "version": "1",
+            "description": "HTTP ingest of perturbed records (docs/wire-format.md, version 1). "
+                           "A 202 means Kafka acknowledged every record of the request with "
+                           "acks=all.",
+        },
+        "paths": {
+            "/studies/{study_id}/records": {"post": {
+                "operationId": "postRecords",
+                "summary": "Submit one or more perturbed records of one study.",
+                "parameters": [_STUDY_ID],
+                "requestBody": {"required": True, "content": {
+                    "application/octet-stream": {"schema": {
+                        "type": "string", "format": "binary",
+                        "description": "k ≥ 1 version-1 records of the study's d, concatenated "
+                                       "(k · (48 + 16·d) bytes)."}},
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Records"}},
+                }},
+                "responses": {
+                    "202": {"description": "Kafka acknowledged every record.",
+                            "content": {"application/json": {"schema": {
+                                "$ref": "#/components/schemas/Accepted"}}}},
+                    **{str(s): _error(s) for s in (400, 404, 409, 413, 415, 429, 503)},
+                },
+            }},
+            "/studies/{study_id}": {"get": {
+                "operationId": "getStudy",
+                "summary": "The study's current studies-topic message, byte for byte.",
+                "parameters": [_STUDY_ID],
+                "responses": {
+                    "200": {"description": "The latest value of the study's key on the studies "
+                                           "topic (a signed envelope once studies are signed).",
+                            "content": {"application/json": {"schema": {"type": "object"}}}},
+                    "404": _error(404),
+                    "503": _error(503),
+                },
+            }},
+            "/healthz": {"get": {
+                "operationId": "healthz", "summary": "The process is up.",
+                "responses": {"200": {"description": "Up.", "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Status"}}}}},
+            }},
+            "/readyz": {"get": {
+                "operationId": "readyz",
+                "summary": "Kafka producer connected and the studies topic read.",
+                "responses": {
+                    "200": {"description": "Ready.", "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/Status"}}}},
+                    "503": _error(503),
+                },
+            }},
+            "/metrics": {"get": {
+                "operationId": "metrics", "summary": "Prometheus metrics.",
+                "responses": {"200": {"description": "Prometheus text format.",
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            }},
+            "/openapi.json": {"get": {
+                "operationId": "openapi", "summary": "This document.",
+                "responses": {"200": {"description": "OpenAPI 3.1.", "content": {
+                    "application/json": {"schema": {"type": "object"}}}}},
+            }},
+        },
+        "components": {"schemas": {
+            "Record": {
+                "type": "object", "additionalProperties": False,
+                "required": ["record_id", "created_ms", "q", "p"],
+                "properties": {
+                    "record_id": {"type": "string", "pattern": "^[0-9a-fA-F]{32}$",
+                                  "description": "16 random bytes, hex."},
+                    "created_ms": {"type": "integer", "minimum": -(2**63),
+                                   "maximum": 2**63 - 1},
+                    "q": {"type": "array", "minItems": 1, "items": {"type": "number"},
+                          "description": "q̃, d values."},
+                    "p": {"type": "array", "minItems": 1, "items": {"type": "number"},
+                          "description": "p̃, d values."},
+                },
+            },
+            "Records": {
+                "type": "object", "additionalProperties": False, "required": ["records"],
+                "properties": {"records": {"type": "array", "minItems": 1,
+                                           "items": {"$ref": "#/components/schemas/Record"}}},
+            },
+            "Accepted": {
+                "type": "object", "required": ["accepted"],
+                "properties": {"accepted": {"type": "integer", "minimum": 1}},
+            },
+            "Status": {"type": "object", "required": ["status"],
+                       "properties": {"status": {"type": "string"}}},
+            "Error": {
+                "type": "object", "required": ["error", "detail"],
+                "properties": {
+                    "error": {"type": "string",
+                              "enum": sorted({r for rs in REASONS.values() for r in rs})},
+                    "detail": {"type": "string"},
+                },
+            },
+        }},
+    }
+
+
+def openapi_text() -> str:
+    """The document as committed in docs/gateway-openapi.json."""
+    return json.dumps(openapi_document(), indent=2, ensure_ascii=False) + "\n"

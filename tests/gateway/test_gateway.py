@@ -1,0 +1,188 @@
+"""The gateway on a real broker: 202 only after Kafka holds the records, in one container; every
+refusal a 4xx with its reason; Kafka down → 503."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import numpy as np
+import pytest
+
+from gateway.app import records_per_message
+from ipdp import registry
+from ipdp.embedded import EmbeddedRuntime
+from ipdp.kafka_io import kafka_producer
+from ipdp.redis_io import redis_client
+from ipdp.studies_topic import read_study_entries
+from ipdp.wire import encode_record, record_size, split_container, study_hash
+from producer.gateway_client import GatewayClient
+from tests.gateway.conftest import running_gateway
+from tests.pipeline import create, read_records, wait_for
+
+D = 3
+
+
+def records(study_id: str, k: int, d: int = D, seed: int = 0) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    return [encode_record(study_hash(study_id), uuid.uuid4().bytes, 1_700_000_000_000,
+                          rng.normal(size=d), rng.normal(size=d)) for _ in range(k)]
+
+
+def known(url: str, study_id: str) -> None:
+    with GatewayClient(url) as c:
+        wait_for(lambda: c.study(study_id) is not None, 15, f"the gateway to know {study_id}")
+
+
+@pytest.fixture
+def study(kafka_settings, redis_settings, topics):
+    return create(kafka_settings, redis_settings, topics, study_id="gw-1", d=D, n=1000,
+                  epsilon=1.0, delta=0.01)
+
+
+def test_one_record_and_a_batch_are_acknowledged_as_one_container_each(
+        study, gateway_url, kafka_settings, topics):
+    known(gateway_url, study.study_id)
+    one, batch = records(study.study_id, 1), records(study.study_id, 50, seed=1)
+    with GatewayClient(gateway_url) as c:
+        a = c.post_records(study.study_id, one[0])
+        b = c.post_records(study.study_id, b"".join(batch))
+    assert (a.status, a.body) == (202, {"accepted": 1})
+    assert (b.status, b.body) == (202, {"accepted": 50})
+    # 202 came after acks=all: the messages are already on the topic.
+    got = read_records(kafka_settings, topics.records, expected=2, timeout_s=10)
+    assert len(got) == 2
+    by_key = {m.key: m.value for m in got}
+    assert split_container(by_key[one[0][24:40]]) == one
+    assert split_container(by_key[batch[0][24:40]]) == batch
+
+
+def test_json_records_are_encoded_exactly_as_the_binary_form(
+        study, gateway_url, kafka_settings, topics):
+    known(gateway_url, study.study_id)
+    rid, q, p = uuid.uuid4().bytes, [0.5, -1.25, 3.0], [1.0, -0.0, 2.5]
+    body = json.dumps({"records": [{"record_id": rid.hex(), "created_ms": 1_700_000_000_000,
+                                    "q": q, "p": p}]}).encode()
+    with GatewayClient(gateway_url) as c:
+        answer = c.post_records(study.study_id, body, "application/json")
+    assert (answer.status, answer.body) == (202, {"accepted": 1})
+    (msg,) = read_records(kafka_settings, topics.records, expected=1, timeout_s=10)
+    assert split_container(msg.value) == [
+        encode_record(study.hash, rid, 1_700_000_000_000, q, p)]
+
+
+def test_a_request_above_the_message_size_is_split_into_several_containers(
+        study, kafka_settings, topics):
+    size = 8 + 10 * record_size(D)
+    assert records_per_message(D, size) == 10
+    with running_gateway(kafka_settings, topics, max_message_bytes=size) as url:
+        known(url, study.study_id)
+        batch = records(study.study_id, 25)
+        with GatewayClient(url) as c:
+            answer = c.post_records(study.study_id, b"".join(batch))
+    assert (answer.status, answer.body) == (202, {"accepted": 25})
+    got = read_records(kafka_settings, topics.records, expected=3, timeout_s=10)
+    assert sorted(len(split_container(m.value)) for m in got) == [5, 10, 10]
+    assert sorted(r for m in got for r in split_container(m.value)) == sorted(batch)
+
+
+def _bad(study_id: str) -> dict[str, tuple[bytes, str, int, str]]:
+    good = records(study_id, 3)
+    nan = bytearray(good[1])
+    nan[48:56] = np.float64("nan").tobytes()
+    version = bytearray(good[0])
+    version[0] = 9
+    return {
+        "undecodable": (b"".join(good)[:-5], "application/octet-stream", 400, "undecodable"),
+        "empty": (b"", "application/octet-stream", 400, "undecodable"),
+        "wrong_dimension": (records(study_id, 2, d=D + 1)[0], "application/octet-stream", 400,
+                            "wrong_dimension"),
+        "non_finite": (good[0] + bytes(nan), "application/octet-stream", 400, "non_finite"),
+        "unsupported_version": (bytes(version), "application/octet-stream", 400,
+                                "unsupported_version"),
+        "study_mismatch": (records("another-study", 1)[0], "application/octet-stream", 400,
+                           "study_mismatch"),
+        "json_schema": (b'{"records": [{"record_id": "xyz"}]}', "application/json", 400,
+                        "undecodable"),
+        "json_wrong_dimension": (json.dumps({"records": [{
+            "record_id": "00" * 16, "created_ms": 0, "q": [1.0], "p": [1.0]}]}).encode(),
+            "application/json", 400, "wrong_dimension"),
+        "json_non_finite": (b'{"records": [{"record_id": "' + b"ab" * 16 + b'", "created_ms": 0,'
+                            b' "q": [NaN, 1, 2], "p": [1, 2, 3]}]}', "application/json", 400,
+                            "non_finite"),
+        "media_type": (good[0], "text/plain", 415, "unsupported_media_type"),
+        "too_large": (b"".join(records(study_id, 20)), "application/octet-stream", 413,
+                      "too_large"),
+    }
+
+
+def test_every_bad_request_gets_its_4xx_and_reason_and_nothing_reaches_kafka(
+        study, kafka_settings, redis_settings, topics):
+    producer = kafka_producer(kafka_settings)
+    closed = create(kafka_settings, redis_settings, topics, study_id="gw-closed", d=D, n=1000,
+                    epsilon=1.0, delta=0.01)
+    registry.close_study(redis_client(redis_settings), producer, topics, closed.study_id)
+    producer.close()
+    with running_gateway(kafka_settings, topics, max_body_bytes=10 * record_size(D)) as url:
+        known(url, study.study_id)
+        known(url, closed.study_id)
+        with GatewayClient(url) as c:
+            seen = {}
+            for name, (body, ctype, _, _) in _bad(study.study_id).items():
+                answer = c.post_records(study.study_id, body, ctype)
+                seen[name] = (answer.status, answer.error, sorted(answer.body))
+            unknown = c.post_records("no-such-study", records("no-such-study", 1)[0])
+            shut = c.post_records(closed.study_id, records(closed.study_id, 1)[0])
+            missing = c.request("GET", "/studies/no-such-study")
+            nowhere = c.request("GET", "/nowhere")
+    assert seen == {name: (status, reason, ["detail", "error"])
+                    for name, (_, _, status, reason) in _bad(study.study_id).items()}
+    assert (unknown.status, unknown.error) == (404, "unknown_study")
+    assert (shut.status, shut.error) == (409, "closed_study")
+    assert (missing.status, missing.error) == (404, "unknown_study")
+    assert (nowhere.status, nowhere.error) == (404, "not_found")
+    assert read_records(kafka_settings, topics.records, expected=1, timeout_s=2) == []
+
+
+def test_a_client_over_its_rate_gets_429_with_retry_after(study, kafka_settings, topics):
+    with running_gateway(kafka_settings, topics, rate_limit_per_s=0.5,
+                         rate_limit_burst=2) as url:
+        known(url, study.study_id)
+        with GatewayClient(url) as c:
+            answers = [c.post_records(study.study_id, r) for r in records(study.study_id, 3)]
+    assert [(a.status, a.error) for a in answers] == [
+        (202, None), (202, None), (429, "rate_limited")]
+
+
+def test_study_endpoint_serves_the_topic_value_byte_for_byte(study, gateway_url, kafka_settings,
+                                                             topics):
+    known(gateway_url, study.study_id)
+    value = read_study_entries(kafka_settings, topics)[study.study_id].value
+    with GatewayClient(gateway_url) as c:
+        answer = c.request("GET", f"/studies/{study.study_id}")
+        health, ready = c.request("GET", "/healthz"), c.request("GET", "/readyz")
+        c.post_records(study.study_id, records(study.study_id, 4)[0])
+        metrics = c.request("GET", "/metrics").raw.decode()
+    assert (answer.status, answer.raw) == (200, value)
+    assert (health.status, ready.status) == (200, 200)
+    assert 'ipdp_gateway_requests_total{route="/studies/{study_id}/records",status="202"}' \
+        in metrics
+    assert "ipdp_gateway_records_accepted_total" in metrics
+    assert "ipdp_gateway_kafka_produce_seconds_bucket" in metrics
+
+
+def test_kafka_down_gives_503_kafka_unavailable(tmp_path):
+    with EmbeddedRuntime(tmp_path / "rt") as rt:
+        kafka, topics = rt.kafka_settings(), rt.topics
+        study = create(kafka, rt.redis_settings(), topics, study_id="gw-down", d=D, n=1000,
+                       epsilon=1.0, delta=0.01)
+        with running_gateway(kafka, topics, kafka_timeout_s=2.0) as url:
+            known(url, study.study_id)
+            with GatewayClient(url) as c:
+                assert c.post_records(study.study_id, records(study.study_id, 1)[0]).status == 202
+                rt.broker.stop()
+                answer = c.post_records(study.study_id, records(study.study_id, 1)[0])
+                ready = c.request("GET", "/readyz")
+    assert (answer.status, answer.error) == (503, "kafka_unavailable")
+    assert sorted(answer.body) == ["detail", "error"]
+    assert ready.status in (200, 503)

@@ -1,0 +1,47 @@
+"""`ipdp gateway` as an operator runs it: a real process, configured by IPDP_* variables, that
+serves until SIGTERM and then exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ipdp.embedded.children import free_port
+from producer.gateway_client import GatewayClient
+from tests.gateway.test_gateway import records
+from tests.pipeline import create, read_records
+
+
+def test_ipdp_gateway_process_accepts_records_and_stops_cleanly_on_sigterm(
+        runtime, kafka_settings, redis_settings, topics, tmp_path):
+    study = create(kafka_settings, redis_settings, topics, study_id="gw-proc", d=3, n=1000,
+                   epsilon=1.0, delta=0.01)
+    port = free_port()
+    env = {**os.environ, **runtime.env(), "IPDP_TOPIC_RECORDS": topics.records,
+           "IPDP_TOPIC_STUDIES": topics.studies, "IPDP_GATEWAY_HOST": "127.0.0.1"}
+    log = open(tmp_path / "gateway.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with GatewayClient(f"http://127.0.0.1:{port}") as c:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, (tmp_path / "gateway.log").read_text()
+                try:
+                    if c.study(study.study_id) is not None:
+                        break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, "gateway did not come up within 60 s"
+                time.sleep(0.2)
+            answer = c.post_records(study.study_id, b"".join(records(study.study_id, 5)))
+        assert (answer.status, answer.body) == (202, {"accepted": 5})
+        assert len(read_records(kafka_settings, topics.records, expected=1, timeout_s=10)) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        log.close()
+    assert code == 0, (tmp_path / "gateway.log").read_text()

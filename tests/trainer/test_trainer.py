@@ -1,0 +1,25 @@
+"""What the trainer puts in every model's privacy report."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ipdp.study import Study
+from trainer.service import train_round
+
+
+def _model(**params):
+    study = Study(study_id="t", d=3, n=2000, epsilon=1.0, delta=0.01, **params)
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(study.n, 3)) / 3
+    return train_round(study, q.T @ q, q.sum(axis=0), study.n, round_no=1, closed_ms=0)
+
+
+def test_a_rigorous_model_says_its_guarantee_is_proven_for_replace_one():
+    privacy = _model().privacy
+    assert privacy.proven is True and privacy.neighbouring == "replace-one"
+    assert privacy.linear_sensitivity > 0 and sum(privacy.epsilon_split.values()) > 0
+
+
+def test_a_paper_mode_model_says_its_guarantee_is_not_proven():
+    assert _model(mode="paper").privacy.proven is False
