@@ -2,7 +2,8 @@
 
 Both produce rows (x, y) already preprocessed as in the paper: ‖x‖ ≤ 1 and |y| ≤ 1, with public,
 data-independent constants (every feature mapped into [−1, 1] by fixed ranges, then the row divided
-by √d). The regression target is y; the classification label is sign(y) (threshold 0).
+by √d, so also |x_j| ≤ 1/√d: `coord_bound`, the public per-feature bound the baselines that need
+one use). The regression target is y; the classification label is sign(y) (threshold 0).
 
 - synthetic: x ~ U[−1, 1]^d/√d, y = clip(xᵀw* + N(0, 0.05²), −1, 1) with a fixed w*, ‖w*‖ = 0.8.
   Unlimited rows, so n goes up to 2^21.
@@ -49,6 +50,11 @@ class Synthetic:
     def __post_init__(self) -> None:
         w = np.random.default_rng(2017).standard_normal(self.d)
         object.__setattr__(self, "w_true", self.w_norm * w / np.linalg.norm(w))
+
+    @property
+    def coord_bound(self) -> float:
+        """|x_j| ≤ 1/√d for every feature, by construction."""
+        return 1.0 / np.sqrt(self.d)
 
     def sample(self, rng: np.random.Generator, m: int) -> tuple[np.ndarray, np.ndarray]:
         """m fresh rows: x ~ U[−1,1]^d/√d, y = clip(xᵀw* + N(0, noise²), −1, 1)."""
@@ -147,6 +153,11 @@ class Flights:
     def d(self) -> int:
         """Number of features."""
         return self.x_train.shape[1]
+
+    @property
+    def coord_bound(self) -> float:
+        """|x_j| ≤ 1/√d for every feature: each is clipped into [−1, 1], then divided by √d."""
+        return 1.0 / np.sqrt(self.d)
 
     @property
     def n_train_pool(self) -> int:
