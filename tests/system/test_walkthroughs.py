@@ -72,10 +72,14 @@ def run_page(page: Path, tmp_path: Path) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IPDP_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env[marker.split("=")[0]] = marker.split("=")[1]
+    # Output goes to files, not pipes: a background job left running by a failing page would
+    # hold a pipe open and keep the test waiting for its end.
+    out_path, err_path = tmp_path / "page.stdout", tmp_path / "page.stderr"
     try:
-        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=PAGE_TIMEOUT_S,
-                              check=False)
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=tmp_path,
+                                  env=env, stdout=out, stderr=err, text=True,
+                                  timeout=PAGE_TIMEOUT_S, check=False)
     finally:
         deadline = time.monotonic() + 15
         while processes_with(marker) and time.monotonic() < deadline:
@@ -88,6 +92,8 @@ def run_page(page: Path, tmp_path: Path) -> str:
                         os.kill(int(pid_dir.name), 9)
                 except OSError:
                     continue
+    done.stdout = out_path.read_text(encoding="utf-8", errors="replace")
+    done.stderr = err_path.read_text(encoding="utf-8", errors="replace")
     assert done.returncode == 0, (f"{page.name} failed (exit {done.returncode})\n--- stdout\n"
                                   f"{done.stdout}\n--- stderr\n{done.stderr[-6000:]}")
     assert not left, f"{page.name} left processes behind: {left}"
