@@ -303,7 +303,8 @@ def _sigma_u2(pr: _Problem, eps1: float, gamma1: float, gamma2: float) -> float 
     a quadratic whose larger root is exact up to Step 3's negligible two-sided correction to z;
     the result is checked against the exact condition and nudged up until it holds.
     """
-    e = math.expm1(eps1)
+    # e^{ε₁} − 1 overflows past ε₁ ≈ 709; capping ε₁ there only asks for more noise (safe).
+    e = math.expm1(min(eps1, 700.0))
     g = eigenvalue_gap(pr.n, pr.d, gamma2)
     if g <= 0.0:
         return None
@@ -319,8 +320,12 @@ def _sigma_u2(pr: _Problem, eps1: float, gamma1: float, gamma2: float) -> float 
     s = (-qb + math.sqrt(qb * qb - 4.0 * qa * qc)) / (2.0 * qa)
 
     def holds(s: float) -> bool:
-        lp = noisy_smoothness(sigma_u2=pr.n * s * s, n=pr.n, d=pr.d, lam=pr.lam, gamma1=gamma1)
-        return e * (pr.delta_in + g * g * s * s) >= lp
+        # The same arithmetic as Step 5's final check (log_det_epsilon on eigenvalue_bound), so
+        # that no rounding difference lets the chosen σ_u² miss it by an ulp.
+        sigma_u2 = pr.n * s * s
+        lp = noisy_smoothness(sigma_u2=sigma_u2, n=pr.n, d=pr.d, lam=pr.lam, gamma1=gamma1)
+        beta = pr.delta_in + eigenvalue_bound(sigma_u2, pr.n, pr.d, gamma2)
+        return beta > 0.0 and log_det_epsilon(lp, beta) <= min(eps1, 700.0)
 
     root, step = s, 1e-12
     while not holds(s):
@@ -587,7 +592,8 @@ def _log_ndtr(x: float) -> float:
         return math.log(0.5 * math.erfc(-x / math.sqrt(2.0)))
     # Asymptotic series of Mills' ratio: Φ(x) ≈ φ(x)/|x| · (1 − 1/x² + 3/x⁴ − 15/x⁶).
     x2 = x * x
-    series = 1.0 - 1.0 / x2 + 3.0 / x2**2 - 15.0 / x2**3
+    # Past x² ≈ 1e100 the correction terms are below double precision (and x2**3 overflows).
+    series = 1.0 if x2 > 1e100 else 1.0 - 1.0 / x2 + 3.0 / x2**2 - 15.0 / x2**3
     return -0.5 * x2 - math.log(-x) - 0.5 * math.log(2.0 * math.pi) + math.log(series)
 
 
@@ -636,9 +642,14 @@ def calibrate(
     """
     common = {"epsilon": epsilon, "delta": delta, "n": n, "d": d, "lam": lam,
               "p_bound": p_bound, "eta": eta, "delta_in": delta_in}
-    if mode == "paper":
-        return calibrate_paper(**common)
-    return calibrate_rigorous(**common, log_det_share=log_det_share)
+    try:
+        if mode == "paper":
+            return calibrate_paper(**common)
+        return calibrate_rigorous(**common, log_det_share=log_det_share)
+    except OverflowError:
+        raise CalibrationError(
+            f"ε={epsilon} is beyond what the calibration evaluates in double precision (e^ε "
+            "overflows); such an ε protects nothing anyway") from None
 
 
 #: Probability that an honest record is rejected by the norm check (union over q̃ and p̃).

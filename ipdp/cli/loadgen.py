@@ -79,11 +79,17 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
 
         with redis_connection(args) as client:
             found = load_study(client, args.study, trusted)
+    return _open_study(found, args.study,
+                       f"unknown study {args.study!r} (create it with `ipdp study create`)")
+
+
+def _open_study(found: tuple[Study, StudyStatus] | None, study_id: str, missing: str) -> Study:
+    """The study of a (study, status) lookup, or a UsageError saying it is missing or closed."""
     if found is None:
-        raise UsageError(f"unknown study {args.study!r} (create it with `ipdp study create`)")
+        raise UsageError(missing)
     study, status = found
     if status is StudyStatus.CLOSED:
-        raise UsageError(f"study {args.study!r} is closed and accepts no more records")
+        raise UsageError(f"study {study_id!r} is closed and accepts no more records")
     return study
 
 
@@ -97,12 +103,7 @@ def _study_via_gateway(args: argparse.Namespace) -> Study:
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read study {args.study!r} from the gateway {args.via}: "
                          f"{exc}") from None
-    if found is None:
-        raise UsageError(f"the gateway {args.via} has no study {args.study!r}")
-    study, status = found
-    if status is StudyStatus.CLOSED:
-        raise UsageError(f"study {args.study!r} is closed and accepts no more records")
-    return study
+    return _open_study(found, args.study, f"the gateway {args.via} has no study {args.study!r}")
 
 
 def cmd_loadgen(args: argparse.Namespace) -> int:

@@ -116,7 +116,7 @@ def test_an_aggregator_that_pins_keys_refuses_an_unsigned_study_and_counts_it(
     producer = kafka_producer(kafka_settings)
     try:
         for study in (unsigned, signed):
-            c = Contributor(study, producer, topics.records)
+            c = Contributor(study, producer, topics.records, records_per_device=20)  # 20 devices
             c.submit_many([[0.1, 0.2, 0.0, 0.0]] * 20, [0.5] * 20)
             c.flush()
     finally:

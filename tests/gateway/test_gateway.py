@@ -23,10 +23,12 @@ from tests.pipeline import create, read_records, wait_for
 D = 3
 
 
-def records(study_id: str, k: int, d: int = D, seed: int = 0) -> list[bytes]:
+def records(study, k: int, d: int = D, seed: int = 0) -> list[bytes]:
+    """k records of ``study`` (a Study: its wire hash), or under a hash no study has (a str)."""
     rng = np.random.default_rng(seed)
-    return [encode_record(study_hash(study_id), uuid.uuid4().bytes, 1_700_000_000_000,
-                          rng.normal(size=d), rng.normal(size=d)) for _ in range(k)]
+    h = study_hash(study) if isinstance(study, str) else study.hash
+    return [encode_record(h, uuid.uuid4().bytes, 1_700_000_000_000, rng.normal(size=d),
+                          rng.normal(size=d)) for _ in range(k)]
 
 
 def known(url: str, study_id: str) -> None:
@@ -43,7 +45,7 @@ def study(kafka_settings, redis_settings, topics):
 def test_one_record_and_a_batch_are_acknowledged_as_one_container_each(
         study, gateway_url, kafka_settings, topics):
     known(gateway_url, study.study_id)
-    one, batch = records(study.study_id, 1), records(study.study_id, 50, seed=1)
+    one, batch = records(study, 1), records(study, 50, seed=1)
     with GatewayClient(gateway_url) as c:
         a = c.post_records(study.study_id, one[0])
         b = c.post_records(study.study_id, b"".join(batch))
@@ -77,7 +79,7 @@ def test_a_request_above_the_message_size_is_split_into_several_containers(
     assert records_per_message(D, size) == 10
     with running_gateway(kafka_settings, topics, max_message_bytes=size) as url:
         known(url, study.study_id)
-        batch = records(study.study_id, 25)
+        batch = records(study, 25)
         with GatewayClient(url) as c:
             answer = c.post_records(study.study_id, b"".join(batch))
     assert (answer.status, answer.body) == (202, {"accepted": 25})
@@ -132,7 +134,7 @@ def test_every_bad_request_gets_its_4xx_and_reason_and_nothing_reaches_kafka(
                 answer = c.post_records(study.study_id, body, ctype)
                 seen[name] = (answer.status, answer.error, sorted(answer.body))
             unknown = c.post_records("no-such-study", records("no-such-study", 1)[0])
-            shut = c.post_records(closed.study_id, records(closed.study_id, 1)[0])
+            shut = c.post_records(closed.study_id, records(closed, 1)[0])
             missing = c.request("GET", "/studies/no-such-study")
             nowhere = c.request("GET", "/nowhere")
     assert seen == {name: (status, reason, ["detail", "error"])
@@ -149,7 +151,7 @@ def test_a_client_over_its_rate_gets_429_with_retry_after(study, kafka_settings,
                          rate_limit_burst=2) as url:
         known(url, study.study_id)
         with GatewayClient(url) as c:
-            answers = [c.post_records(study.study_id, r) for r in records(study.study_id, 3)]
+            answers = [c.post_records(study.study_id, r) for r in records(study, 3)]
     assert [(a.status, a.error) for a in answers] == [
         (202, None), (202, None), (429, "rate_limited")]
 
@@ -157,11 +159,11 @@ def test_a_client_over_its_rate_gets_429_with_retry_after(study, kafka_settings,
 def test_study_endpoint_serves_the_topic_value_byte_for_byte(study, gateway_url, kafka_settings,
                                                              topics):
     known(gateway_url, study.study_id)
-    value = read_study_entries(kafka_settings, topics)[study.study_id].value
+    value = read_study_entries(kafka_settings, topics)[0][study.study_id].value
     with GatewayClient(gateway_url) as c:
         answer = c.request("GET", f"/studies/{study.study_id}")
         health, ready = c.request("GET", "/healthz"), c.request("GET", "/readyz")
-        c.post_records(study.study_id, records(study.study_id, 4)[0])
+        c.post_records(study.study_id, records(study, 4)[0])
         metrics = c.request("GET", "/metrics").raw.decode()
     assert (answer.status, answer.raw) == (200, value)
     assert (health.status, ready.status) == (200, 200)
@@ -179,9 +181,9 @@ def test_kafka_down_gives_503_kafka_unavailable(tmp_path):
         with running_gateway(kafka, topics, kafka_timeout_s=2.0) as url:
             known(url, study.study_id)
             with GatewayClient(url) as c:
-                assert c.post_records(study.study_id, records(study.study_id, 1)[0]).status == 202
+                assert c.post_records(study.study_id, records(study, 1)[0]).status == 202
                 rt.broker.stop()
-                answer = c.post_records(study.study_id, records(study.study_id, 1)[0])
+                answer = c.post_records(study.study_id, records(study, 1)[0])
                 ready = c.request("GET", "/readyz")
     assert (answer.status, answer.error) == (503, "kafka_unavailable")
     assert sorted(answer.body) == ["detail", "error"]

@@ -366,3 +366,14 @@ def test_inconsistent_feature_bounds_are_refused_with_a_clear_message(override, 
     base = {"study_id": "s", "d": 14, "n": 10_000, "epsilon": 1.0, "delta": 0.01}
     with pytest.raises(ValueError, match=match):
         Study(**{**base, **override})
+
+
+def test_a_huge_epsilon_calibrates_or_is_refused_with_a_clear_error_never_an_overflow():
+    from ipdp.errors import CalibrationError
+
+    cal = calibrate(mode="rigorous", epsilon=1000.0, delta=0.01, n=2000, d=14, lam=1.0,
+                    p_bound=1.0, eta=1.0, delta_in=0.0)
+    assert cal.sigma_u2 < 1e-100 and cal.local_epsilon > 1e100
+    with pytest.raises(CalibrationError, match="double precision"):
+        calibrate(mode="rigorous", epsilon=1e5, delta=0.01, n=2000, d=14, lam=1.0, p_bound=1.0,
+                  eta=1.0, delta_in=0.0)

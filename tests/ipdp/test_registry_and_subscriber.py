@@ -23,11 +23,11 @@ from ipdp.registry import (
     study_by_hash,
 )
 from ipdp.state import STUDY_HASHES, published_key, study_key
+from ipdp.studies_topic import read_studies_topic
 from ipdp.study import Study, StudyStatus
 from ipdp.subscriber import ModelSubscriber
 from ipdp.wire import decode_record
 from producer.contributor import Contributor
-from ipdp.studies_topic import read_studies_topic
 from tests.pipeline import read_records
 
 OPEN, CLOSED = StudyStatus.OPEN, StudyStatus.CLOSED

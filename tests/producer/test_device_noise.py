@@ -81,7 +81,9 @@ def test_records_from_the_sdk_carry_noise_of_the_study_calibration(loss):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(10_000, study.d))
     y = np.sign(rng.normal(size=10_000))
-    _, values = Contributor(study, producer=None, topic="unused").encode_many(x, y)
+    # 10,000 draws through the SDK's own path: one Contributor allowed that many records.
+    sdk = Contributor(study, producer=None, topic="unused", records_per_device=10_000)
+    _, values = sdk.encode_many(x, y)
     (batch,), rejects = decode_batch(values)
     assert not rejects
     q, p = clip(*encode(loss, x, y), study.lam, study.p_bound)

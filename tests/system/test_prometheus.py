@@ -103,7 +103,8 @@ def test_prometheus_with_the_compose_scrape_config_sees_the_ingestion_rate_and_t
     with ps.pipeline(runtime, topics, tmp_path, group=f"agg-{topics.records}") as children:
         prom_port = free_port()
         ports = {"aggregator": children["aggregator"].port, "trainer": children["trainer"].port,
-                 "loadgen": free_port(), "prometheus": prom_port}  # no load generator runs
+                 "loadgen": free_port(), "gateway": free_port(),  # no load generator, no gateway
+                 "prometheus": prom_port}
         prom = Prometheus(prometheus_binary, scrape_config_for(ports), tmp_path / "prom",
                           prom_port)
         try:
