@@ -82,7 +82,6 @@ class ModelMessage(BaseModel):
     weights: list[float]
     constraint_active: bool = Field(description="True when ‖w‖ = η binds.")
     privacy: PrivacyReport
-    solve_seconds: float
     round_closed_ms: int
     published_ms: int
 

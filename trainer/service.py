@@ -48,8 +48,13 @@ class RoundRefused(IpdpError):
 
 
 def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no: int,
-                closed_ms: int) -> ModelMessage:
-    """Solve w = argmin_{‖w‖≤η} ½wᵀ(A + Δ_in I)w − bᵀw for one closed round of exactly n records."""
+                closed_ms: int) -> tuple[ModelMessage, float]:
+    """Solve w = argmin_{‖w‖≤η} ½wᵀ(A + Δ_in I)w − bᵀw for one closed round of exactly n records.
+
+    Returns the model and the solve's duration in seconds. The duration depends on the data (the
+    eigendecomposition and the secular equation), so it goes to the operator's metric and log,
+    never into the published message: only w and the report are released (docs/privacy.md).
+    """
     if count != study.n:
         raise RoundRefused(f"study {study.study_id} round {round_no} holds {count} records, "
                            f"not n={study.n}; no model is published")
@@ -61,9 +66,8 @@ def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no
         study_id=study.study_id, round=round_no, n=count, d=study.d, loss=study.loss,
         weights=solution.w.tolist(), constraint_active=solution.constrained,
         privacy=PrivacyReport.from_calibration(cal, composed_after(study, round_no)),
-        solve_seconds=solve_s,
         round_closed_ms=closed_ms, published_ms=int(time.time() * 1000),
-    )
+    ), solve_s
 
 
 def composed_after(study: Study, round_no: int):
@@ -169,12 +173,12 @@ class Trainer:
         study = found[0]
         a, b = state.unpack_stats(raw[b"A"], raw[b"b"], study.d)
         try:
-            message = train_round(study, a, b, int(raw[b"count"]), round_no,
+            message, solve_s = train_round(study, a, b, int(raw[b"count"]), round_no,
                                   int(raw[b"closed_ms"]))
         except (RoundRefused, ValueError) as exc:
             self._refuse(entry_id, sid, round_no, exc)
             return
-        metrics.SOLVE_SECONDS.observe(message.solve_seconds)
+        metrics.SOLVE_SECONDS.observe(solve_s)
         self.publish(message)
         with self.redis.pipeline() as pipe:
             pipe.delete(state.closed_key(sid, round_no))
@@ -186,7 +190,7 @@ class Trainer:
         metrics.ROUND_TO_MODEL_SECONDS.observe(
             max(0.0, (message.published_ms - message.round_closed_ms) / 1000))
         log.info("study %s round %d: model published (‖w‖=%.4g, solve %.2f ms)", sid, round_no,
-                 float(np.linalg.norm(message.weights)), message.solve_seconds * 1000)
+                 float(np.linalg.norm(message.weights)), solve_s * 1000)
 
 
 def cmd_run(args) -> int:

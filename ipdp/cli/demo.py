@@ -112,7 +112,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     result.update(n=study.n, d=study.d, records_sent=sent.sent, via_gateway=args.via_gateway, records_folded=folded,
                   round=model.round, epsilon=study.epsilon, delta=study.delta,
                   mode=study.mode, loss=study.loss, local_epsilon=study.calibration.local_epsilon,
-                  solve_seconds=model.solve_seconds, elapsed_s=round(time.monotonic() - started, 2))
+                  elapsed_s=round(time.monotonic() - started, 2))
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

@@ -39,8 +39,7 @@ def model_line(m) -> str:
     pr = m.privacy
     return (f"{m.study_id}  round {m.round}  n={m.n}  ‖w‖={w_norm:.4f}  "
             f"ε={pr.epsilon:g}  δ={pr.delta:g}  mode={pr.mode}"
-            f"{'' if pr.proven else ' (NOT proven)'}  "
-            f"solve={m.solve_seconds * 1000:.2f} ms")
+            f"{'' if pr.proven else ' (NOT proven)'}")
 
 
 def cmd_models(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ def _model(round_no: int, w=(0.3, 0.4, 0.0, 0.0)) -> ModelMessage:
     return ModelMessage(
         study_id=STUDY.study_id, round=round_no, n=STUDY.n, d=STUDY.d, loss=STUDY.loss,
         weights=list(w), constraint_active=False,
-        privacy=PrivacyReport.from_calibration(STUDY.calibration), solve_seconds=0.001,
+        privacy=PrivacyReport.from_calibration(STUDY.calibration),
         round_closed_ms=1, published_ms=2)
 
 

@@ -12,7 +12,7 @@ def _model(**params):
     study = Study(study_id="t", d=3, n=2000, epsilon=1.0, delta=0.01, **params)
     rng = np.random.default_rng(0)
     q = rng.normal(size=(study.n, 3)) / 3
-    return train_round(study, q.T @ q, q.sum(axis=0), study.n, round_no=1, closed_ms=0)
+    return train_round(study, q.T @ q, q.sum(axis=0), study.n, round_no=1, closed_ms=0)[0]
 
 
 def test_a_rigorous_model_says_its_guarantee_is_proven_for_replace_one():
@@ -23,3 +23,8 @@ def test_a_rigorous_model_says_its_guarantee_is_proven_for_replace_one():
 
 def test_a_paper_mode_model_says_its_guarantee_is_not_proven():
     assert _model(mode="paper").privacy.proven is False
+
+
+def test_the_published_message_carries_no_solve_duration():
+    message = _model()
+    assert "solve_seconds" not in message.model_dump()
