@@ -217,12 +217,13 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
         trainer = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "trainer", "run",
                                     "--idle-exit", "30"], env=env)
         key = state.counts_key(study.study_id)
-        first, agg_cpu0 = None, _cpu_seconds(agg.pid)
+        # Both clocks start at the first fold: start-up and the group join are not counted.
+        first, agg_cpu0 = None, 0.0
         while int(r.hget(key, "folded") or 0) < k:
             if agg.poll() is not None:
                 raise RuntimeError(f"the aggregator exited early with status {agg.returncode}")
             if first is None and int(r.hget(key, "folded") or 0) > 0:
-                first = time.perf_counter()
+                first, agg_cpu0 = time.perf_counter(), _cpu_seconds(agg.pid)
             time.sleep(0.005)
         out["agg_rate"] = k / (time.perf_counter() - (first or time.perf_counter()))
         out["agg_cpu_us"] = (_cpu_seconds(agg.pid) - agg_cpu0) / k * 1e6
