@@ -3,9 +3,10 @@
 Redis holds, per study, time buckets by fold time: ``ipdp:replay:{id}:{end}`` is a list with one
 blob per fold (the first 8 bytes of every record id that fold accepted, packed), and
 ``ipdp:replay:{id}`` indexes them (bucket end → blobs). A bucket spans ``window / 24`` (at least
-a second) of fold time and is dropped whole once its end is ``window + skew`` in the past: a
-record is accepted only if it was created at most ``skew`` after its fold, so by then every
-record of the bucket is refused as stale anyway. Nothing is kept per id but its 8 bytes.
+a second) of fold time and is dropped whole once its end is ``window + skew`` and one more span
+in the past: a record is accepted only if it was created at most ``skew`` after its fold, so by
+then every record of the bucket is refused as stale anyway, even by an aggregator whose clock
+is up to a span behind the one that drops it. Nothing is kept per id but its 8 bytes.
 
 Membership is decided here, with numpy, on this process's copy of the study's ids: under the
 fold's WATCH of the index, one script call ships what other folds appended since this process
@@ -130,7 +131,8 @@ class ReplayIds:
     def add(self, pipe, study_id: str, ids: np.ndarray, now_ms: int) -> None:
         """Queue (inside MULTI) the append of ``ids`` and the drop of expired buckets."""
         end = (now_ms // self.bucket_ms + 1) * self.bucket_ms
-        cutoff = now_ms - self.window_ms - self.skew_ms
+        # One span more than the stale check needs: the margin for aggregators' clocks.
+        cutoff = now_ms - self.window_ms - self.skew_ms - self.bucket_ms
         expired = [e for e in self._studies.get(study_id, _StudyIds()).buckets if e <= cutoff]
         self._script(
             keys=[state.replay_key(study_id), state.replay_bucket_key(study_id, end),

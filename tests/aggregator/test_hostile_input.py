@@ -195,7 +195,7 @@ def test_replay_ids_expire_after_the_window_and_are_the_only_thing_kept(redis_se
     replay = folder.fold([Message(0, 1, old[0])])
     assert [x.reason for x in replay.rejected] == [RejectReason.REPLAYED]
 
-    clock[0] += 8  # past window + skew: the bucket is dropped whole at the next fold...
+    clock[0] += 9  # past window + skew + a span: the bucket is dropped whole at the next fold...
     new, _, _ = honest(study, 1, seed=4, created_ms=int(clock[0] * 1000))
     assert folder.fold([Message(0, 2, new[0])]).folded == {"hostile": 1}
     assert not r.exists(state.replay_bucket_key(study.study_id, end))

@@ -132,15 +132,21 @@ def test_a_bucket_is_dropped_once_window_plus_skew_has_passed_and_its_records_ar
     assert reasons(folder.fold([Message(0, 1, early[0]), Message(0, 2, late[0])])) == [
         RejectReason.REPLAYED]
     assert r.exists(state.replay_bucket_key(study.study_id, first))
-    clock[0] = first / 1000 + 48 + 4  # the bucket's end is window + skew in the past
+    # At window + skew past its end the bucket is still kept: one span more is the margin for
+    # an aggregator whose clock is behind the one that drops it.
+    clock[0] = first / 1000 + 48 + 4
+    kept, _, _ = honest(study, 1, seed=21, created_ms=int(clock[0] * 1000))
+    assert folder.fold([Message(0, 3, kept[0])]).folded == {study.study_id: 1}
+    assert r.exists(state.replay_bucket_key(study.study_id, first))
+    clock[0] = first / 1000 + 48 + 4 + 2  # the bucket's end is window + skew + a span old
     now, _, _ = honest(study, 1, seed=20, created_ms=int(clock[0] * 1000))
-    dropping = folder.fold([Message(0, 3, early[1]), Message(0, 4, now[0])])
+    dropping = folder.fold([Message(0, 4, early[1]), Message(0, 5, now[0])])
     assert reasons(dropping) == [RejectReason.STALE]
     assert not r.exists(state.replay_bucket_key(study.study_id, first))
     assert first not in [int(k) for k in r.hkeys(state.replay_key(study.study_id))]
     # The forgotten record is stale by its own time, so it is still never folded twice.
-    assert reasons(folder.fold([Message(0, 5, early[0])])) == [RejectReason.STALE]
-    assert folded(redis_settings, study) == 3
+    assert reasons(folder.fold([Message(0, 6, early[0])])) == [RejectReason.STALE]
+    assert folded(redis_settings, study) == 4
 
 
 def test_the_sorted_set_of_earlier_versions_is_read_until_it_expires(redis_settings):
@@ -156,7 +162,7 @@ def test_the_sorted_set_of_earlier_versions_is_read_until_it_expires(redis_setti
     r.zadd(legacy, {good[0][24:40]: t0})  # folded by the previous version
     result = folder.fold([Message(0, 0, good[0]), Message(0, 1, good[1])])
     assert result.folded == {study.study_id: 1} and reasons(result) == [RejectReason.REPLAYED]
-    clock[0] += 13  # past window + skew: the old set is trimmed away at the next fold
+    clock[0] += 14  # past window + skew + a span: the old set is trimmed away at the next fold
     fresh, _, _ = honest(study, 1, seed=18, created_ms=int(clock[0] * 1000))
     assert folder.fold([Message(0, 2, fresh[0])]).folded == {study.study_id: 1}
     assert not r.exists(legacy)
