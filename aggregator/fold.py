@@ -10,7 +10,6 @@ keeps all of it. A zombie that lost its partitions finds the offsets moved and f
 
 from __future__ import annotations
 
-import importlib.resources
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from aggregator.replay import ReplayIds
 from aggregator.validate import (
     Message,
     Polled,
@@ -85,15 +85,13 @@ class Folder:
         self.trusted = trusted
         self._refused: dict[bytes, tuple[float, str]] = {}
         self.offsets_key = state.offsets_key(group, topic)
-        self.window_ms = replay_window_s * 1000
-        self.skew_ms = max_future_skew_s * 1000
         self.clock = clock
         self._studies: dict[bytes, Study] = {}
         self.validator = Validator(self._study, self._registered, replay_window_s=replay_window_s,
                                    max_future_skew_s=max_future_skew_s,
                                    max_message_bytes=max_message_bytes)
-        self._replay = r.register_script(
-            importlib.resources.files("aggregator").joinpath("replay.lua").read_text())
+        self.replay = ReplayIds(r, replay_window_s=replay_window_s,
+                                max_future_skew_s=max_future_skew_s)
 
     def committed_offsets(self) -> dict[int, int]:
         """partition → next offset to fold, as stored with the statistics."""
@@ -125,7 +123,8 @@ class Folder:
         watched = [self.offsets_key]
         for v in valid:
             sid = v.study.study_id
-            watched += [state.open_key(sid), state.study_key(sid), state.seen_key(sid)]
+            watched += [state.open_key(sid), state.study_key(sid),
+                        self.replay.watch_key(sid)]
         sent: set[tuple[str, RejectReason]] = set()
         conflicts = 0
         with self.r.pipeline() as pipe:
@@ -216,13 +215,10 @@ class Folder:
             detail = f"study {sid} is {status and status.decode()}"
             result.rejected += [rows.rejection(i, reason, detail) for i in row.tolist()]
             return
-        seen_before = self._replay(keys=[state.seen_key(sid)],
-                                   args=[np.ascontiguousarray(ids).tobytes(), "check"],
-                                   client=pipe)
         first_idx = _first_of_each_id(ids)
         fresh = np.zeros(len(row), bool)
         fresh[first_idx] = True
-        fresh &= np.frombuffer(seen_before, np.uint8) == ord("0")
+        fresh &= ~self.replay.seen(pipe, sid, ids)
         result.rejected += [rows.rejection(i, RejectReason.REPLAYED,
                                            "record id already seen within the replay window")
                             for i in row[~fresh].tolist()]
@@ -260,7 +256,7 @@ class Folder:
         result.folded[sid] = folded
         result.closed_rounds += [(sid, r) for r, _, _ in closed]
         result.open_rounds[sid] = (round_no, 0 if study_closed else count, n)
-        seen_blob = np.ascontiguousarray(keep_ids[:folded]).tobytes()
+        folded_ids = keep_ids[:folded]
         final = (round_no, count, a, b)
         closed_ms = now_ms
 
@@ -278,12 +274,7 @@ class Folder:
                 a_raw, b_raw = state.pack_stats(fa, fb)
                 pipe.hset(state.open_key(sid), mapping={"round": r_no, "count": c,
                                                         "A": a_raw, "b": b_raw})
-            # Ids are scored with the fold time and kept `window + skew` after it: a record is
-            # created at most `skew` after its fold, so its id outlives `window` from its
-            # creation, and by then a replay of it is rejected as stale.
-            self._replay(keys=[state.seen_key(sid)],
-                         args=[seen_blob, now_ms, now_ms - self.window_ms - self.skew_ms, "add"],
-                         client=pipe)
+            self.replay.add(pipe, sid, folded_ids, now_ms)
             pipe.hincrby(state.counts_key(sid), "folded", folded)
             if closed:
                 pipe.hincrby(state.counts_key(sid), "rounds_closed", len(closed))

@@ -3,6 +3,11 @@
 One process is one member of the consumer group; partitions are its shards. Offsets live in
 Redis next to the statistics (aggregator/fold.py), so on every assignment the consumer seeks to
 Redis's offsets, not Kafka's. Kafka commits are made too, but only so lag tools see progress.
+
+The next poll overlaps the current fold (one fold thread; the consumer stays on the loop's
+thread). That is safe because the fold, not the consumer, decides what counts: it drops what
+Redis's offsets already cover and refuses a batch that starts past them. A batch polled while
+the fold before it asked for a re-seek is not folded: its partitions are rewound instead.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 import redis
@@ -101,12 +107,16 @@ class Aggregator:
         )
         self.consumer.subscribe([topics.records], listener=_SeekToRedisOffsets(self))
         self.stop_event = threading.Event()
+        self._folding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fold")
+        self._pending: Future | None = None
         self.totals = {"folded": 0, "rejected": 0, "rounds_closed": 0}
         self._lag_at = 0.0
 
     def seek_to_committed(self, assigned) -> None:
         """Seek each assigned partition to the next offset Redis says is unfolded (its log's
         start if none), and pause those whose log is not the one that offset belongs to."""
+        if self._pending is not None:  # let the fold in flight land first: it moves them
+            wait([self._pending])
         committed = self._with_retry(self.folder.committed_offsets)
         for tp in assigned:
             if tp.partition in committed:
@@ -158,29 +168,42 @@ class Aggregator:
         """Fold until stopped (SIGTERM/SIGINT or stop_event); returns the totals folded here."""
         backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
         idle_since = time.monotonic()
-        while not self.stop_event.is_set():
-            try:
-                polled = self.consumer.poll(timeout_ms=self.settings.poll_timeout_ms,
-                                            max_records=self.settings.max_batch)
-            except OffsetOutOfRangeError as exc:
-                offsets = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
-                self._pause(self._with_retry(lambda o=offsets: self.logs.out_of_range(
-                    {tp.partition: offset for tp, offset in o.items()})))
-                continue
-            except KafkaError as exc:
-                pause_after_failure(backoff, self.stop_event, "kafka", "poll", exc)
-                continue
-            backoff.reset()
-            if not polled:
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    polled = self.consumer.poll(timeout_ms=self.settings.poll_timeout_ms,
+                                                max_records=self.settings.max_batch)
+                except OffsetOutOfRangeError as exc:
+                    offsets = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+                    self._pause(self._with_retry(lambda o=offsets: self.logs.out_of_range(
+                        {tp.partition: offset for tp, offset in o.items()})))
+                    continue
+                except KafkaError as exc:
+                    pause_after_failure(backoff, self.stop_event, "kafka", "poll", exc)
+                    continue
+                backoff.reset()
+                if self._pending is not None:
+                    reseeked = self._finish()
+                    if reseeked and polled:
+                        self._rewind(polled, reseeked)
+                        continue
+                if not polled:
+                    self._refresh_lag()
+                    if not self.consumer.assignment():
+                        idle_since = time.monotonic()  # joining the group is not idleness
+                    elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                # The log check talks to the consumer, so it runs here, not on the fold thread.
+                batch = self._from_verified_log(self._as_arrays(polled))
+                if len(batch):
+                    self._pending = self._folding.submit(self._fold, batch)
                 self._refresh_lag()
-                if not self.consumer.assignment():
-                    idle_since = time.monotonic()  # joining the group is not idleness
-                elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
-                    break
-                continue
-            idle_since = time.monotonic()
-            self._fold(self._as_arrays(polled))
-            self._refresh_lag()
+            if self._pending is not None:
+                self._finish()
+        finally:
+            self._folding.shutdown(wait=True)
         self.close()
         return self.totals
 
@@ -196,26 +219,42 @@ class Aggregator:
             headers += map(_HEADERS, recs)
         return Polled(np.concatenate(parts), np.concatenate(offsets), values, headers=headers)
 
-    def _fold(self, messages: Polled) -> None:
-        messages = self._from_verified_log(messages)
-        if not len(messages):
-            return
+    def _fold(self, messages: Polled) -> FoldResult:
+        """On the fold thread: fold one batch, retrying until Redis lets it through."""
         started = time.perf_counter()
         result = self._with_retry(lambda: self.folder.fold(messages, self._dead_letter))
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
         metrics.FOLD_BATCH_RECORDS.observe(len(messages))
         if result.conflicts:
             metrics.FOLD_CONFLICTS.inc(result.conflicts)
+        return result
+
+    def _finish(self) -> dict[int, int]:
+        """On the loop's thread: wait for the fold in flight, then seek, account and commit to
+        Kafka; returns the re-seeks the fold asked for."""
+        pending, self._pending = self._pending, None
+        result: FoldResult = pending.result()
+        assigned = self.consumer.assignment()
         for partition, offset in result.reseek.items():
-            self.consumer.seek(TopicPartition(self.topics.records, partition), offset)
+            tp = TopicPartition(self.topics.records, partition)
+            if tp in assigned:  # a partition revoked meanwhile is its new owner's to seek
+                self.consumer.seek(tp, offset)
         if result.reseek:
-            return
+            return result.reseek
         self._account(result)
         try:
             self.consumer.commit_async()
         except KafkaError as exc:  # Kafka's commit is informational; Redis holds the truth
             metrics.BACKEND_ERRORS.labels("kafka", "commit").inc()
             log.debug("kafka commit failed: %s", exc)
+        return {}
+
+    def _rewind(self, polled, reseeked: dict[int, int]) -> None:
+        """Drop a batch polled before a re-seek: its other partitions go back to its start."""
+        assigned = self.consumer.assignment()
+        for tp, recs in polled.items():
+            if tp.partition not in reseeked and recs and tp in assigned:
+                self.consumer.seek(tp, recs[0].offset)
 
     def _account(self, result: FoldResult) -> None:
         for sid, k in result.folded.items():

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from aggregator.fold import Folder
+from aggregator.replay import ReplayIds
 from aggregator.validate import Polled
 from bench.markdown import replace_block
 from ipdp import registry, state
@@ -40,6 +41,7 @@ TARGETS = {
     "e2e": "≥ 90 % of the broker's bare consume rate",
     "solve": "< 100 ms at d = 100",
     "bytes": "statistics bytes identical at n = 10³ and 10⁶",
+    "replay": "≤ 16 bytes per id, no false negatives",
 }
 
 
@@ -55,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "to stderr).")
     p.add_argument("--scale-records", dest="scale_records", type=int, default=100_000,
                    help="Records per aggregator process in the scale-out table (default 100000).")
+    p.add_argument("--replay-ids", dest="replay_ids", type=int, nargs="+",
+                   default=[10**6, 10**7],
+                   help="Sizes of the replay-state memory table (default 1000000 10000000; the "
+                        "larger one takes about a minute).")
     p.add_argument("--write", metavar="MD", default=None,
                    help="Also put the tables into MD between the bench.throughput markers "
                         "(docs/benchmarks.md).")
@@ -99,8 +105,8 @@ def fold_path(k14: int, figures: dict | None = None) -> list[list[str]]:
             rows.append([str(d), "5000", "decode + validate, no Redis",
                          f"{k / (time.perf_counter() - t0):,.0f}", "—"])
             for batch in (500, 2000, 5000, 20000):
-                r.delete(state.offsets_key("bench", f"t{d}"), state.seen_key(study.study_id),
-                         state.open_key(study.study_id))
+                r.delete(state.offsets_key("bench", f"t{d}"), state.open_key(study.study_id),
+                         *_replay_keys(r, study.study_id))
                 wall0, cpu0 = time.perf_counter(), time.process_time()
                 for s in range(0, k, batch):
                     folder.fold(_polled(values, s, batch))
@@ -210,12 +216,13 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
         trainer = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "trainer", "run",
                                     "--idle-exit", "30"], env=env)
         key = state.counts_key(study.study_id)
-        first, agg_cpu0 = None, _cpu_seconds(agg.pid)
+        # Both clocks start at the first fold: start-up and the group join are not counted.
+        first, agg_cpu0 = None, 0.0
         while int(r.hget(key, "folded") or 0) < k:
             if agg.poll() is not None:
                 raise RuntimeError(f"the aggregator exited early with status {agg.returncode}")
             if first is None and int(r.hget(key, "folded") or 0) > 0:
-                first = time.perf_counter()
+                first, agg_cpu0 = time.perf_counter(), _cpu_seconds(agg.pid)
             time.sleep(0.005)
         out["agg_rate"] = k / (time.perf_counter() - (first or time.perf_counter()))
         out["agg_cpu_us"] = (_cpu_seconds(agg.pid) - agg_cpu0) / k * 1e6
@@ -280,25 +287,88 @@ def solve_times() -> list[list[str]]:
     return rows
 
 
-def replay_set(k: int) -> list[list[str]]:
-    """The replay-id script alone (aggregator/replay.lua) against a fresh Redis: check, then insert."""
-    import importlib.resources
+def _replay_keys(r, study_id: str) -> list[str]:
+    """The index and every bucket of a study's replay state."""
+    index = state.replay_key(study_id)
+    return [index] + [state.replay_bucket_key(study_id, int(e)) for e in r.hkeys(index)]
 
+
+def replay_bytes(r, study_id: str) -> int:
+    """MEMORY USAGE (every element counted) of a study's replay state."""
+    return sum(r.memory_usage(k, samples=0) or 0 for k in _replay_keys(r, study_id))
+
+
+def _replay_batch(r, replay: ReplayIds, study_id: str, ids: np.ndarray, now_ms: int) -> int:
+    """One fold's worth of replay work: check under WATCH, append in MULTI; returns the hits."""
+    with r.pipeline() as pipe:
+        pipe.watch(replay.watch_key(study_id))
+        hits = int(replay.seen(pipe, study_id, ids).sum())
+        pipe.multi()
+        replay.add(pipe, study_id, ids, now_ms)
+        pipe.execute()
+    return hits
+
+
+def replay_set(k: int) -> list[list[str]]:
+    """The replay state alone (aggregator/replay.py) against a fresh Redis, batches of 5,000:
+    check + append of fresh ids, then of the same ids again (every one a hit)."""
     rows = []
-    script = importlib.resources.files("aggregator").joinpath("replay.lua").read_text()
     for label, extra in (("AOF appendfsync always (as deployed)", []),
                          ("AOF off", ["--appendonly", "no"])):
         with EmbeddedRedis(extra_args=extra) as srv:
             r = redis_client(srv.settings())
-            replay = r.register_script(script)
+            replay = ReplayIds(r, replay_window_s=86_400, max_future_skew_s=300)
             ids = np.random.default_rng(0).integers(0, 256, (k, 16), dtype=np.uint8)
-            for op, args in (("check, ids absent", lambda c: [c, "check"]),
-                             ("insert + trim", lambda c: [c, 1, 0, "add"]),
-                             ("check, ids present", lambda c: [c, "check"])):
-                t0 = time.perf_counter()
+            now = int(time.time() * 1000)
+            for op in ("check + append, ids absent", "check + append, ids present"):
+                t0, cpu0, hits = time.perf_counter(), time.process_time(), 0
                 for s in range(0, k, 5000):
-                    replay(keys=["seen"], args=args(ids[s:s + 5000].tobytes()))
-                rows.append([label, op, f"{k / (time.perf_counter() - t0):,.0f}"])
+                    hits += _replay_batch(r, replay, "bench", ids[s:s + 5000], now)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                rows.append([label, op, f"{k / wall:,.0f}", f"{k / cpu:,.0f}", f"{hits:,}"])
+    return rows
+
+
+def _random_ids(rng: np.random.Generator, k: int, bits: int) -> np.ndarray:
+    """k random 16-byte ids whose first 8 bytes (the part kept) hold `bits` random bits."""
+    ids = rng.integers(0, 256, (k, 16), dtype=np.uint8)
+    ids[:, bits // 8:8] = 0
+    return ids
+
+
+def replay_memory(sizes: list[int], checks: int = 10**6) -> list[list[str]]:
+    """Redis bytes per remembered id at each size, and false positives measured on `checks`
+    fresh ids: with real ids (64 bits kept) and with ids that have only 32 random bits in the
+    part that is kept, where the predicted rate N / 2³² is large enough to see."""
+    rows = []
+    rng = np.random.default_rng(7)
+    for bits in (64, 32):
+        for n in sizes if bits == 64 else sizes[:1]:
+            with EmbeddedRedis(extra_args=["--appendonly", "no"]) as srv:
+                r = redis_client(srv.settings())
+                replay = ReplayIds(r, replay_window_s=86_400, max_future_skew_s=300)
+                now = int(time.time() * 1000)
+                base = int(r.info("memory")["used_memory"])
+
+                for s in range(0, n, 100_000):  # appends only: one MULTI per 100,000 ids
+                    chunk = _random_ids(rng, min(100_000, n - s), bits)
+                    with r.pipeline() as pipe:
+                        for c in range(0, len(chunk), 5000):
+                            replay.add(pipe, "mem", chunk[c:c + 5000], now)
+                        pipe.execute()
+                used = int(r.info("memory")["used_memory"]) - base
+                fresh = _random_ids(rng, checks, bits)
+                with r.pipeline() as pipe:
+                    pipe.watch(replay.watch_key("mem"))
+                    t0 = time.perf_counter()
+                    false_pos = int(replay.seen(pipe, "mem", fresh).sum())
+                    t_check = time.perf_counter() - t0
+                    pipe.unwatch()
+                per_id = replay_bytes(r, "mem")
+                rows.append([str(bits), f"{n:,}", f"{per_id:,}", f"{per_id / n:.2f}",
+                             f"{used:,}", f"{used / n:.2f}", f"{len(_replay_keys(r, 'mem'))}",
+                             f"{false_pos:,} of {checks:,}", f"{checks * n / 2.0**bits:.3g}",
+                             f"{t_check * 1000:.0f}"])
     return rows
 
 
@@ -318,7 +388,7 @@ def memory(quick: bool, figures: dict | None = None) -> list[list[str]]:
             stats = r.memory_usage(state.open_key(study.study_id))
             payload = sum(r.hstrlen(state.open_key(study.study_id), f) for f in ("A", "b"))
             offsets = r.memory_usage(state.offsets_key(f"mem{k}", "t"))
-            seen = r.memory_usage(state.seen_key(study.study_id), samples=0)
+            seen = replay_bytes(r, study.study_id)
             rows.append([f"{k:,}", str(payload), str(stats), str(offsets), f"{seen:,}",
                          f"{seen / k:.0f}"])
             if figures is not None:
@@ -383,8 +453,16 @@ def _run(args: argparse.Namespace, figures: dict) -> None:
     print(f"### Fold path without a broker (target {TARGETS['fold']})\n")
     _md(["d", "batch", "what", "records/s (wall)", "records/s per aggregator CPU-second"],
         fold_path(k, figures))
-    print("\nThe replay-id script alone, batches of 5,000 ids:\n")
-    _md(["redis-server", "operation", "ids/s"], replay_set(k))
+    print("\nThe replay state alone (aggregator/replay.py), batches of 5,000 ids, one "
+          "WATCH/MULTI/EXEC each:\n")
+    _md(["redis-server", "operation", "ids/s (wall)", "ids per aggregator CPU-second",
+         "ids seen"], replay_set(k))
+    sizes = [10**4] if args.quick else args.replay_ids
+    print("\n### Replay state: Redis bytes per remembered id, and false positives (target "
+          f"{TARGETS['replay']})\n")
+    _md(["id bits kept", "ids remembered", "MEMORY USAGE of the keys", "bytes per id",
+         "INFO used_memory growth", "bytes per id", "keys", "fresh ids found (false positives)",
+         "expected: checks × N / 2^bits", "check ms"], replay_memory(sizes))
     print(f"\n### End to end on the embedded broker, {k_e2e:,} records "
           f"(target {TARGETS['e2e']})\n")
     rows, e2e = end_to_end(k_e2e)

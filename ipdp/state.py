@@ -10,7 +10,9 @@
 | `ipdp:rounds` | stream | one entry per closed round: `study`, `round` (the trainer's queue) |
 | `ipdp:offsets:{group}:{topic}` | hash | partition → next offset to fold (written with the statistics) |
 | `ipdp:log-ids:{group}:{topic}` | hash | partition → id of the Kafka log its offset belongs to (aggregator/logs.py) |
-| `ipdp:seen:{id}` | zset | record id → creation time (ms), for replay detection, trimmed to the window |
+| `ipdp:replay:{id}` | hash | replay buckets: bucket end (fold time, ms) → blobs appended to it |
+| `ipdp:replay:{id}:{end}` | list | one blob per fold: the first 8 bytes of each record id it folded |
+| `ipdp:seen:{id}` | zset | legacy replay set (16-byte id → fold time), only read until it has expired |
 | `ipdp:counts:{id}` | hash | `accepted`, `folded`, `rounds_closed` |
 | `ipdp:rejected` | hash | reason → count, over all studies (unknown studies have no id) |
 
@@ -58,8 +60,18 @@ def log_ids_key(group: str, topic: str) -> str:
 
 
 def seen_key(study_id: str) -> str:
-    """Record ids seen within the replay window."""
+    """The replay set of earlier versions (a sorted set): read until its ids expire, never written."""
     return f"{PREFIX}:seen:{study_id}"
+
+
+def replay_key(study_id: str) -> str:
+    """The study's replay buckets: bucket end time (ms) → number of blobs appended to it."""
+    return f"{PREFIX}:replay:{study_id}"
+
+
+def replay_bucket_key(study_id: str, end_ms: int) -> str:
+    """One replay bucket: the truncated ids folded before ``end_ms``, one blob per fold."""
+    return f"{PREFIX}:replay:{study_id}:{end_ms}"
 
 
 def counts_key(study_id: str) -> str:

@@ -183,20 +183,24 @@ def test_replay_ids_expire_after_the_window_and_are_the_only_thing_kept(redis_se
     t0 = int(clock[0] * 1000)
     old, _, _ = honest(study, 1, seed=3, created_ms=t0)
     r = redis_client(redis_settings)
-    seen = state.seen_key(study.study_id)
+    index = state.replay_key(study.study_id)
     assert folder.fold([Message(0, 0, old[0])]).folded == {"hostile": 1}
     old_id = old[0][24:40]
-    assert r.zrange(seen, 0, -1, withscores=True) == [(old_id, float(t0))]
+    (end,) = [int(k) for k in r.hkeys(index)]  # one bucket of 1 s (window / 24, at least 1 s)
+    assert t0 < end <= t0 + 1000
+    # Only the first 8 bytes of the id, in the bucket of its fold time.
+    assert r.lrange(state.replay_bucket_key(study.study_id, end), 0, -1) == [old_id[:8]]
 
     clock[0] += 5  # inside the window: a replay is caught by its id
     replay = folder.fold([Message(0, 1, old[0])])
     assert [x.reason for x in replay.rejected] == [RejectReason.REPLAYED]
 
-    clock[0] += 8  # past window + skew: the id is dropped at the next fold...
+    clock[0] += 9  # past window + skew + a span: the bucket is dropped whole at the next fold...
     new, _, _ = honest(study, 1, seed=4, created_ms=int(clock[0] * 1000))
     assert folder.fold([Message(0, 2, new[0])]).folded == {"hostile": 1}
-    assert r.zscore(seen, old_id) is None
-    assert r.zrange(seen, 0, -1) == [new[0][24:40]]
+    assert not r.exists(state.replay_bucket_key(study.study_id, end))
+    (later,) = [int(k) for k in r.hkeys(index)]
+    assert r.lrange(state.replay_bucket_key(study.study_id, later), 0, -1) == [new[0][24:32]]
     # ...and the replay is still refused: it is too old to be accepted at all.
     late = folder.fold([Message(0, 3, old[0])])
     assert [x.reason for x in late.rejected] == [RejectReason.STALE]

@@ -15,10 +15,19 @@ def test_fold_path_and_memory_sections_report_positive_rates_and_flat_statistics
     assert all(float(r[3].replace(",", "")) > 0 for r in rows)
     assert figures["fold_records_per_cpu_second_d14"] > 0
     memory = throughput.memory(quick=True, figures=figures)
-    assert figures["replay_bytes_per_id"] > 0
+    assert 0 < figures["replay_bytes_per_id"] <= 16
     # The open round's statistics are d×d + d floats whatever the record count.
     assert memory[0][1] == memory[1][1] == str((14 * 14 + 14) * 8)
     assert int(memory[1][4].replace(",", "")) > int(memory[0][4].replace(",", ""))
+
+
+def test_replay_sections_measure_bytes_per_id_and_false_positives():
+    rows = throughput.replay_memory([20_000], checks=20_000)
+    assert [r[0] for r in rows] == ["64", "32"]
+    real = rows[0]
+    assert float(real[3]) <= 16 and real[7] == "0 of 20,000"
+    assert [r[1] for r in throughput.replay_set(10_000)] == [
+        "check + append, ids absent", "check + append, ids present"] * 2
 
 
 def test_solve_times_cover_the_three_dimensions():

@@ -126,6 +126,9 @@ def test_redis_holds_only_statistics_and_bookkeeping_whose_size_does_not_grow_wi
         elif kind == b"zset":
             blobs = [m for m, _ in r.zrange(key, 0, -1, withscores=True)]
             assert all(len(m) == 16 for m in blobs), key
+        elif kind == b"list":  # replay buckets: packed 8-byte id prefixes
+            blobs = r.lrange(key, 0, -1)
+            assert all(len(m) % 8 == 0 for m in blobs), key
         for blob in blobs:
             assert not any(needle in blob for needle in needles), key
 

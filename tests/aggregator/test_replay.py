@@ -1,0 +1,185 @@
+"""Replay state: a record id is folded at most once inside the window — within a batch, across
+batches and rounds, across aggregators, after an aggregator or a Redis restart — while Redis
+keeps 8 bytes per id in time buckets that are dropped whole."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from aggregator.fold import Folder
+from aggregator.validate import Message
+from ipdp import registry, state
+from ipdp.redis_io import redis_client
+from ipdp.study import Study
+from ipdp.wire import RejectReason
+from tests.aggregator.test_hostile_input import honest
+
+WINDOW_S = 3600
+SKEW_S = 60
+
+
+def folder_for(redis_settings, group: str | None = None, clock=time.time, **kw) -> Folder:
+    kw = {"replay_window_s": WINDOW_S, "max_future_skew_s": SKEW_S, "max_message_bytes": 1 << 16,
+          **kw}
+    return Folder(redis_client(redis_settings), group=group or f"g-{uuid.uuid4().hex[:8]}",
+                  topic="t", clock=clock, **kw)
+
+
+def study_in(redis_settings, n: int = 10**5) -> Study:
+    study = Study(study_id=f"replay-{uuid.uuid4().hex[:6]}", d=3, n=n, epsilon=1.0, delta=0.01)
+    registry.register_study(redis_client(redis_settings), study)
+    return study
+
+
+def reasons(result) -> list[RejectReason]:
+    return [x.reason for x in result.rejected]
+
+
+def folded(redis_settings, study: Study) -> int:
+    return int(redis_client(redis_settings).hget(state.counts_key(study.study_id), "folded") or 0)
+
+
+def test_a_replay_is_rejected_within_a_batch_across_batches_and_across_rounds(redis_settings):
+    study = study_in(redis_settings, n=200)
+    good, _, _ = honest(study, 500, seed=11)
+    folder = folder_for(redis_settings)
+    first = folder.fold([Message(0, i, v) for i, v in enumerate(good[:250] + [good[1]])])
+    assert first.folded == {study.study_id: 250} and reasons(first) == [RejectReason.REPLAYED]
+    assert first.closed_rounds == [(study.study_id, 1)]
+    # Round 2 is open; replays of round-1 records and of this round's are refused.
+    batch = good[250:400] + [good[0], good[199], good[249], good[399]]
+    later = folder.fold([Message(1, i, v) for i, v in enumerate(batch)])
+    assert later.folded == {study.study_id: 150}
+    assert reasons(later) == [RejectReason.REPLAYED] * 4
+    assert later.closed_rounds == [(study.study_id, 2)]
+    # Round 3: every earlier id is still remembered.
+    third = folder.fold([Message(2, i, v) for i, v in enumerate(good)])
+    assert third.folded == {study.study_id: 100}
+    assert [x.message.offset for x in third.rejected] == list(range(400))
+    assert folded(redis_settings, study) == 500
+
+
+def test_a_restarted_aggregator_and_a_second_one_reject_what_another_folded(redis_settings):
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 6, seed=12)
+    a = folder_for(redis_settings, group="one")
+    assert a.fold([Message(0, i, v) for i, v in enumerate(good[:3])]).folded == {
+        study.study_id: 3}
+    # A new process (empty memory) reads the ids from Redis.
+    restarted = folder_for(redis_settings, group="one")
+    again = restarted.fold([Message(1, 0, good[0]), Message(1, 1, good[3])])
+    assert again.folded == {study.study_id: 1} and reasons(again) == [RejectReason.REPLAYED]
+    # The first process picks up what the other folded since it last looked.
+    back = a.fold([Message(2, 0, good[3]), Message(2, 1, good[4])])
+    assert back.folded == {study.study_id: 1} and reasons(back) == [RejectReason.REPLAYED]
+    assert folded(redis_settings, study) == 5
+
+
+def test_a_fold_racing_another_is_redone_and_rejects_the_record_the_other_folded(
+        redis_settings):
+    """The check and the append are one WATCH/MULTI/EXEC: a concurrent append voids the EXEC."""
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 2, seed=13)
+    a, b = folder_for(redis_settings), folder_for(redis_settings)
+    raced = []
+
+    def meanwhile(_rejections):  # runs after a's check, before its EXEC
+        if not raced:
+            raced.append(b.fold([Message(7, 0, good[0])]))
+
+    # a's batch has one undecodable record, so its dead-letter hook runs before the EXEC.
+    result = a.fold([Message(0, 0, good[0]), Message(0, 1, b"\x01junk")], meanwhile)
+    assert raced[0].folded == {study.study_id: 1}
+    assert result.conflicts >= 1
+    assert not any(result.folded.values()) and sorted(r.value for r in reasons(result)) == [
+        "replayed", "undecodable"]
+    assert folded(redis_settings, study) == 1
+
+
+def test_a_replay_is_rejected_after_redis_restarts_from_its_append_only_file(fresh_redis):
+    rs = fresh_redis.settings()
+    study = study_in(rs)
+    good, _, _ = honest(study, 4, seed=14)
+    folder = folder_for(rs)
+    assert folder.fold([Message(0, i, v) for i, v in enumerate(good[:3])]).folded == {
+        study.study_id: 3}
+    fresh_redis.restart()
+    result = folder.fold([Message(1, 0, good[1]), Message(1, 1, good[3])])  # the same process
+    assert reasons(result) == [RejectReason.REPLAYED]
+    result = folder_for(rs).fold([Message(2, 0, good[2]), Message(2, 1, good[3])])  # a new one
+    assert reasons(result) == [RejectReason.REPLAYED] * 2
+    assert folded(rs, study) == 4
+
+
+def test_a_bucket_is_dropped_once_window_plus_skew_has_passed_and_its_records_are_stale(
+        redis_settings):
+    study = study_in(redis_settings)
+    clock = [5_000_000.0]
+    folder = folder_for(redis_settings, clock=lambda: clock[0], replay_window_s=48,
+                        max_future_skew_s=4)  # buckets of 48 / 24 = 2 s
+    r = redis_client(redis_settings)
+    t0 = int(clock[0] * 1000)
+    early, _, _ = honest(study, 2, seed=15, created_ms=t0)
+    assert folder.fold([Message(0, 0, early[0])]).folded == {study.study_id: 1}
+    (first,) = [int(k) for k in r.hkeys(state.replay_key(study.study_id))]
+    assert first - 2000 <= t0 < first
+    clock[0] += 47  # inside the window: kept, and the record is not stale yet
+    late, _, _ = honest(study, 1, seed=16, created_ms=int(clock[0] * 1000))
+    assert reasons(folder.fold([Message(0, 1, early[0]), Message(0, 2, late[0])])) == [
+        RejectReason.REPLAYED]
+    assert r.exists(state.replay_bucket_key(study.study_id, first))
+    # At window + skew past its end the bucket is still kept: one span more is the margin for
+    # an aggregator whose clock is behind the one that drops it.
+    clock[0] = first / 1000 + 48 + 4
+    kept, _, _ = honest(study, 1, seed=21, created_ms=int(clock[0] * 1000))
+    assert folder.fold([Message(0, 3, kept[0])]).folded == {study.study_id: 1}
+    assert r.exists(state.replay_bucket_key(study.study_id, first))
+    clock[0] = first / 1000 + 48 + 4 + 2  # the bucket's end is window + skew + a span old
+    now, _, _ = honest(study, 1, seed=20, created_ms=int(clock[0] * 1000))
+    dropping = folder.fold([Message(0, 4, early[1]), Message(0, 5, now[0])])
+    assert reasons(dropping) == [RejectReason.STALE]
+    assert not r.exists(state.replay_bucket_key(study.study_id, first))
+    assert first not in [int(k) for k in r.hkeys(state.replay_key(study.study_id))]
+    # The forgotten record is stale by its own time, so it is still never folded twice.
+    assert reasons(folder.fold([Message(0, 6, early[0])])) == [RejectReason.STALE]
+    assert folded(redis_settings, study) == 4
+
+
+def test_the_sorted_set_of_earlier_versions_is_read_until_it_expires(redis_settings):
+    """Upgrading keeps every id an earlier version remembered for the rest of its window."""
+    study = study_in(redis_settings)
+    clock = [7_000_000.0]
+    folder = folder_for(redis_settings, clock=lambda: clock[0], replay_window_s=10,
+                        max_future_skew_s=2)
+    t0 = int(clock[0] * 1000)
+    good, _, _ = honest(study, 2, seed=17, created_ms=t0)
+    r = redis_client(redis_settings)
+    legacy = state.seen_key(study.study_id)
+    r.zadd(legacy, {good[0][24:40]: t0})  # folded by the previous version
+    result = folder.fold([Message(0, 0, good[0]), Message(0, 1, good[1])])
+    assert result.folded == {study.study_id: 1} and reasons(result) == [RejectReason.REPLAYED]
+    clock[0] += 14  # past window + skew + a span: the old set is trimmed away at the next fold
+    fresh, _, _ = honest(study, 1, seed=18, created_ms=int(clock[0] * 1000))
+    assert folder.fold([Message(0, 2, fresh[0])]).folded == {study.study_id: 1}
+    assert not r.exists(legacy)
+
+
+@pytest.mark.parametrize("k", [20_000])
+def test_redis_keeps_at_most_16_bytes_per_remembered_id(redis_settings, k):
+    study = study_in(redis_settings)
+    folder = folder_for(redis_settings)
+    values, _, _ = honest(study, k, seed=19)
+    for s in range(0, k, 5000):
+        folder.fold([Message(0, s + i, v) for i, v in enumerate(values[s:s + 5000])])
+    r = redis_client(redis_settings)
+    keys = [state.replay_key(study.study_id)] + [
+        state.replay_bucket_key(study.study_id, int(e))
+        for e in r.hkeys(state.replay_key(study.study_id))]
+    used = sum(r.memory_usage(key, samples=0) for key in keys)
+    assert folded(redis_settings, study) == k
+    assert used / k <= 16
+    assert np.isfinite(used)
