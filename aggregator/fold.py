@@ -28,11 +28,16 @@ from aggregator.validate import (
     in_order,
     split_containers,
 )
-from ipdp import registry, state
+from ipdp import metrics, registry, state
+from ipdp.errors import SignatureError
+from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus
-from ipdp.wire import RejectReason
+from ipdp.wire import MalformedRecord, RejectReason
 
 log = logging.getLogger(__name__)
+
+#: A study refused for its signature is looked up again after this many seconds.
+REFUSAL_RETRY_S = 30.0
 
 
 @dataclass
@@ -73,15 +78,18 @@ class Folder:
         replay_window_s: int,
         max_future_skew_s: int,
         max_message_bytes: int,
+        trusted: TrustedKeys | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.r = r
+        self.trusted = trusted
+        self._refused: dict[bytes, tuple[float, str]] = {}
         self.offsets_key = state.offsets_key(group, topic)
         self.window_ms = replay_window_s * 1000
         self.skew_ms = max_future_skew_s * 1000
         self.clock = clock
         self._studies: dict[bytes, Study] = {}
-        self.validator = Validator(self._study, replay_window_s=replay_window_s,
+        self.validator = Validator(self._study, self._registered, replay_window_s=replay_window_s,
                                    max_future_skew_s=max_future_skew_s,
                                    max_message_bytes=max_message_bytes)
         self._replay = r.register_script(
@@ -283,12 +291,29 @@ class Folder:
         writes.append(write)
 
     def _study(self, key: bytes) -> Study | None:
+        """The study with wire hash ``key`` (cached), None if unknown; a study whose signature
+        does not verify is refused (MalformedRecord ``untrusted_study``), re-checked after
+        REFUSAL_RETRY_S so that a study re-signed by its owner is taken up without a restart."""
         study = self._studies.get(key)
-        if study is None:
-            found = registry.study_by_hash(self.r, key)
-            if found is None:
-                return None
-            study = self._studies[key] = found[0]
-            study.round_limit  # noqa: B018 - the budget's accounting, once, outside any fold
+        if study is not None:
+            return study
+        refused = self._refused.get(key)
+        if refused is not None and time.monotonic() - refused[0] < REFUSAL_RETRY_S:
+            raise MalformedRecord(RejectReason.UNTRUSTED_STUDY, refused[1])
+        try:
+            found = registry.study_by_hash(self.r, key, self.trusted)
+        except SignatureError as exc:
+            metrics.STUDIES_REFUSED.labels("aggregator").inc()
+            log.error("refusing records of study hash %s: %s", key.hex(), exc)
+            self._refused[key] = (time.monotonic(), str(exc))
+            raise MalformedRecord(RejectReason.UNTRUSTED_STUDY, str(exc)) from None
+        if found is None:
+            return None
+        self._refused.pop(key, None)
+        study = self._studies[key] = found[0]
+        study.round_limit  # noqa: B018 - the budget's accounting, once, outside any fold
         return study
+
+    def _registered(self, study_id: str) -> bool:
+        return bool(self.r.exists(state.study_key(study_id)))
 

@@ -27,7 +27,14 @@ from ipdp import metrics
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
 from ipdp.redis_io import check_redis, redis_client
-from ipdp.settings import KafkaSettings, MetricsSettings, RedisSettings, TopicSettings
+from ipdp.settings import (
+    KafkaSettings,
+    MetricsSettings,
+    RedisSettings,
+    TopicSettings,
+    TrustSettings,
+)
+from ipdp.signing import parse_trusted_keys
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,7 @@ DEAD_LETTER_TIMEOUT_S = 30.0
 REDIS_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 _OFFSET = operator.attrgetter("offset")
 _VALUE = operator.attrgetter("value")
+_HEADERS = operator.attrgetter("headers")
 
 
 class _SeekToRedisOffsets(ConsumerRebalanceListener):
@@ -64,12 +72,20 @@ class Aggregator:
         redis_settings: RedisSettings,
         topics: TopicSettings,
         settings: AggregatorSettings,
+        trust: TrustSettings | None = None,
     ) -> None:
         self.kafka, self.topics, self.settings = kafka, topics, settings
         self.redis = redis_client(redis_settings)
         check_redis(self.redis)
+        trusted = parse_trusted_keys((trust or TrustSettings()).trusted_study_keys)
+        if trusted:
+            log.info("aggregator: studies must be signed by one of keys %s", trusted.ids)
+        else:
+            log.warning("aggregator: no trusted study key (IPDP_TRUSTED_STUDY_KEYS) — UNSIGNED "
+                        "studies are accepted; anyone who can write Redis defines what is folded "
+                        "(docs/security.md)")
         self.folder = Folder(
-            self.redis, group=settings.group, topic=topics.records,
+            self.redis, group=settings.group, topic=topics.records, trusted=trusted,
             replay_window_s=settings.replay_window_s,
             max_future_skew_s=settings.max_future_skew_s,
             max_message_bytes=settings.max_message_bytes,
@@ -171,13 +187,15 @@ class Aggregator:
     @staticmethod
     def _as_arrays(polled) -> Polled:
         """A poll result as arrays, gathered once per partition (no object per record)."""
-        parts, offsets, values = [], [], []
+        parts, offsets, values, headers = [], [], [], []
         for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition):
             metrics.RECORDS_CONSUMED.labels(str(tp.partition)).inc(len(recs))
             parts.append(np.full(len(recs), tp.partition, np.int64))
             offsets.append(np.fromiter(map(_OFFSET, recs), np.int64, len(recs)))
             values += map(_VALUE, recs)
-        return Polled(np.concatenate(parts), np.concatenate(offsets), values)
+            headers += map(_HEADERS, recs)
+        return Polled(np.concatenate(parts), np.concatenate(offsets), values, None,
+                      headers if any(headers) else None)
 
     def _fold(self, messages: Polled) -> None:
         messages = self._from_verified_log(messages)

@@ -6,6 +6,12 @@ the container) → decode (ipdp.wire) → known study → dimension → norm bou
 passes is grouped per study as arrays, in (partition, offset, index) order, for the fold; what
 fails becomes a :class:`Rejection` with its reason, for the dead-letter topic. Only rejected
 records ever become Python objects.
+
+The study hash binds every parameter a device used (ipdp.study), so a record perturbed under
+anything but a registered study's exact calibration matches no study: ``study_mismatch`` when the
+record's ``study`` header names a registered study (the device was handed other parameters under
+that id), ``unknown_study`` otherwise. The lookup refuses (raises MalformedRecord) a study whose
+signature does not verify: ``untrusted_study``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,14 @@ import numpy as np
 
 from ipdp.calibration import record_norm_bounds
 from ipdp.study import Study
-from ipdp.wire import CONTAINER_VERSION, RecordBatch, RejectReason, decode_batch, split_container
+from ipdp.wire import (
+    CONTAINER_VERSION,
+    MalformedRecord,
+    RecordBatch,
+    RejectReason,
+    decode_batch,
+    split_container,
+)
 
 NOT_IN_CONTAINER = -1
 """The ``index`` of a record that is a Kafka message of its own."""
@@ -25,11 +38,20 @@ NOT_IN_CONTAINER = -1
 
 @dataclass(frozen=True)
 class Message:
-    """The parts of a Kafka record the fold needs."""
+    """The parts of a Kafka record the fold needs; ``study_id`` is the device's ``study`` header."""
 
     partition: int
     offset: int
     value: bytes | None
+    study_id: str | None = None
+
+
+def header_study(headers) -> str | None:
+    """The ``study`` header of a Kafka record (producer.contributor.study_headers), if any."""
+    for name, value in headers or ():
+        if name == "study" and value is not None:
+            return bytes(value).decode("utf-8", "replace")
+    return None
 
 
 @dataclass(frozen=True)
@@ -54,23 +76,31 @@ class Rejection:
 @dataclass
 class Polled:
     """Records of one poll as arrays: ``partition``, ``offset`` and container ``index`` per row
-    (NOT_IN_CONTAINER for a plain message), ``values`` in the same order."""
+    (NOT_IN_CONTAINER for a plain message), ``values`` in the same order, and ``headers`` (each
+    row's Kafka headers, a container's for each of its records) when the poll had any; they are
+    read only for a record that matches no study."""
 
     partition: np.ndarray
     offset: np.ndarray
     values: list
     index: np.ndarray | None = None
+    headers: list | None = None
 
     def __post_init__(self) -> None:
         if self.index is None:
             self.index = np.full(len(self.values), NOT_IN_CONTAINER, np.int64)
 
+    def study_id(self, row: int) -> str | None:
+        """The ``study`` header of row ``row``, if any."""
+        return None if self.headers is None else header_study(self.headers[row])
+
     @classmethod
     def of(cls, messages: Sequence[Message]) -> Polled:
         """From Message objects (tests, benchmarks); the service builds arrays directly."""
+        headers = [[("study", m.study_id.encode())] if m.study_id else [] for m in messages]
         return cls(np.fromiter((m.partition for m in messages), np.int64, len(messages)),
                    np.fromiter((m.offset for m in messages), np.int64, len(messages)),
-                   [m.value for m in messages])
+                   [m.value for m in messages], None, headers if any(headers) else None)
 
     def __len__(self) -> int:
         """Return the number of rows."""
@@ -78,14 +108,16 @@ class Polled:
 
     def take(self, rows: np.ndarray) -> Polled:
         """The rows at positions ``rows``, in that order."""
-        return Polled(self.partition[rows], self.offset[rows],
-                      [self.values[i] for i in rows.tolist()], self.index[rows])
+        picked = rows.tolist()
+        return Polled(self.partition[rows], self.offset[rows], [self.values[i] for i in picked],
+                      self.index[rows],
+                      None if self.headers is None else [self.headers[i] for i in picked])
 
     def rejection(self, row: int, reason: RejectReason, detail: str) -> Rejection:
         """The Rejection of row ``row``."""
         i = int(self.index[row])
         return Rejection(Message(int(self.partition[row]), int(self.offset[row]),
-                                 self.values[row]), reason, detail,
+                                 self.values[row], self.study_id(row)), reason, detail,
                          None if i == NOT_IN_CONTAINER else i)
 
 
@@ -119,12 +151,15 @@ def split_containers(polled: Polled) -> tuple[Polled, list[Rejection]]:
         return polled, []
     rejects: list[Rejection] = []
     parts, offs, idx, vals = [], [], [], []
+    heads = None if polled.headers is None else []
     last = 0
     for c in containers.tolist():
         parts.append(polled.partition[last:c])
         offs.append(polled.offset[last:c])
         idx.append(polled.index[last:c])
         vals += values[last:c]
+        if heads is not None:
+            heads += polled.headers[last:c]
         last = c + 1
         records = split_container(values[c])
         if records is None:
@@ -137,11 +172,16 @@ def split_containers(polled: Polled) -> tuple[Polled, list[Rejection]]:
         offs.append(np.full(k, polled.offset[c]))
         idx.append(np.arange(k, dtype=np.int64))
         vals += records
+        if heads is not None:
+            heads += [polled.headers[c]] * k
     parts.append(polled.partition[last:])
     offs.append(polled.offset[last:])
     idx.append(polled.index[last:])
     vals += values[last:]
-    return Polled(np.concatenate(parts), np.concatenate(offs), vals, np.concatenate(idx)), rejects
+    if heads is not None:
+        heads += polled.headers[last:]
+    return Polled(np.concatenate(parts), np.concatenate(offs), vals, np.concatenate(idx),
+                  heads), rejects
 
 
 @dataclass
@@ -157,11 +197,17 @@ class ValidRows:
 
 
 class Validator:
-    """Stateless checks for one aggregator; ``lookup`` maps a 16-byte wire hash to its study."""
+    """Stateless checks for one aggregator.
 
-    def __init__(self, lookup: Callable[[bytes], Study | None], *, replay_window_s: int,
+    ``lookup`` maps a 16-byte wire hash to its study (None: no such study; raises MalformedRecord
+    to refuse it); ``registered`` says whether a study id exists.
+    """
+
+    def __init__(self, lookup: Callable[[bytes], Study | None],
+                 registered: Callable[[str], bool], *, replay_window_s: int,
                  max_future_skew_s: int, max_message_bytes: int) -> None:
         self.lookup = lookup
+        self.registered = registered
         self.window_ms = replay_window_s * 1000
         self.skew_ms = max_future_skew_s * 1000
         self.max_message_bytes = max_message_bytes
@@ -181,11 +227,13 @@ class Validator:
                 uniq = np.unique(keys)
             for key in uniq:
                 part = batch if len(uniq) == 1 else batch.take(np.flatnonzero(keys == key))
-                study = self.lookup(bytes(key))
+                try:
+                    study = self.lookup(bytes(key))
+                except MalformedRecord as exc:
+                    bad_rows += [(i, exc.reason, exc.detail) for i in part.index.tolist()]
+                    continue
                 if study is None:
-                    detail = f"no study has hash {bytes(key).hex()}"
-                    bad_rows += [(i, RejectReason.UNKNOWN_STUDY, detail)
-                                 for i in part.index.tolist()]
+                    bad_rows += self._unmatched(rows, part.index.tolist(), bytes(key))
                     continue
                 part = self._check_rows(study, part, now_ms, bad_rows)
                 if len(part):
@@ -208,6 +256,18 @@ class Validator:
             out.append(ValidRows(study, row, rid, q, p))
         bad_rows.sort(key=lambda x: x[0])
         return [rows.rejection(i, reason, detail) for i, reason, detail in bad_rows], out
+
+    def _unmatched(self, rows: Polled, where: list[int], key: bytes,
+                   ) -> list[tuple[int, RejectReason, str]]:
+        """``study_mismatch`` for rows whose ``study`` header names a registered study,
+        ``unknown_study`` for the others."""
+        named = {i: rows.study_id(i) for i in where}
+        registered = {sid: self.registered(sid) for sid in set(named.values()) if sid}
+        mismatch = (f"hash {key.hex()} is not study {{}}'s: the record was perturbed under other "
+                    "parameters than the registered ones")
+        return [(i, RejectReason.STUDY_MISMATCH, mismatch.format(sid)) if registered.get(sid)
+                else (i, RejectReason.UNKNOWN_STUDY, f"no study has hash {key.hex()}")
+                for i, sid in named.items()]
 
     def _check_rows(self, study: Study, rows: RecordBatch, now_ms: int, bad_rows) -> RecordBatch:
         """Dimension, norm bounds and the time window; returns the rows that pass."""

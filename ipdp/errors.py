@@ -52,3 +52,7 @@ class TooManyRecords(StudyError, ValueError):
 
 class ContributionError(IpdpError):
     """Records were handed to Kafka but not acknowledged."""
+
+
+class SignatureError(IpdpError):
+    """A signed study or model whose signature is missing, not by a trusted key, or wrong."""

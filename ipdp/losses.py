@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ipdp.calibration import Calibration
+from ipdp.noise import NoiseSource, SystemNoise
 
 
 def encode(loss: str, x: np.ndarray, y: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
@@ -47,23 +48,24 @@ def clip(q: np.ndarray, p: np.ndarray, lam: float, p_bound: float) -> tuple[np.n
 
 
 def perturb(
-    q: np.ndarray, p: np.ndarray, cal: Calibration, rng: np.random.Generator | None = None
+    q: np.ndarray, p: np.ndarray, cal: Calibration, noise: NoiseSource | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """q̃ = q + u, p̃ = p − r with u ~ N(0, σ_u²/n·I), r ~ N(0, σ_b²/n·I) (Algorithm 1, lines 3–5).
 
-    `rng` defaults to a generator seeded by the operating system; pass a seeded one only in tests.
+    ``noise`` defaults to the OS's CSPRNG (:class:`ipdp.noise.SystemNoise`); a seeded
+    ``numpy.random.Generator`` is for simulated devices and tests only.
     """
-    rng = np.random.default_rng() if rng is None else rng
-    u = rng.normal(0.0, cal.noise_std_q, size=q.shape)
-    r = rng.normal(0.0, cal.noise_std_p, size=p.shape)
+    noise = SystemNoise() if noise is None else noise
+    u = noise.normal(0.0, cal.noise_std_q, size=q.shape)
+    r = noise.normal(0.0, cal.noise_std_p, size=p.shape)
     return q + u, p - r
 
 
 def prepare(
     loss: str, x: np.ndarray, y: np.ndarray | float, cal: Calibration,
-    rng: np.random.Generator | None = None,
+    noise: NoiseSource | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """encode → clip → perturb: everything a device does before a record leaves it."""
     q, p = encode(loss, x, y)
     q, p = clip(q, p, cal.lam, cal.p_bound)
-    return perturb(q, p, cal, rng)
+    return perturb(q, p, cal, noise)

@@ -70,6 +70,13 @@ GATEWAY_KAFKA_SECONDS = Histogram(
     "ipdp_gateway_kafka_produce_seconds",
     "From handing a request's container(s) to the producer to Kafka's acks=all acknowledgement.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+STUDIES_REFUSED = Counter(
+    "ipdp_studies_refused_total",
+    "Study definitions refused because their signature does not verify under a trusted key.",
+    ["reader"])
+MODELS_REFUSED = Counter(
+    "ipdp_models_refused_total",
+    "Model messages dropped because their signature does not verify under a trusted key.")
 BACKEND_ERRORS = Counter(
     "ipdp_backend_errors_total", "Errors talking to Kafka or Redis.", ["backend", "operation"])
 BACKEND_RETRIES = Counter(

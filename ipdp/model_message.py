@@ -2,14 +2,26 @@
 
 It carries the weights and the privacy report, never A, b or any record. Its Kafka key is
 `{study_id}:{round}` so a consumer (and a compacted topic) can drop a repeat.
+
+A trainer with a signing key (IPDP_TRAINER_SIGNING_KEY) publishes it inside a signed envelope,
+``{"format": 2, "model": "<model JSON text>", "key_id": "…", "signature": "…"}``, the signature
+(Ed25519, ipdp.signing) covering the UTF-8 of ``"ipdp-model-v2\n" + model_text``. Without a key
+the value is the model JSON itself, which a subscriber that pins trainer keys refuses.
 """
 
 from __future__ import annotations
+
+import json
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ipdp.accounting import Composed
 from ipdp.calibration import Calibration
+from ipdp.errors import SignatureError
+from ipdp.signing import SigningKey, TrustedKeys
+
+MODEL_ENVELOPE_FORMAT = 2
+MODEL_SIGNING_TAG = "ipdp-model-v2"
 
 MESSAGE_VERSION = 1
 UNIT = "one record of one device in one round (replace-one)"
@@ -83,3 +95,31 @@ class ModelMessage(BaseModel):
 def model_key(study_id: str, round_no: int) -> bytes:
     """Kafka key of the model for (study, round)."""
     return f"{study_id}:{round_no}".encode()
+
+
+def model_value(message: ModelMessage, signing_key: SigningKey | None = None) -> bytes:
+    """The models-topic value: the model JSON, inside a signed envelope when a key is given."""
+    text = message.model_dump_json()
+    if signing_key is None:
+        return text.encode()
+    kid, signature = signing_key.sign(f"{MODEL_SIGNING_TAG}\n{text}".encode())
+    return json.dumps({"format": MODEL_ENVELOPE_FORMAT, "model": text, "key_id": kid,
+                       "signature": signature}, sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
+def parse_model_value(value: bytes, trusted: TrustedKeys | None = None) -> ModelMessage:
+    """Inverse of :func:`model_value`. With ``trusted`` keys an unsigned or wrongly signed value
+    raises SignatureError; a malformed one raises ValueError (pydantic's ValidationError)."""
+    obj = json.loads(value)
+    if isinstance(obj, dict) and obj.get("format") == MODEL_ENVELOPE_FORMAT and "model" in obj:
+        text = obj["model"]
+        if not isinstance(text, str):
+            raise ValueError("model envelope: 'model' is not a string")
+        if trusted:
+            trusted.verify(obj.get("key_id", ""), obj.get("signature", ""),
+                           f"{MODEL_SIGNING_TAG}\n{text}".encode(), "model message")
+        return ModelMessage.model_validate_json(text)
+    if trusted:
+        raise SignatureError("model message has no signature, and trainer keys are pinned")
+    return ModelMessage.model_validate(obj)

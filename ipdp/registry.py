@@ -1,11 +1,18 @@
 """The study store: Redis is the service's source of truth, the compacted studies topic its
 public mirror (which devices read; see producer/studies.py).
 
-Redis layout (ipdp.state): ``ipdp:study:{id}`` holds ``json``, ``status`` (open/closed) and
-``created_ms``; ``ipdp:study-hash`` maps the 16-byte wire hash to the id. The studies topic
+Redis layout (ipdp.state): ``ipdp:study:{id}`` holds ``json``, ``status`` (open/closed),
+``created_ms`` and ``envelope`` (the studies-topic value last published, signed or not);
+``ipdp:study-hash`` maps the 16-byte wire hash to the id. The studies topic
 (``TopicSettings.studies``, cleanup.policy=compact) carries one message per change, key = study
-id, value = ``{"study": {...}, "status": "open" | "closed"}``; the last value per key is the
-current definition. Contributors read the topic, so they need no Redis credentials.
+id, value = the format-2 envelope of ipdp.study; the last value per key is the current
+definition. Contributors read the topic, so they need no Redis credentials.
+
+Readers that pin study-owner keys (the aggregator, the trainer) load a study *from its stored
+envelope*, verified: a study whose signature does not verify raises :class:`SignatureError` and
+is never used. The ``status`` field stays authoritative for open/closed in Redis (the aggregator
+closes a study at max_rounds without the owner's key); the envelope's signed status is what
+devices see.
 
 A study's parameters never change once created: :func:`create_study` refuses a different
 definition under an existing id, and is a no-op (apart from re-publishing the current state, so
@@ -14,17 +21,19 @@ a lost topic can be repaired) when the parameters are identical.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import TYPE_CHECKING
 
 import redis
 
-from ipdp.errors import StudyExists, UnknownStudy
+from ipdp.errors import ConfigurationError, SignatureError, StudyExists, UnknownStudy
 from ipdp.kafka_io import send_and_wait
 from ipdp.settings import TopicSettings
+from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.state import STUDY_HASHES, published_key, study_key
-from ipdp.study import Study, StudyStatus, study_message
+from ipdp.study import Study, StudyStatus, parse_study_message, study_message
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -52,17 +61,25 @@ def _same(a: Study, b: Study) -> bool:
     return a.model_dump() == b.model_dump()
 
 
-def _publish(producer: KafkaProducer, topics: TopicSettings, study: Study, status: StudyStatus,
+def _publish(producer: KafkaProducer, topics: TopicSettings, study_id: str, envelope: bytes,
              timeout_s: float = 30.0) -> None:
-    send_and_wait(producer, topics.studies, study.study_id.encode("utf-8"),
-                  study_message(study, status), timeout_s)
+    send_and_wait(producer, topics.studies, study_id.encode("utf-8"), envelope, timeout_s)
 
 
-def register_study(r: redis.Redis, study: Study) -> tuple[Study, StudyStatus, bool]:
+def _signer(envelope: bytes | None) -> str:
+    """Key id of a stored envelope ("" when unsigned or absent)."""
+    if envelope is None:
+        return ""
+    return json.loads(envelope).get("key_id", "")
+
+
+def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None = None,
+                   ) -> tuple[Study, StudyStatus, bool]:
     """Store ``study`` in Redis unless an identical one is there: (stored study, status, created).
 
-    Raises :class:`StudyExists` if the id is taken by different parameters, or its wire hash by
-    another id.
+    The stored envelope is signed with ``signing_key`` (if given). For an identical study that
+    exists, a given key re-signs its current status. Raises :class:`StudyExists` if the id is
+    taken by different parameters, or its wire hash by another id.
     """
     key = study_key(study.study_id)
     with r.pipeline() as pipe:
@@ -77,15 +94,20 @@ def register_study(r: redis.Redis, study: Study) -> tuple[Study, StudyStatus, bo
                         raise StudyExists(
                             f"study {study.study_id!r} already exists with different parameters"
                             " (a study is immutable: choose a new id)")
-                    return old, StudyStatus(_text(r.hget(key, "status")) or StudyStatus.OPEN), False
+                    status = StudyStatus(_text(r.hget(key, "status")) or StudyStatus.OPEN)
+                    if signing_key is not None or r.hget(key, "envelope") is None:
+                        r.hset(key, "envelope", study_message(old, status, signing_key))
+                    return old, status, False
                 owner = _text(pipe.hget(STUDY_HASHES, study.hash))
                 if owner is not None and owner != study.study_id:
                     pipe.reset()
                     raise StudyExists(
                         f"study {study.study_id!r} has the same wire hash as {owner!r}")
                 pipe.multi()
-                pipe.hset(key, mapping={"json": study.to_json(), "status": StudyStatus.OPEN.value,
-                                        "created_ms": int(time.time() * 1000)})
+                pipe.hset(key, mapping={
+                    "json": study.to_json(), "status": StudyStatus.OPEN.value,
+                    "created_ms": int(time.time() * 1000),
+                    "envelope": study_message(study, StudyStatus.OPEN, signing_key)})
                 pipe.hset(STUDY_HASHES, study.hash, study.study_id)
                 pipe.execute()
                 return study, StudyStatus.OPEN, True
@@ -94,59 +116,91 @@ def register_study(r: redis.Redis, study: Study) -> tuple[Study, StudyStatus, bo
 
 
 def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
-                 study: Study) -> bool:
-    """Register ``study`` in Redis and publish it on the studies topic.
+                 study: Study, signing_key: SigningKey | None = None) -> bool:
+    """Register ``study`` in Redis and publish its envelope (signed with ``signing_key``, if
+    given) on the studies topic.
 
     Returns True when the study was created, False when an identical study already existed (its
-    current state is re-published, which a compacted topic absorbs). Raises :class:`StudyExists`
-    as :func:`register_study` does.
+    current envelope is re-published, which a compacted topic absorbs). Raises
+    :class:`StudyExists` as :func:`register_study` does.
     """
-    stored, status, created = register_study(r, study)
-    _publish(producer, topics, stored, status)
+    if signing_key is None:
+        log.warning("study %s is created UNSIGNED: devices and aggregators that pin study keys "
+                    "refuse it, and anyone who can write the studies topic can redefine it for "
+                    "devices that do not (docs/security.md)", study.study_id)
+    _, _, created = register_study(r, study, signing_key)
+    _publish(producer, topics, study.study_id, r.hget(study_key(study.study_id), "envelope"))
     return created
 
 
-def _load_key(r: redis.Redis, study_id: str) -> tuple[Study, StudyStatus] | None:
-    raw = r.hmget(study_key(study_id), ["json", "status"])
+def _load_key(r: redis.Redis, study_id: str,
+              trusted: TrustedKeys | None) -> tuple[Study, StudyStatus] | None:
+    raw = r.hmget(study_key(study_id), ["json", "status", "envelope"])
     if raw[0] is None:
         return None
-    return Study.model_validate_json(raw[0]), StudyStatus(_text(raw[1]) or StudyStatus.OPEN)
+    status = StudyStatus(_text(raw[1]) or StudyStatus.OPEN)
+    if not trusted:
+        return Study.model_validate_json(raw[0]), status
+    if raw[2] is None:
+        raise SignatureError(f"study {study_id!r} has no signed envelope in Redis (no signature)")
+    study, _ = parse_study_message(raw[2], trusted)
+    if study.study_id != study_id or not _same(study, Study.model_validate_json(raw[0])):
+        raise SignatureError(f"study {study_id!r}: the signed envelope is another study's "
+                             "(its signature covers different parameters)")
+    return study, status
 
 
-def load_study(r: redis.Redis, study_id: str) -> tuple[Study, StudyStatus] | None:
-    """(study, status) from Redis, or None if unknown."""
-    return _load_key(r, study_id)
+def load_study(r: redis.Redis, study_id: str,
+               trusted: TrustedKeys | None = None) -> tuple[Study, StudyStatus] | None:
+    """(study, status) from Redis, or None if unknown.
+
+    With ``trusted`` keys the study comes from its stored envelope, verified; raises
+    :class:`SignatureError` when that signature does not verify.
+    """
+    return _load_key(r, study_id, trusted)
 
 
-def study_by_hash(r: redis.Redis, h: bytes) -> tuple[Study, StudyStatus] | None:
-    """(study, status) for a 16-byte wire hash, or None if no study has it."""
+def study_by_hash(r: redis.Redis, h: bytes,
+                  trusted: TrustedKeys | None = None) -> tuple[Study, StudyStatus] | None:
+    """(study, status) for a 16-byte wire hash, or None if no study has it (``trusted`` as in
+    :func:`load_study`)."""
     study_id = _text(r.hget(STUDY_HASHES, bytes(h)))
-    return None if study_id is None else _load_key(r, study_id)
+    return None if study_id is None else _load_key(r, study_id, trusted)
 
 
 def close_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
-                study_id: str) -> Study:
+                study_id: str, signing_key: SigningKey | None = None) -> Study:
     """Mark the study closed in Redis and publish the closed state; returns the study.
 
-    Closing an already closed study re-publishes the closed state. Raises :class:`UnknownStudy`.
+    A signed study's closed state must be signed too (devices that pin the key would refuse an
+    unsigned one), so closing it needs ``signing_key``: without it, ConfigurationError and
+    nothing changes. Closing an already closed study re-publishes the closed state. Raises
+    :class:`UnknownStudy`.
     """
     key = study_key(study_id)
     with r.pipeline() as pipe:
         while True:
             try:
                 pipe.watch(key)
-                raw = pipe.hget(key, "json")
+                raw, envelope = pipe.hmget(key, ["json", "envelope"])
                 if raw is None:
                     pipe.reset()
                     raise UnknownStudy(f"unknown study {study_id!r}")
+                signer = _signer(envelope)
+                if signer and signing_key is None:
+                    pipe.reset()
+                    raise ConfigurationError(
+                        f"study {study_id!r} is signed by key {signer}: closing it needs that "
+                        "signing key (--signing-key or IPDP_STUDY_SIGNING_KEY)")
+                study = Study.model_validate_json(raw)
+                closed = study_message(study, StudyStatus.CLOSED, signing_key)
                 pipe.multi()
-                pipe.hset(key, "status", StudyStatus.CLOSED.value)
+                pipe.hset(key, mapping={"status": StudyStatus.CLOSED.value, "envelope": closed})
                 pipe.execute()
                 break
             except redis.WatchError:
                 continue
-    study = Study.model_validate_json(raw)
-    _publish(producer, topics, study, StudyStatus.CLOSED)
+    _publish(producer, topics, study_id, closed)
     return study
 
 
@@ -155,7 +209,7 @@ def list_studies(r: redis.Redis) -> list[tuple[Study, StudyStatus]]:
     ids = sorted({_text(v) for v in r.hvals(STUDY_HASHES)})
     out = []
     for study_id in ids:
-        got = _load_key(r, study_id)
+        got = _load_key(r, study_id, None)
         if got is not None:
             out.append(got)
     return out

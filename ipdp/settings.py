@@ -84,3 +84,20 @@ class MetricsSettings(BaseSettings):
 
     port: int = Field(0, ge=0, le=65535)
     host: str = "0.0.0.0"
+
+
+class TrustSettings(BaseSettings):
+    """Who may define a study and publish a model: Ed25519 keys (ipdp.signing, docs/security.md).
+
+    Keys are comma-separated lists of standard base64 public keys and/or ``.pub`` file paths.
+    With no trusted study key, unsigned studies are accepted and every reader says so in its log.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="IPDP_", extra="ignore")
+
+    trusted_study_keys: str | None = Field(
+        None, description="Study owners' public keys that devices and the aggregator accept.")
+    trusted_model_keys: str | None = Field(
+        None, description="Trainer public keys that model subscribers accept.")
+    study_signing_key: str | None = Field(
+        None, description="PREFIX.key that `ipdp study create|close` signs with.")

@@ -3,6 +3,19 @@
 Validated once here, then trusted. The calibration is a pure function of these parameters, so
 contributors, aggregator and trainer each derive the same σ_u, σ_b and Δ_in from the study alone.
 The studies-topic codec lives here too: the message every device reads to learn a study.
+
+**Canonical text.** ``Study.canonical_text()`` is the study's parameters plus the noise stds a
+device adds (``noise: {std_q, std_p}``), as ``json.dumps(sort_keys=True, separators=(",", ":"),
+ensure_ascii=True, allow_nan=False)``. Its SHA-256 (first 16 bytes) is the study hash every record
+carries, so a record names every parameter it was perturbed under, not just the study id.
+
+**Studies-topic value, format 2** (UTF-8 JSON)::
+
+    {"format": 2, "study": "<canonical text>", "status": "open" | "closed",
+     "key_id": "<hex SHA-256(raw public key)[:8]>", "signature": "<base64 Ed25519 signature>"}
+
+The signed bytes are ``"ipdp-study-v2\n" + status + "\n" + study_text`` (UTF-8). An unsigned
+study has ``key_id`` and ``signature`` both ``""``; a reader that pins keys refuses it.
 """
 
 from __future__ import annotations
@@ -24,7 +37,12 @@ from pydantic import (
 
 from ipdp.calibration import Calibration, Mode, calibrate
 from ipdp.errors import CalibrationError, ConfigurationError
+from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.wire import study_hash
+
+#: Format of the studies-topic value; the domain tag of its signed bytes.
+STUDY_MESSAGE_FORMAT = 2
+STUDY_SIGNING_TAG = "ipdp-study-v2"
 
 Loss = Literal["squared", "logistic"]
 
@@ -168,6 +186,18 @@ class Study(BaseModel):
             lam=self.lam, p_bound=self.p_bound, eta=self.eta, delta_in=self.resolved_delta_in,
         )
 
+    def canonical_text(self) -> str:
+        """The signed study JSON: every parameter plus the noise stds a device adds."""
+        return self._canonical_text
+
+    @cached_property
+    def _canonical_text(self) -> str:
+        obj = self.model_dump(mode="json")
+        cal = self.calibration
+        obj["noise"] = {"std_q": cal.noise_std_q, "std_p": cal.noise_std_p}
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                          allow_nan=False)
+
     @cached_property
     def round_limit(self) -> int | None:
         """The last round the study may close: max_rounds, or fewer if the budget says so."""
@@ -182,29 +212,62 @@ class Study(BaseModel):
 
     @cached_property
     def hash(self) -> bytes:
-        """The 16-byte study hash carried by every record on the wire."""
-        return study_hash(self.study_id)
+        """The 16-byte study hash carried by every record: SHA-256 of the canonical text."""
+        return study_hash(self.canonical_text())
 
     def to_json(self) -> str:
         """Canonical JSON (the form stored in Redis and on the studies topic)."""
         return self.model_dump_json(exclude_none=False)
 
 
-def study_message(study: Study, status: StudyStatus | str) -> bytes:
-    """The studies-topic value: ``{"study": {...}, "status": ...}`` as UTF-8 JSON."""
+def signed_bytes(status: StudyStatus | str, study_text: str) -> bytes:
+    """What the study owner signs: the domain tag, the status and the canonical study text."""
+    return f"{STUDY_SIGNING_TAG}\n{_status(status).value}\n{study_text}".encode()
+
+
+def study_message(study: Study, status: StudyStatus | str,
+                  signing_key: SigningKey | None = None) -> bytes:
+    """The studies-topic value (format 2); unsigned (empty key id and signature) without a key."""
     status = _status(status)
-    return json.dumps({"study": study.model_dump(mode="json"), "status": status.value},
-                      sort_keys=True, separators=(",", ":")).encode("utf-8")
+    text = study.canonical_text()
+    kid, signature = ("", "") if signing_key is None else signing_key.sign(
+        signed_bytes(status, text))
+    return json.dumps({"format": STUDY_MESSAGE_FORMAT, "study": text, "status": status.value,
+                       "key_id": kid, "signature": signature},
+                      separators=(",", ":")).encode("utf-8")
 
 
-def parse_study_message(value: bytes) -> tuple[Study, StudyStatus]:
-    """Inverse of :func:`study_message`; raises ConfigurationError on a malformed value."""
+def parse_study_message(value: bytes, trusted: TrustedKeys | None = None,
+                        ) -> tuple[Study, StudyStatus]:
+    """Inverse of :func:`study_message`, verified against ``trusted`` when it holds any key.
+
+    Raises :class:`SignatureError` when keys are pinned and the value is unsigned, signed by
+    another key, or altered; :class:`ConfigurationError` when it is malformed, or when its study
+    text is not exactly the canonical text of the parameters it holds (noise stds that are not
+    the calibration's). Without pinned keys the signature is not checked: the caller must say so.
+    """
     try:
-        obj = json.loads(value)
-        status = _status(obj["status"])
-        study = Study.model_validate(obj["study"])
-    except (ValueError, KeyError, TypeError, ValidationError, ConfigurationError) as exc:
+        env = json.loads(value)
+        if env.get("format") != STUDY_MESSAGE_FORMAT:
+            raise ValueError(f"format {env.get('format')!r}, supported: {STUDY_MESSAGE_FORMAT}")
+        text, status = env["study"], _status(env["status"])
+        if not isinstance(text, str):
+            raise TypeError("study is not a string")
+    except (ValueError, KeyError, TypeError, AttributeError, ConfigurationError) as exc:
         raise ConfigurationError(f"malformed studies-topic message: {exc}") from None
+    if trusted:
+        trusted.verify(env.get("key_id", ""), env.get("signature", ""),
+                       signed_bytes(status, text), f"study message for status {status.value}")
+    try:
+        fields = json.loads(text)
+        fields.pop("noise", None)
+        study = Study.model_validate(fields)
+    except (ValueError, TypeError, AttributeError, ValidationError) as exc:
+        raise ConfigurationError(f"malformed study text: {exc}") from None
+    if study.canonical_text() != text:
+        raise ConfigurationError(
+            f"study {study.study_id!r}: its text is not the canonical text of its parameters "
+            "(noise stds differ from this version's calibration)")
     return study, status
 
 

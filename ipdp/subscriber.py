@@ -3,20 +3,25 @@
 The trainer publishes at least once (docs/architecture.md), so a model can appear twice; a
 :class:`ModelSubscriber` drops the repeat. It assigns every partition itself (no consumer group),
 so any number of subscribers each see the whole topic, and none waits for a group rebalance.
+
+A subscriber that pins trainer keys (``trusted_keys``, or IPDP_TRUSTED_MODEL_KEYS) yields only
+models whose signature verifies under one of them; anything else is dropped, logged and counted
+(``.refused``, ``ipdp_models_refused_total``), never shown.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Self
 
-from pydantic import ValidationError
-
+from ipdp.errors import SignatureError
 from ipdp.kafka_io import assign_all, kafka_consumer, read_to_end
-from ipdp.model_message import ModelMessage
-from ipdp.settings import KafkaSettings, TopicSettings
+from ipdp.metrics import MODELS_REFUSED
+from ipdp.model_message import ModelMessage, parse_model_value
+from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
+from ipdp.signing import TrustedKeys, parse_trusted_keys
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +35,14 @@ class ModelSubscriber:
     iteration starts; ``follow=True`` waits for new models until :meth:`stop` (or the iterator is
     closed); both yield models in topic order. ``.duplicates_dropped`` counts repeats of a (study, round) already yielded;
     ``.invalid`` counts messages that are not a valid ModelMessage (skipped, logged).
+    ``trusted_keys`` pins trainer public keys (base64 lines, ``.pub`` paths or a TrustedKeys;
+    None: IPDP_TRUSTED_MODEL_KEYS); ``.refused`` counts messages dropped for their signature.
     """
 
     def __init__(self, kafka: KafkaSettings, topics: TopicSettings, study_id: str | None = None,
                  from_beginning: bool = True, *, follow: bool = False,
-                 poll_timeout_ms: int = 500, metadata_timeout_s: float = 10.0):
+                 poll_timeout_ms: int = 500, metadata_timeout_s: float = 10.0,
+                 trusted_keys: TrustedKeys | str | Iterable[str] | None = None):
         self.kafka = kafka
         self.topic = topics.models
         self.study_id = study_id
@@ -42,8 +50,16 @@ class ModelSubscriber:
         self.follow = follow
         self.poll_timeout_ms = poll_timeout_ms
         self.metadata_timeout_s = metadata_timeout_s
+        if not isinstance(trusted_keys, TrustedKeys):
+            trusted_keys = parse_trusted_keys(TrustSettings().trusted_model_keys
+                                              if trusted_keys is None else trusted_keys)
+        self.trusted = trusted_keys
+        if not self.trusted:
+            log.warning("no trusted model key pinned: models are shown UNVERIFIED; anyone who "
+                        "can write %r can publish one (docs/security.md)", self.topic)
         self.duplicates_dropped = 0
         self.invalid = 0
+        self.refused = 0
         self._seen: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._consumer = None
@@ -87,10 +103,15 @@ class ModelSubscriber:
         if value is None:
             return None
         try:
-            msg = ModelMessage.model_validate_json(value)
-        except ValidationError as exc:
+            msg = parse_model_value(value, self.trusted)
+        except SignatureError as exc:
+            self.refused += 1
+            MODELS_REFUSED.inc()
+            log.error("dropping model message: %s", exc)
+            return None
+        except ValueError as exc:  # not JSON, or not a ModelMessage (pydantic's ValidationError)
             self.invalid += 1
-            log.warning("skipping invalid model message: %s", exc.errors()[:1])
+            log.warning("skipping invalid model message: %s", str(exc)[:200])
             return None
         if self.study_id is not None and msg.study_id != self.study_id:
             return None

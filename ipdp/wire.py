@@ -8,7 +8,7 @@ offset size   field
 0      1      version, u8, = 1
 1      3      reserved, must be zero
 4      4      d, u32
-8      16     study hash: first 16 bytes of SHA-256 of the UTF-8 study id
+8      16     study hash: first 16 bytes of SHA-256 of the UTF-8 canonical study text
 24     16     record id: 16 random bytes chosen by the device
 40     8      created_ms, i64, milliseconds since the Unix epoch
 48     8·d    q̃, d float64
@@ -48,6 +48,8 @@ class RejectReason(enum.StrEnum):
     NON_FINITE = "non_finite"
     NORM_OUT_OF_BOUNDS = "norm_out_of_bounds"
     UNKNOWN_STUDY = "unknown_study"
+    STUDY_MISMATCH = "study_mismatch"
+    UNTRUSTED_STUDY = "untrusted_study"
     CLOSED_STUDY = "closed_study"
     REPLAYED = "replayed"
     STALE = "stale"
@@ -68,9 +70,10 @@ class MalformedRecord(ValueError):
         return f"{self.reason.value}: {self.detail}"
 
 
-def study_hash(study_id: str) -> bytes:
-    """Return the 16-byte wire identifier of a study: SHA-256 of its UTF-8 id, truncated."""
-    return hashlib.sha256(study_id.encode("utf-8")).digest()[:_ID_SIZE]
+def study_hash(study_text: str) -> bytes:
+    """Return the 16-byte wire identifier of a study: SHA-256 of its UTF-8 canonical text
+    (ipdp.study.Study.canonical_text: every parameter and the noise stds), truncated."""
+    return hashlib.sha256(study_text.encode("utf-8")).digest()[:_ID_SIZE]
 
 
 def record_size(d: int) -> int:

@@ -5,9 +5,11 @@ public bounds → add the study's Gaussian noise → wire-encode → produce. Th
 the call: they are not stored, logged, or sent; only (q̃, p̃), the study hash, a random record id
 and the creation time go on the wire (ipdp.wire).
 
-Noise comes from an OS-seeded generator (``np.random.default_rng()``) unless an ``rng`` is passed
-(tests only). Record ids are always 16 bytes from ``os.urandom`` (UUID4-shaped), never from
-``rng``: replay detection needs them unique across runs, even runs with a seeded ``rng``.
+Noise comes from the operating system's CSPRNG (:class:`ipdp.noise.SystemNoise`: ``os.urandom``,
+Box–Muller) unless another ``noise`` source is passed (tests only; the load generator passes its
+fast seeded generator to :func:`perturb_records`, because its devices are simulated). Record ids
+are always 16 bytes from ``os.urandom`` (UUID4-shaped), never from the noise source: replay
+detection needs them unique across runs, even runs with seeded noise.
 """
 
 from __future__ import annotations
@@ -15,14 +17,23 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
 from ipdp.accounting import GroupPrivacy, group_privacy
-from ipdp.errors import ContributionError, StudyClosed, TooManyRecords, UnknownStudy
+from ipdp.errors import (
+    ContributionError,
+    SignatureError,
+    StudyClosed,
+    TooManyRecords,
+    UnknownStudy,
+)
 from ipdp.losses import prepare
-from ipdp.settings import KafkaSettings, TopicSettings
+from ipdp.noise import NoiseSource, SystemNoise
+from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
+from ipdp.signing import TrustedKeys, parse_trusted_keys
 from ipdp.study import Study
 from ipdp.wire import encode_batch
 
@@ -33,6 +44,7 @@ __all__ = [
     "ContributionError",
     "Contributor",
     "DeliveryCounter",
+    "SignatureError",
     "StudyClosed",
     "TooManyRecords",
     "UnknownStudy",
@@ -62,16 +74,34 @@ def split_ids(ids: np.ndarray) -> list[bytes]:
 
 
 def perturb_records(study: Study, x: np.ndarray, y: np.ndarray,
-                    rng: np.random.Generator | None = None) -> tuple[np.ndarray, list[bytes]]:
+                    noise: NoiseSource) -> tuple[np.ndarray, list[bytes]]:
     """What k devices do before anything leaves them: encode → clip → perturb → wire-encode.
 
-    x (k, d), y (k,) → (record ids (k, 16) uint8, k wire values). The one device step: the SDK,
-    the load generator and the benchmarks all call it.
+    x (k, d), y (k,) → (record ids (k, 16) uint8, k wire values). The one device step: the SDK
+    (with :class:`SystemNoise`), the load generator and the benchmarks (with numpy's seeded
+    generator, for simulated devices) all call it, each naming its noise source.
     """
-    q, p = prepare(study.loss, x, y, study.calibration, rng)
+    q, p = prepare(study.loss, x, y, study.calibration, noise)
     k = x.shape[0]
     ids = new_record_ids(k)
     return ids, encode_batch(study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
+
+
+def study_headers(study: Study) -> list[tuple[str, bytes]]:
+    """Kafka headers of a record: the study id the device meant, so that a record whose hash
+    matches no registered study can be dead-lettered as ``study_mismatch`` (the device was given
+    other parameters than the registered ones) rather than ``unknown_study``. Diagnostic only:
+    the aggregator trusts the hash, never this header."""
+    return [("study", study.study_id.encode("utf-8"))]
+
+
+def trusted_study_keys(keys: TrustedKeys | str | Iterable[str] | None) -> TrustedKeys:
+    """Pinned study keys: ``keys`` as given, or IPDP_TRUSTED_STUDY_KEYS when None."""
+    if isinstance(keys, TrustedKeys):
+        return keys
+    if keys is None:
+        keys = TrustSettings().trusted_study_keys
+    return parse_trusted_keys(keys)
 
 
 class DeliveryCounter:
@@ -110,7 +140,7 @@ class Contributor:
     """
 
     def __init__(self, study: Study, producer: KafkaProducer, topic: str,
-                 rng: np.random.Generator | None = None, *, records_per_device: int = 1):
+                 noise: NoiseSource | None = None, *, records_per_device: int = 1):
         if records_per_device < 1:
             raise ValueError(f"records_per_device must be ≥ 1, got {records_per_device}")
         self.records_per_device = records_per_device
@@ -118,26 +148,31 @@ class Contributor:
         self.study = study
         self.producer = producer
         self.topic = topic
-        # One OS-seeded generator per contributor unless a seeded one is passed (tests).
-        self._rng = np.random.default_rng() if rng is None else rng
+        # The OS's CSPRNG unless a seeded source is passed (tests only).
+        self.noise: NoiseSource = SystemNoise() if noise is None else noise
         self._delivery = DeliveryCounter()
         self._reported_failures = 0
         self._owns_producer = False
 
     @classmethod
     def connect(cls, study_id: str, kafka: KafkaSettings, topics: TopicSettings,
-                rng: np.random.Generator | None = None, timeout_s: float = 10.0,
+                noise: NoiseSource | None = None, timeout_s: float = 10.0,
+                trusted_keys: TrustedKeys | str | Iterable[str] | None = None,
                 records_per_device: int = 1, **producer_overrides) -> Contributor:
         """Read the study from the studies topic and build a producer of our own.
 
-        Raises :class:`UnknownStudy` for an unknown id and :class:`StudyClosed` for a closed
-        study.
+        ``trusted_keys`` pins the study owner's public keys (base64 lines or ``.pub`` paths, or
+        a :class:`TrustedKeys`); the study is used only if its signature verifies under one of
+        them. None reads ``IPDP_TRUSTED_STUDY_KEYS``; with no key at all the study is unverified.
+        Raises :class:`UnknownStudy` for an unknown id, :class:`StudyClosed` for a closed study
+        and :class:`SignatureError` for a study whose signature does not verify.
         """
         from ipdp.kafka_io import kafka_producer
         from producer.studies import find_open_study
 
-        study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s)
-        c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, rng=rng,
+        trusted = trusted_study_keys(trusted_keys)
+        study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s, trusted=trusted)
+        c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, noise=noise,
                 records_per_device=records_per_device)
         c._owns_producer = True
         return c
@@ -175,12 +210,14 @@ class Contributor:
                 f"device per round; allow k records with Contributor(..., records_per_device=k), "
                 f"which costs the device (kε, k·e^(k−1)ε·δ) by group privacy")
         self.submitted += k
-        return perturb_records(self.study, x, y, self._rng)
+        return perturb_records(self.study, x, y, self.noise)
 
     def _send(self, ids: np.ndarray, values: list[bytes]) -> None:
         send, topic, d = self.producer.send, self.topic, self._delivery
+        headers = study_headers(self.study)
         for key, value in zip(split_ids(ids), values):
-            send(topic, key=key, value=value).add_callback(d.on_ok).add_errback(d.on_error)
+            send(topic, key=key, value=value, headers=headers).add_callback(
+                d.on_ok).add_errback(d.on_error)
 
     def submit(self, x, y: float) -> bytes:
         """Perturb and publish one example; returns its 16-byte record id.

@@ -5,8 +5,10 @@ its own noise draw (exactly what each device would do alone), :func:`ipdp.wire.e
 encodes the rows in one structured-array pass, and each value goes to ``producer.send`` with its
 record id as the key. The only per-record Python work is the ``send`` call itself.
 
-Noise is OS-seeded unless an ``rng`` is passed (tests); ``--seed`` on the command line seeds only
-the simulated dataset. Record ids always come from ``os.urandom``.
+Simulated devices draw their noise from numpy's PCG64 (OS-seeded unless an ``rng`` is passed, in
+tests), not from the CSPRNG real devices use (ipdp.noise): a simulator needs speed and
+reproducibility, and its records protect no one. ``--seed`` on the command line seeds only the
+simulated dataset. Record ids always come from ``os.urandom``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ipdp.errors import BackendUnavailable
 from ipdp.metrics import LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
-from producer.contributor import DeliveryCounter, perturb_records, split_ids
+from producer.contributor import DeliveryCounter, perturb_records, split_ids, study_headers
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -154,6 +156,7 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         start = time.monotonic()
         send = producer.send
         on_ok, on_error = delivery.on_ok, delivery.on_error
+        headers = study_headers(study)
         try:
             for xb, yb in batches:
                 k = xb.shape[0]
@@ -168,8 +171,8 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                             time.sleep(wait)
                     for i in range(lo, hi):
                         try:
-                            send(topic, key=keys[i], value=values[i]).add_callback(
-                                on_ok).add_errback(on_error)
+                            send(topic, key=keys[i], value=values[i],
+                                 headers=headers).add_callback(on_ok).add_errback(on_error)
                             consecutive = 0
                         except KafkaError as exc:
                             sync_failures += 1

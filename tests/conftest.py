@@ -7,6 +7,8 @@
                      (uuid suffix), already created on the broker.
 * ``redis_settings`` / ``redis_url``  the session Redis, FLUSHALLed before the test.
 * ``fresh_redis``    a private, started :class:`~ipdp.embedded.EmbeddedRedis` (restart tests).
+* ``env_topics``     ``topics``, with the IPDP_* environment of the CLI pointing at it, the
+                     broker and Redis (and no trusted or signing keys from the caller's shell).
 
 Any test using one of these fixtures is marked ``integration`` automatically
 (``pytest -m "not integration"`` runs the rest).
@@ -24,7 +26,8 @@ from ipdp.errors import IpdpError
 from ipdp.settings import KafkaSettings, RedisSettings, TopicSettings
 
 SERVER_FIXTURES = frozenset(
-    {"runtime", "kafka_settings", "topics", "redis_settings", "redis_url", "fresh_redis"}
+    {"runtime", "kafka_settings", "topics", "redis_settings", "redis_url", "fresh_redis",
+     "env_topics"}
 )
 
 
@@ -112,3 +115,15 @@ def fresh_redis(tmp_path) -> Iterator:
     _require_binaries(broker=False)
     with EmbeddedRedis(data_dir=tmp_path / "redis") as r:
         yield r
+
+
+@pytest.fixture
+def env_topics(topics, kafka_settings, redis_settings, monkeypatch):
+    """Point the env-driven CLI settings at this test's topics, broker and Redis."""
+    for name, value in topics.model_dump().items():
+        monkeypatch.setenv(f"IPDP_TOPIC_{name.upper()}", str(value))
+    monkeypatch.setenv("IPDP_KAFKA_BOOTSTRAP", kafka_settings.bootstrap)
+    monkeypatch.setenv("IPDP_REDIS_URL", redis_settings.url)
+    for name in ("IPDP_TRUSTED_STUDY_KEYS", "IPDP_TRUSTED_MODEL_KEYS", "IPDP_STUDY_SIGNING_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    return topics

@@ -58,7 +58,7 @@ def contribute(study: Study, kafka: KafkaSettings, topics: TopicSettings, k: int
         y = np.where(y >= 0, 1.0, -1.0)
     producer = kafka_producer(kafka)
     # k simulated devices: one Contributor whose limit is all of them (a simulator, not a device).
-    c = Contributor(study, producer, topics.records, rng=np.random.default_rng(seed + 1),
+    c = Contributor(study, producer, topics.records, noise=np.random.default_rng(seed + 1),
                     records_per_device=k)
     for start in range(0, k, 5000):
         c.submit_many(x[start:start + 5000], y[start:start + 5000])

@@ -20,12 +20,19 @@ from kafka.errors import KafkaError
 
 from ipdp import metrics, registry, state
 from ipdp.accounting import compose
-from ipdp.errors import IpdpError, UnknownStudy
+from ipdp.errors import IpdpError, SignatureError, UnknownStudy
 from ipdp.kafka_io import kafka_producer
-from ipdp.model_message import ModelMessage, PrivacyReport, model_key
+from ipdp.model_message import ModelMessage, PrivacyReport, model_key, model_value
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
 from ipdp.redis_io import check_redis, redis_client
-from ipdp.settings import KafkaSettings, MetricsSettings, RedisSettings, TopicSettings
+from ipdp.settings import (
+    KafkaSettings,
+    MetricsSettings,
+    RedisSettings,
+    TopicSettings,
+    TrustSettings,
+)
+from ipdp.signing import load_signing_key, parse_trusted_keys
 from ipdp.study import Study
 from trainer.settings import TrainerSettings
 from trainer.solver import solve_constrained
@@ -70,8 +77,15 @@ class Trainer:
     """Publishes one model per closed round."""
 
     def __init__(self, kafka: KafkaSettings, redis_settings: RedisSettings, topics: TopicSettings,
-                 settings: TrainerSettings) -> None:
+                 settings: TrainerSettings, trust: TrustSettings | None = None) -> None:
         self.topics, self.settings = topics, settings
+        self.signing_key = load_signing_key(settings.signing_key) if settings.signing_key else None
+        if self.signing_key is None:
+            log.warning("trainer: no IPDP_TRAINER_SIGNING_KEY — models are published UNSIGNED; "
+                        "consumers cannot tell them from anyone else's (docs/security.md)")
+        else:
+            log.info("trainer: signing models with key %s", self.signing_key.key_id)
+        self.trusted = parse_trusted_keys((trust or TrustSettings()).trusted_study_keys)
         self.redis = redis_client(redis_settings)
         check_redis(self.redis)
         self.producer = kafka_producer(kafka)
@@ -110,7 +124,8 @@ class Trainer:
     def publish(self, message: ModelMessage) -> None:
         """Put the model on the models topic and wait for Kafka's acknowledgement (acks=all)."""
         self.producer.send(self.topics.models, key=model_key(message.study_id, message.round),
-                           value=message.model_dump_json().encode()).get(timeout=PUBLISH_TIMEOUT_S)
+                           value=model_value(message, self.signing_key)).get(
+                               timeout=PUBLISH_TIMEOUT_S)
 
     def _next_entries(self, pending_first: bool):
         group, consumer = self.settings.group, self.settings.consumer
@@ -127,6 +142,15 @@ class Trainer:
                                     block=self.settings.block_ms)
         return got[0][1] if got else []
 
+    def _refuse(self, entry_id: bytes, sid: str, round_no: int, exc: Exception) -> None:
+        """Publish nothing for this round, say why in the log and in Redis, and move on."""
+        log.error("study %s round %d: %s", sid, round_no, exc)
+        metrics.ROUNDS_REFUSED.labels(sid).inc()
+        with self.redis.pipeline() as pipe:
+            pipe.hset(state.published_key(sid), str(round_no), f"refused: {exc}")
+            pipe.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
+            pipe.execute()
+
     def _handle(self, entry_id: bytes, fields: dict) -> None:
         sid, round_no = fields[b"study"].decode(), int(fields[b"round"])
         raw = self.redis.hgetall(state.closed_key(sid, round_no))
@@ -134,7 +158,12 @@ class Trainer:
             log.info("study %s round %d already published", sid, round_no)
             self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
             return
-        found = registry.load_study(self.redis, sid)
+        try:
+            found = registry.load_study(self.redis, sid, self.trusted)
+        except SignatureError as exc:
+            metrics.STUDIES_REFUSED.labels("trainer").inc()
+            self._refuse(entry_id, sid, round_no, exc)
+            return
         if found is None:
             raise UnknownStudy(f"closed round for unknown study {sid}")
         study = found[0]
@@ -143,12 +172,7 @@ class Trainer:
             message = train_round(study, a, b, int(raw[b"count"]), round_no,
                                   int(raw[b"closed_ms"]))
         except (RoundRefused, ValueError) as exc:
-            log.error("study %s round %d: %s", sid, round_no, exc)
-            metrics.ROUNDS_REFUSED.labels(sid).inc()
-            with self.redis.pipeline() as pipe:
-                pipe.hset(state.published_key(sid), str(round_no), f"refused: {exc}")
-                pipe.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
-                pipe.execute()
+            self._refuse(entry_id, sid, round_no, exc)
             return
         metrics.SOLVE_SECONDS.observe(message.solve_seconds)
         self.publish(message)

@@ -16,3 +16,5 @@ class TrainerSettings(BaseSettings):
     block_ms: int = Field(1000, ge=1, description="How long one wait on the rounds stream blocks.")
     retry_initial_s: float = Field(0.2, gt=0)
     retry_max_s: float = Field(10.0, gt=0)
+    signing_key: str | None = Field(
+        None, description="PREFIX.key the trainer signs every model message with.")

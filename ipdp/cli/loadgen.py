@@ -32,7 +32,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=None, metavar="COL",
                    help="Target column of a CSV dataset.")
     p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="Seed of the simulated dataset (the privacy noise is always OS-seeded).")
+                   help="Seed of the simulated dataset (the simulated noise is always OS-seeded).")
     p.add_argument("--batch", type=int, default=LoadgenSettings().batch, metavar="B",
                    help="Devices simulated per vectorised step (IPDP_LOADGEN_BATCH).")
     p.add_argument("--via", default=None, metavar="URL",
@@ -46,6 +46,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST).")
     p.add_argument("--no-progress", dest="no_progress", action="store_true",
                    help="No progress bar.")
+    p.add_argument("--trust", action="append", default=None, metavar="PREFIX.pub",
+                   help="Pin a study owner's public key (.pub path or base64; repeatable). The "
+                   "study is used only if its signature verifies. Default: "
+                   "IPDP_TRUSTED_STUDY_KEYS; with no key the study is unverified.")
     add_kafka_flag(p)
     add_redis_flag(p, "Also look the study up in this Redis if the studies topic lacks it.")
     p.set_defaults(func=lazy("ipdp.cli.loadgen", "cmd_loadgen"))
@@ -55,12 +59,17 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
     """The study from the studies topic, falling back to Redis when --redis-url is given."""
     from kafka.errors import KafkaError
 
+    from ipdp.errors import UnknownStudy
     from ipdp.registry import load_study
-    from producer.studies import read_studies_topic
+    from producer.contributor import trusted_study_keys
+    from producer.studies import find_study
 
+    trusted = trusted_study_keys(getattr(args, "trust", None))
     found = None
     try:
-        found = read_studies_topic(kafka, topics, timeout_s=10).get(args.study)
+        found = find_study(args.study, kafka, topics, timeout_s=10, trusted=trusted)
+    except UnknownStudy:
+        pass
     except (KafkaError, TimeoutError) as exc:
         if not getattr(args, "redis_url", None):
             raise UsageError(f"cannot read studies topic {topics.studies!r} at "
@@ -69,7 +78,7 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
         from ipdp.cli.common import redis_connection
 
         with redis_connection(args) as client:
-            found = load_study(client, args.study)
+            found = load_study(client, args.study, trusted)
     if found is None:
         raise UsageError(f"unknown study {args.study!r} (create it with `ipdp study create`)")
     study, status = found

@@ -22,6 +22,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="Published models, one line each (each (study, round) once).")
     add_kafka_flag(p)
     p.add_argument("--study", default=None, metavar="ID", help="Only this study.")
+    p.add_argument("--trust", action="append", default=None, metavar="PREFIX.pub",
+                   help="Pin the trainer's public key (.pub path or base64; repeatable): only "
+                   "models it signed are shown. Default: IPDP_TRUSTED_MODEL_KEYS.")
     p.add_argument("--follow", action="store_true", help="Keep waiting for new models.")
     p.add_argument("--json", action="store_true", help="One JSON model message per line.")
     p.add_argument("--wait", type=int, default=None, metavar="N",
@@ -53,7 +56,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     follow = args.follow or args.wait is not None
     try:
         with ModelSubscriber(kafka, topic_settings(), study_id=args.study, from_beginning=True,
-                             follow=follow) as sub:
+                             follow=follow, trusted_keys=args.trust) as sub:
             timer = threading.Timer(args.timeout, sub.stop) if args.wait else None
             if timer is not None:
                 timer.daemon = True
@@ -66,7 +69,7 @@ def cmd_models(args: argparse.Namespace) -> int:
                     break
             if timer is not None:
                 timer.cancel()
-            dropped = sub.duplicates_dropped
+            dropped, refused = sub.duplicates_dropped, sub.refused
     except (KafkaError, TimeoutError) as exc:
         raise BackendUnavailable(
             f"cannot read models from Kafka at {kafka.bootstrap}: {exc!r}") from None
@@ -74,4 +77,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         raise ModelsTimeout(f"saw {count} of {args.wait} model(s) within {args.timeout:g} s")
     if not args.json:
         print(f"{count} model(s); {dropped} duplicate(s) dropped", file=sys.stderr)
+    if refused:
+        print(f"{refused} model message(s) refused: signature does not verify under a trusted "
+              "key", file=sys.stderr)
     return 0

@@ -43,6 +43,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "flags; flags override the file. Creating the same study twice changes nothing; the "
         "same id with different parameters is refused.")
     study_flags(p, with_id=True)
+    add_signing_flag(p)
     p.add_argument("--file", default=None, metavar="PATH", help="Study parameters, JSON/YAML.")
     p.add_argument("--json", action="store_true", help="Print the calibration as JSON.")
     p.add_argument("--allow-unproven-paper-calibration", dest="allow_paper", action="store_true",
@@ -59,11 +60,26 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = ssub.add_parser("close", parents=[redis_opts, kafka_opts],
                         help="Stop a study accepting records (Redis and the studies topic).")
     p.add_argument("study_id", metavar="ID")
+    add_signing_flag(p)
     p.set_defaults(func=cmd_study_close)
 
     p = ssub.add_parser("list", parents=[redis_opts], help="Every study, one line each.")
     p.add_argument("--json", action="store_true", help="One JSON object per line.")
     p.set_defaults(func=cmd_study_list)
+
+
+def add_signing_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--signing-key", dest="signing_key", default=None, metavar="PREFIX.key",
+                   help="Sign the studies-topic message with this Ed25519 key (default: "
+                   "IPDP_STUDY_SIGNING_KEY; neither: unsigned, which pinned readers refuse).")
+
+
+def _signing_key(args: argparse.Namespace):
+    from ipdp.settings import TrustSettings
+    from ipdp.signing import load_signing_key
+
+    path = args.signing_key or TrustSettings().study_signing_key
+    return None if not path else load_signing_key(path)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -90,8 +106,9 @@ def cmd_study_create(args: argparse.Namespace) -> int:
             f"mode {study.mode!r} has no proven guarantee (docs/privacy.md, the erratum): a live "
             "study needs the default rigorous mode, or --allow-unproven-paper-calibration to "
             "reproduce the paper knowingly")
+    key = _signing_key(args)
     with redis_connection(args) as r, kafka_producer_for(args) as producer:
-        created = create_study(r, producer, topic_settings(), study)
+        created = create_study(r, producer, topic_settings(), study, key)
     if args.json:
         print(json.dumps({"study": study.model_dump(mode="json"), "created": created,
                           "calibration": study.calibration.model_dump(mode="json")},
@@ -101,6 +118,8 @@ def cmd_study_create(args: argparse.Namespace) -> int:
         print(f"created study {study.study_id}")
     else:
         print(f"study {study.study_id} already exists with these parameters; nothing changed")
+    print(f"signed by key {key.key_id}" if key else
+          "UNSIGNED: devices and aggregators that pin a study key refuse it (docs/security.md)")
     print(calibration_table(study.calibration))
     return 0
 
@@ -123,12 +142,13 @@ def _study_info(r, study_id: str) -> dict:
     if got is None:
         raise UnknownStudy(f"unknown study {study_id!r}")
     study, status = got
-    created_ms = _int(r.hget(study_key(study_id), "created_ms"))
+    created_ms, envelope = r.hmget(study_key(study_id), ["created_ms", "envelope"])
     rnd, count = r.hmget(open_key(study_id), ["round", "count"])
     return {
         "study": study,
         "status": status,
-        "created_ms": created_ms,
+        "created_ms": _int(created_ms),
+        "key_id": json.loads(envelope).get("key_id", "") if envelope else "",
         "rounds_published": rounds_published(r, study_id),
         "open_round": None if rnd is None else {"round": int(rnd), "count": _int(count) or 0},
     }
@@ -158,6 +178,8 @@ def cmd_study_show(args: argparse.Namespace) -> int:
         ("rounds published", str(info["rounds_published"])),
         ("open round", "none yet" if o is None else f"{o['round']}: {o['count']}/{study.n}"),
         ("Δ_in given", "mode default" if study.delta_in is None else fmt(study.delta_in)),
+        ("signed by", f"key {info['key_id']}" if info["key_id"] else "nobody (unsigned)"),
+        ("study hash", study.hash.hex()),
     ]
     print(table(rows, title=f"study {study.study_id}"))
     print()
@@ -169,7 +191,7 @@ def cmd_study_close(args: argparse.Namespace) -> int:
     from ipdp.registry import close_study
 
     with redis_connection(args) as r, kafka_producer_for(args) as producer:
-        close_study(r, producer, topic_settings(), args.study_id)
+        close_study(r, producer, topic_settings(), args.study_id, _signing_key(args))
     print(f"closed study {args.study_id}")
     return 0
 

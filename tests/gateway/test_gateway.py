@@ -15,6 +15,7 @@ from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.studies_topic import read_study_entries
+from ipdp.study import Study
 from ipdp.wire import encode_record, record_size, split_container, study_hash
 from producer.gateway_client import GatewayClient
 from tests.gateway.conftest import running_gateway
@@ -23,9 +24,11 @@ from tests.pipeline import create, read_records, wait_for
 D = 3
 
 
-def records(study_id: str, k: int, d: int = D, seed: int = 0) -> list[bytes]:
+def records(study: Study | str, k: int, d: int = D, seed: int = 0) -> list[bytes]:
+    """k records of ``study`` (its wire hash), or of a hash no registered study has."""
     rng = np.random.default_rng(seed)
-    return [encode_record(study_hash(study_id), uuid.uuid4().bytes, 1_700_000_000_000,
+    sh = study.hash if isinstance(study, Study) else study_hash(study)
+    return [encode_record(sh, uuid.uuid4().bytes, 1_700_000_000_000,
                           rng.normal(size=d), rng.normal(size=d)) for _ in range(k)]
 
 
@@ -43,7 +46,7 @@ def study(kafka_settings, redis_settings, topics):
 def test_one_record_and_a_batch_are_acknowledged_as_one_container_each(
         study, gateway_url, kafka_settings, topics):
     known(gateway_url, study.study_id)
-    one, batch = records(study.study_id, 1), records(study.study_id, 50, seed=1)
+    one, batch = records(study, 1), records(study, 50, seed=1)
     with GatewayClient(gateway_url) as c:
         a = c.post_records(study.study_id, one[0])
         b = c.post_records(study.study_id, b"".join(batch))
@@ -77,7 +80,7 @@ def test_a_request_above_the_message_size_is_split_into_several_containers(
     assert records_per_message(D, size) == 10
     with running_gateway(kafka_settings, topics, max_message_bytes=size) as url:
         known(url, study.study_id)
-        batch = records(study.study_id, 25)
+        batch = records(study, 25)
         with GatewayClient(url) as c:
             answer = c.post_records(study.study_id, b"".join(batch))
     assert (answer.status, answer.body) == (202, {"accepted": 25})
@@ -86,8 +89,8 @@ def test_a_request_above_the_message_size_is_split_into_several_containers(
     assert sorted(r for m in got for r in split_container(m.value)) == sorted(batch)
 
 
-def _bad(study_id: str) -> dict[str, tuple[bytes, str, int, str]]:
-    good = records(study_id, 3)
+def _bad(study: Study) -> dict[str, tuple[bytes, str, int, str]]:
+    good = records(study, 3)
     nan = bytearray(good[1])
     nan[48:56] = np.float64("nan").tobytes()
     version = bytearray(good[0])
@@ -95,7 +98,7 @@ def _bad(study_id: str) -> dict[str, tuple[bytes, str, int, str]]:
     return {
         "undecodable": (b"".join(good)[:-5], "application/octet-stream", 400, "undecodable"),
         "empty": (b"", "application/octet-stream", 400, "undecodable"),
-        "wrong_dimension": (records(study_id, 2, d=D + 1)[0], "application/octet-stream", 400,
+        "wrong_dimension": (records(study, 2, d=D + 1)[0], "application/octet-stream", 400,
                             "wrong_dimension"),
         "non_finite": (good[0] + bytes(nan), "application/octet-stream", 400, "non_finite"),
         "unsupported_version": (bytes(version), "application/octet-stream", 400,
@@ -111,7 +114,7 @@ def _bad(study_id: str) -> dict[str, tuple[bytes, str, int, str]]:
                             b' "q": [NaN, 1, 2], "p": [1, 2, 3]}]}', "application/json", 400,
                             "non_finite"),
         "media_type": (good[0], "text/plain", 415, "unsupported_media_type"),
-        "too_large": (b"".join(records(study_id, 20)), "application/octet-stream", 413,
+        "too_large": (b"".join(records(study, 20)), "application/octet-stream", 413,
                       "too_large"),
     }
 
@@ -128,15 +131,15 @@ def test_every_bad_request_gets_its_4xx_and_reason_and_nothing_reaches_kafka(
         known(url, closed.study_id)
         with GatewayClient(url) as c:
             seen = {}
-            for name, (body, ctype, _, _) in _bad(study.study_id).items():
+            for name, (body, ctype, _, _) in _bad(study).items():
                 answer = c.post_records(study.study_id, body, ctype)
                 seen[name] = (answer.status, answer.error, sorted(answer.body))
             unknown = c.post_records("no-such-study", records("no-such-study", 1)[0])
-            shut = c.post_records(closed.study_id, records(closed.study_id, 1)[0])
+            shut = c.post_records(closed.study_id, records(closed, 1)[0])
             missing = c.request("GET", "/studies/no-such-study")
             nowhere = c.request("GET", "/nowhere")
     assert seen == {name: (status, reason, ["detail", "error"])
-                    for name, (_, _, status, reason) in _bad(study.study_id).items()}
+                    for name, (_, _, status, reason) in _bad(study).items()}
     assert (unknown.status, unknown.error) == (404, "unknown_study")
     assert (shut.status, shut.error) == (409, "closed_study")
     assert (missing.status, missing.error) == (404, "unknown_study")
@@ -149,7 +152,7 @@ def test_a_client_over_its_rate_gets_429_with_retry_after(study, kafka_settings,
                          rate_limit_burst=2) as url:
         known(url, study.study_id)
         with GatewayClient(url) as c:
-            answers = [c.post_records(study.study_id, r) for r in records(study.study_id, 3)]
+            answers = [c.post_records(study.study_id, r) for r in records(study, 3)]
     assert [(a.status, a.error) for a in answers] == [
         (202, None), (202, None), (429, "rate_limited")]
 
@@ -161,7 +164,7 @@ def test_study_endpoint_serves_the_topic_value_byte_for_byte(study, gateway_url,
     with GatewayClient(gateway_url) as c:
         answer = c.request("GET", f"/studies/{study.study_id}")
         health, ready = c.request("GET", "/healthz"), c.request("GET", "/readyz")
-        c.post_records(study.study_id, records(study.study_id, 4)[0])
+        c.post_records(study.study_id, records(study, 4)[0])
         metrics = c.request("GET", "/metrics").raw.decode()
     assert (answer.status, answer.raw) == (200, value)
     assert (health.status, ready.status) == (200, 200)
@@ -179,9 +182,9 @@ def test_kafka_down_gives_503_kafka_unavailable(tmp_path):
         with running_gateway(kafka, topics, kafka_timeout_s=2.0) as url:
             known(url, study.study_id)
             with GatewayClient(url) as c:
-                assert c.post_records(study.study_id, records(study.study_id, 1)[0]).status == 202
+                assert c.post_records(study.study_id, records(study, 1)[0]).status == 202
                 rt.broker.stop()
-                answer = c.post_records(study.study_id, records(study.study_id, 1)[0])
+                answer = c.post_records(study.study_id, records(study, 1)[0])
                 ready = c.request("GET", "/readyz")
     assert (answer.status, answer.error) == (503, "kafka_unavailable")
     assert sorted(answer.body) == ["detail", "error"]

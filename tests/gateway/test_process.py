@@ -37,7 +37,7 @@ def test_ipdp_gateway_process_accepts_records_and_stops_cleanly_on_sigterm(
                     pass
                 assert time.monotonic() < deadline, "gateway did not come up within 60 s"
                 time.sleep(0.2)
-            answer = c.post_records(study.study_id, b"".join(records(study.study_id, 5)))
+            answer = c.post_records(study.study_id, b"".join(records(study, 5)))
         assert (answer.status, answer.body) == (202, {"accepted": 5})
         assert len(read_records(kafka_settings, topics.records, expected=1, timeout_s=10)) == 1
     finally:

@@ -85,7 +85,7 @@ def test_group_privacy_is_k_epsilon_and_k_e_to_the_k_minus_one_epsilon_delta():
 
 def test_a_device_may_send_one_record_per_round_unless_allowed_more():
     study = Study(**STUDY)
-    c = Contributor(study, producer=None, topic="unused", rng=np.random.default_rng(1))
+    c = Contributor(study, producer=None, topic="unused", noise=np.random.default_rng(1))
     assert (c.privacy.epsilon, c.privacy.delta) == (1.0, 0.01)
     c.encode_many(np.zeros((1, 3)), np.zeros(1))
     with pytest.raises(TooManyRecords, match="group privacy"):

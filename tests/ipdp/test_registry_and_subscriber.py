@@ -51,16 +51,6 @@ def producer(kafka_settings):
     p.close()
 
 
-@pytest.fixture
-def env_topics(topics, kafka_settings, redis_settings, monkeypatch):
-    """Point the env-driven CLI settings at this test's topics, broker and Redis."""
-    for name, value in topics.model_dump().items():
-        monkeypatch.setenv(f"IPDP_TOPIC_{name.upper()}", str(value))
-    monkeypatch.setenv("IPDP_KAFKA_BOOTSTRAP", kafka_settings.bootstrap)
-    monkeypatch.setenv("IPDP_REDIS_URL", redis_settings.url)
-    return topics
-
-
 # --------------------------------------------------------------------------- registry
 
 
@@ -128,7 +118,7 @@ def test_submit_many_with_seeded_rng_matches_prepare(r, producer, kafka_settings
     rng = np.random.default_rng(42)
     x = rng.uniform(-0.5, 0.5, (200, 4))
     y = np.where(rng.uniform(size=200) > 0.5, 1.0, -1.0)
-    c = Contributor(study, producer, topics.records, rng=np.random.default_rng(7),
+    c = Contributor(study, producer, topics.records, noise=np.random.default_rng(7),
                     records_per_device=200)
     ids = c.submit_many(x, y)
     c.flush()
@@ -358,3 +348,29 @@ def test_study_create_takes_the_feature_bound_instead_of_lambda_and_p(env_topics
                  "--n", "10000", "--epsilon", "1", "--delta", "0.01", "--x-bound", "2"]) == 0
     study = load_study(r, "xb-1")[0]
     assert (study.lam, study.p_bound) == (1.0, 1.0)  # logistic: λ = R²/4, P = R/2
+
+
+def test_a_signed_study_from_the_cli_verifies_and_closing_it_needs_its_key(
+        env_topics, kafka_settings, r, capsys, tmp_path, monkeypatch):
+    from ipdp.errors import ConfigurationError
+    from ipdp.signing import generate_key_files, parse_trusted_keys
+
+    owner = generate_key_files(tmp_path / "owner")
+    assert _run(["study", "create", "--study-id", "cli-signed", "--d", "4", "--n", "10000",
+                 "--epsilon", "1", "--delta", "0.01", "--signing-key",
+                 str(tmp_path / "owner.key")]) == 0
+    assert f"signed by key {owner.key_id}" in capsys.readouterr().out
+    pinned = parse_trusted_keys(str(tmp_path / "owner.pub"))
+    study, _ = load_study(r, "cli-signed", pinned)
+    assert read_studies_topic(kafka_settings, env_topics, trusted=pinned)["cli-signed"] == \
+        (study, OPEN)
+    assert _run(["study", "show", "cli-signed"]) == 0
+    assert f"key {owner.key_id}" in capsys.readouterr().out
+
+    with pytest.raises(ConfigurationError, match="closing it needs that signing key"):
+        _run(["study", "close", "cli-signed"])
+    assert load_study(r, "cli-signed")[1] == OPEN
+    monkeypatch.setenv("IPDP_STUDY_SIGNING_KEY", str(tmp_path / "owner.key"))
+    assert _run(["study", "close", "cli-signed"]) == 0
+    assert read_studies_topic(kafka_settings, env_topics, trusted=pinned)["cli-signed"][1] == \
+        CLOSED

@@ -86,9 +86,9 @@ def test_record_size_rejects_dimension_below_one():
         record_size(0)
 
 
-def test_study_hash_is_first_16_bytes_of_sha256_of_utf8_id():
-    sid = "étude-42"
-    assert study_hash(sid) == hashlib.sha256(sid.encode("utf-8")).digest()[:16]
+def test_study_hash_is_first_16_bytes_of_sha256_of_the_utf8_study_text():
+    text = '{"study_id":"étude-42"}'
+    assert study_hash(text) == hashlib.sha256(text.encode("utf-8")).digest()[:16]
     assert len(study_hash("")) == 16
 
 
@@ -112,6 +112,8 @@ def test_reject_reason_values_are_the_dead_letter_strings():
         "non_finite",
         "norm_out_of_bounds",
         "unknown_study",
+        "study_mismatch",
+        "untrusted_study",
         "closed_study",
         "replayed",
         "stale",

@@ -127,7 +127,7 @@ def test_record_ids_are_random_uuid4_shaped():
 def test_encode_many_matches_prepare_with_same_seed():
     study = Study(study_id="unit", **STUDY)
     ds = synthetic(50, 5, "squared", seed=0)
-    c = Contributor(study, producer=None, topic="unused", rng=np.random.default_rng(11),
+    c = Contributor(study, producer=None, topic="unused", noise=np.random.default_rng(11),
                     records_per_device=50)
     ids, values = c.encode_many(ds.x, ds.y)
     (batch,), rejects = decode_batch(values)

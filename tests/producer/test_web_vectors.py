@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ipdp.losses import clip, encode
-from ipdp.study import Study
+from ipdp.signing import SigningKey
+from ipdp.study import Study, study_message
 from ipdp.wire import encode_record
 
 VECTORS = Path(__file__).resolve().parents[2] / "producer" / "web" / "test-vectors.json"
@@ -27,33 +27,6 @@ REGENERATE = "IPDP_WRITE_VECTORS=1 .venv/bin/python -m pytest tests/producer/tes
 #: Fixed Ed25519 seeds of the test study owner and of a stranger; never use them for real studies.
 OWNER_SEED = bytes(range(32))
 STRANGER_SEED = bytes(range(32, 64))
-
-
-def canonical_study_text(study: Study) -> str:
-    """The signed study JSON: the model's fields plus the noise stds a device adds."""
-    fields = study.model_dump(mode="json")
-    cal = study.calibration
-    fields["noise"] = {"std_q": cal.noise_std_q, "std_p": cal.noise_std_p}
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False)
-
-
-def sign_study_envelope(study_text: str, status: str, key: Ed25519PrivateKey) -> dict:
-    """Format-2 envelope; stands in for issue 12's signer, which must produce the same bytes."""
-    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    message = f"ipdp-study-v2\n{status}\n{study_text}".encode()
-    return {
-        "format": 2,
-        "study": study_text,
-        "status": status,
-        "key_id": hashlib.sha256(raw).digest()[:8].hex(),
-        "signature": base64.b64encode(key.sign(message)).decode("ascii"),
-    }
-
-
-def _public_key_b64(key: Ed25519PrivateKey) -> str:
-    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return base64.b64encode(raw).decode("ascii")
 
 
 def _study_hash(study_text: str) -> bytes:
@@ -107,26 +80,25 @@ def _wire_case(name: str, *, study_hash: bytes, record_id: bytes, created_ms: in
 
 def build_vectors() -> dict:
     """Every vector, computed from ipdp's Python code."""
-    owner = Ed25519PrivateKey.from_private_bytes(OWNER_SEED)
-    stranger = Ed25519PrivateKey.from_private_bytes(STRANGER_SEED)
+    owner = SigningKey(Ed25519PrivateKey.from_private_bytes(OWNER_SEED))
+    stranger = SigningKey(Ed25519PrivateKey.from_private_bytes(STRANGER_SEED))
     squared = Study(study_id="web-vectors-squared", loss="squared", d=14, n=10_000, epsilon=1.0,
                     delta=0.01, lam=1.0, p_bound=1.0, max_rounds=3)
     logistic = Study(study_id="web-vectors-logistic", loss="logistic", d=3, n=2_000,
                      epsilon=0.5, delta=1e-5, lam=0.25, p_bound=0.5, mode="paper")
     studies = []
     for study, status in ((squared, "open"), (logistic, "closed")):
-        text = canonical_study_text(study)
+        text = study.canonical_text()
         studies.append({
             "name": f"{study.study_id} ({status})",
-            "envelope": sign_study_envelope(text, status, owner),
+            "envelope": json.loads(study_message(study, status, owner)),
             "signed_message": f"ipdp-study-v2\n{status}\n{text}",
             "study_hash": _study_hash(text).hex(),
         })
 
-    sq_text = canonical_study_text(squared)
-    sq_hash = _study_hash(sq_text)
+    sq_hash = squared.hash
     std_q, std_p = squared.calibration.noise_std_q, squared.calibration.noise_std_p
-    lg_hash = _study_hash(canonical_study_text(logistic))
+    lg_hash = logistic.hash
     records = [
         _record_case("squared d=14 inside the bounds, study web-vectors-squared", loss="squared",
                      lam=1.0, p_bound=1.0, x=[v / 64.0 for v in _spread(14, 1)], y=0.25,
@@ -159,8 +131,8 @@ def build_vectors() -> dict:
             x=_spread(d, 10 + d, 12), y=1.25, u=_noise(d, 11, 0.5), r=_noise(d, 12, 0.5),
             study_hash=sq_hash, salt=10 + d))
     wire = [
-        _wire_case("docs/wire-format.md example", study_hash=hashlib.sha256(
-            b"example-study").digest()[:16],
+        _wire_case("docs/wire-format.md example", study_hash=Study(
+            study_id="example-study", d=2, n=1000, epsilon=1.0, delta=0.01).hash,
             record_id=bytes.fromhex("3f2a9c1e7b4d4e8a9c215d6e7f801a2b"),
             created_ms=1_700_000_000_000, q_noisy=[0.5, -1.25], p_noisy=[1.0, -0.0]),
         _wire_case("extremes: created_ms 0, subnormal, largest double", study_hash=bytes(16),
@@ -174,9 +146,9 @@ def build_vectors() -> dict:
         "about": "Generated from ipdp's Python implementation by tests/producer/test_web_vectors"
                  f".py; do not edit. Regenerate: {REGENERATE}",
         "keys": {
-            "owner_public_key": _public_key_b64(owner),
+            "owner_public_key": owner.public_b64,
             "owner_key_id": studies[0]["envelope"]["key_id"],
-            "stranger_public_key": _public_key_b64(stranger),
+            "stranger_public_key": stranger.public_b64,
         },
         "studies": studies,
         "records": records,

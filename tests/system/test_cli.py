@@ -61,8 +61,22 @@ def test_bad_calibration_parameters_exit_2_with_the_message_and_no_traceback(fla
 
 def test_every_documented_command_has_help():
     for command in (["up"], ["study", "create"], ["aggregator", "run"], ["trainer", "run"],
-                    ["loadgen"], ["models"], ["demo"], ["bench", "accuracy"],
+                    ["loadgen"], ["models"], ["demo"], ["keys", "generate"], ["bench", "accuracy"],
                     ["bench", "throughput"], ["soak"]):
         out = ipdp(*command, "--help")
         assert out.returncode == 0, (command, out.stderr)
         assert "usage: ipdp" in out.stdout
+
+
+def test_keys_generate_writes_a_private_key_and_a_pub_line_and_never_overwrites(tmp_path):
+    import base64
+    import os
+    import stat
+
+    out = ipdp("keys", "generate", "--out", str(tmp_path / "owner"))
+    assert out.returncode == 0, out.stderr
+    assert stat.S_IMODE(os.stat(tmp_path / "owner.key").st_mode) == 0o600
+    pub = (tmp_path / "owner.pub").read_text().strip()
+    assert len(base64.b64decode(pub, validate=True)) == 32 and pub in out.stdout
+    again = ipdp("keys", "generate", "--out", str(tmp_path / "owner"))
+    assert again.returncode == 2 and "refusing to overwrite" in again.stderr

@@ -30,6 +30,7 @@ BLOCK = re.compile(r"<!-- run: (shell|file (\S+)) -->\s*```(\w+)\n(.*?)```", re.
 RUN_ELSEWHERE = {
     "ipdp demo": "tests/system/test_demo.py",
     "ipdp gateway": "tests/gateway/test_process.py",
+    "ipdp keys": "tests/system/test_cli.py",
     "ipdp bench accuracy": "tests/bench/test_bench_commands.py",
     "ipdp bench throughput": "tests/bench/test_bench_commands.py",
     "ipdp soak": "tests/bench/test_bench_commands.py",

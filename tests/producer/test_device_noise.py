@@ -1,0 +1,100 @@
+"""Real devices draw their noise from the OS's CSPRNG; simulated ones from numpy's PCG64.
+
+The statistical checks use |z| < 6 per statistic (false failure about 2·10⁻⁹ each) and the χ²
+shape test at its 10⁻⁹ quantile, so they cannot fail by accident, and each is shown to catch
+what it targets (a std 5 % off, a uniform of the right variance).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from ipdp.losses import clip, encode, perturb
+from ipdp.noise import SystemNoise
+from ipdp.study import Study
+from ipdp.wire import decode_batch
+from producer import contributor, loadgen
+from producer.contributor import Contributor
+
+STD = 0.7
+Z_MAX = 6.0
+
+
+def gaussian_checks(z: np.ndarray, std: float) -> dict[str, float]:
+    """z-scores of mean, variance (Σz² against χ²_N), lag-1 correlation; χ² shape p-value."""
+    n = z.size
+    w = z / std
+    bins = np.linspace(-3.5, 3.5, 15)
+    counts = np.histogram(w, bins=np.concatenate([[-np.inf], bins, [np.inf]]))[0]
+    expected = n * np.diff(stats.norm.cdf(np.concatenate([[-np.inf], bins, [np.inf]])))
+    return {
+        "mean": float(w.mean() * np.sqrt(n)),
+        "variance": float(((w**2).sum() - n) / np.sqrt(2 * n)),
+        "lag1": float((w[:-1] * w[1:]).sum() / np.sqrt(n - 1)),
+        "shape_p": float(stats.chi2.sf(((counts - expected) ** 2 / expected).sum(), 15)),
+    }
+
+
+def passes(checks: dict[str, float]) -> bool:
+    return (all(abs(checks[k]) < Z_MAX for k in ("mean", "variance", "lag1"))
+            and checks["shape_p"] > 1e-9)
+
+
+def test_the_sdk_draws_from_the_csprng_and_the_simulator_from_pcg64():
+    study = Study(study_id="noise", d=3, n=2_000, epsilon=1.0, delta=0.01)
+    assert isinstance(Contributor(study, producer=None, topic="unused").noise, SystemNoise)
+    assert inspect.signature(Contributor.connect).parameters["noise"].default is None
+    # One device step, the noise source a parameter the caller must name.
+    assert inspect.signature(contributor.perturb_records).parameters["noise"].default is \
+        inspect.Parameter.empty
+    assert "default_rng" in inspect.getsource(loadgen.run_loadgen_batches)
+    # No state to seed: two sources (or two calls) never repeat.
+    a, b = SystemNoise().normal(0, 1, 64), SystemNoise().normal(0, 1, 64)
+    assert not np.array_equal(a, b)
+
+
+def test_system_noise_is_gaussian_with_the_asked_std():
+    z = SystemNoise().normal(0.0, STD, size=(2_000, 100))
+    assert z.shape == (2_000, 100)
+    checks = gaussian_checks(z.ravel(), STD)
+    assert passes(checks), checks
+    assert np.abs(z).max() <= STD * np.sqrt(106 * np.log(2))
+    assert SystemNoise().normal(1.0, 2.0).shape == ()
+    assert SystemNoise().normal(size=7).shape == (7,)
+
+
+def test_the_checks_catch_a_wrong_std_and_a_uniform_of_the_right_variance():
+    z = SystemNoise().normal(0.0, STD, size=200_000)
+    assert abs(gaussian_checks(z * 1.05, STD)["variance"]) > 20
+    uniform = np.random.default_rng(1).uniform(-1, 1, 200_000) * STD * np.sqrt(3)
+    checks = gaussian_checks(uniform, STD)
+    assert abs(checks["variance"]) < Z_MAX and checks["shape_p"] < 1e-9
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic"])
+def test_records_from_the_sdk_carry_noise_of_the_study_calibration(loss):
+    study = Study(study_id="sdk-noise", loss=loss, d=14, n=10_000, epsilon=1.0, delta=0.01)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(10_000, study.d))
+    y = np.sign(rng.normal(size=10_000))
+    _, values = Contributor(study, producer=None, topic="unused",
+                            records_per_device=len(x)).encode_many(x, y)
+    (batch,), rejects = decode_batch(values)
+    assert not rejects
+    q, p = clip(*encode(loss, x, y), study.lam, study.p_bound)
+    cal = study.calibration
+    assert passes(gaussian_checks((batch.q - q).ravel(), cal.noise_std_q))
+    assert passes(gaussian_checks((p - batch.p).ravel(), cal.noise_std_p))
+
+
+def test_perturb_defaults_to_the_csprng_and_takes_a_seeded_source_for_simulation():
+    study = Study(study_id="sim", d=4, n=2_000, epsilon=1.0, delta=0.01)
+    q = p = np.zeros((3, 4))
+    seeded = [perturb(q, p, study.calibration, np.random.default_rng(5)) for _ in range(2)]
+    np.testing.assert_array_equal(seeded[0][0], seeded[1][0])
+    assert not np.array_equal(perturb(q, p, study.calibration)[0],
+                              perturb(q, p, study.calibration)[0])
