@@ -5,8 +5,9 @@
 // Opens PAGE_URL (the demo page with ?study=…&key=…), waits for the study to verify, types the
 // first example into the form, prepares and contributes it with the page's own buttons, then
 // sends K − 1 more through window.ipdpContributeMany. Prints one JSON object on stdout: what the
-// page displayed, what ipdpContributeMany returned, and the body of every POST the browser made
-// (hex), captured from the network. Exits 1 (with the JSON, `error` set) if a step fails.
+// page displayed, what ipdpContributeMany returned, the body of every POST the browser made
+// (hex), captured from the network, and every answer of 400 or more. Exits 1 (with the JSON,
+// `error` set) if a step fails.
 //
 // The browser is Debian's chromium driven by playwright-core (no browser is downloaded):
 // IPDP_CHROMIUM overrides its path.
@@ -21,7 +22,7 @@ if (!url || !Number.isInteger(k) || k < 1 || !screenshot) {
 }
 const examples = examplesJson ? JSON.parse(examplesJson) : [{ x: [0.5, -0.25, 0.125], y: 0.3 }];
 
-const out = { posts: [], console: [], pageErrors: [] };
+const out = { posts: [], console: [], pageErrors: [], failedResponses: [] };
 const browser = await chromium.launch({
   executablePath: process.env.IPDP_CHROMIUM || "/usr/bin/chromium",
   headless: true,
@@ -31,6 +32,9 @@ try {
   const page = await browser.newPage({ viewport: { width: 1000, height: 900 } });
   page.on("console", (m) => out.console.push(`${m.type()}: ${m.text()}`));
   page.on("pageerror", (e) => out.pageErrors.push(String(e)));
+  page.on("response", (r) => {
+    if (r.status() >= 400) out.failedResponses.push(`${r.status()} ${r.request().method()} ${r.url()}`);
+  });
   page.on("request", (r) => {
     if (r.method() === "POST" && r.url().includes("/records")) {
       out.posts.push({ url: r.url(), contentType: r.headers()["content-type"],
