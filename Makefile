@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/ipdp demo
 
+# npm ci installs playwright-core, the browser test's driver; it drives Debian's chromium and must
+# never download a browser of its own, which the variable guarantees.
 test: $(STAMP)
 	bash scripts/install-test-deps.sh
-	cd producer/web && npm ci --no-audit --no-fund && npm test
+	cd producer/web && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund && npm test
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

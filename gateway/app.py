@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from gateway.openapi import openapi_document
 from gateway.settings import GatewaySettings
+from gateway.web import web_directory, web_routes
 from ipdp.metrics import (
     GATEWAY_KAFKA_SECONDS,
     GATEWAY_RECORDS_ACCEPTED,
@@ -425,6 +426,7 @@ def create_app(settings: GatewaySettings | None = None, kafka: KafkaSettings | N
         Route("/readyz", _counted("/readyz", readyz), methods=["GET"]),
         Route("/metrics", _counted("/metrics", metrics), methods=["GET"]),
         Route("/openapi.json", _counted("/openapi.json", openapi), methods=["GET"]),
+        *web_routes(web_directory(gw.settings.web_dir)),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})

@@ -26,3 +26,6 @@ class GatewaySettings(BaseSettings):
         0.0, ge=0, description="Requests per second per client address; 0 turns the limit off.")
     rate_limit_burst: int = Field(
         20, ge=1, description="Requests a client may send at once before the rate applies.")
+    web_dir: str | None = Field(
+        None, description="Directory served at /web/ (the browser contributor's page). Unset: "
+        "this checkout's producer/web/dist once built; empty: no page.")

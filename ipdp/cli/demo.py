@@ -1,9 +1,15 @@
 """`ipdp demo`: the whole pipeline in one command on the embedded broker and Redis.
 
 Starts the runtime, creates a study, runs `ipdp aggregator run` and `ipdp trainer run` (and with
---via-gateway `ipdp gateway`) as child processes (exactly as an operator would), simulates the devices with the load generator, waits
-for the first model, and compares it with a non-private fit on the same training rows. The
-simulator holds the raw rows only because it plays every device; no service ever sees them.
+--via-gateway `ipdp gateway`) as child processes (exactly as an operator would), simulates the
+devices with the load generator, waits for the first model, and compares it with a non-private fit
+on the same training rows. The simulator holds the raw rows only because it plays every device; no
+service ever sees them.
+
+With --web there is no simulator: the study is signed by a fresh owner key, the gateway also
+serves the browser contributor's page (producer/web), and the command prints the page's URL, with
+the study id and the pinned public key in its query string, then reports each model as it is
+published until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
@@ -43,8 +50,9 @@ MODEL_TIMEOUT_S = 300.0
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `ipdp demo`."""
     p = sub.add_parser("demo", help="Run the whole pipeline end to end on the embedded runtime.")
-    p.add_argument("--n", type=int, default=20_000, help="Records per round (default 20000).")
-    p.add_argument("--d", type=int, default=14, help="Dimension (default 14).")
+    p.add_argument("--n", type=int, default=None,
+                   help="Records per round (default 20000; 200 with --web).")
+    p.add_argument("--d", type=int, default=None, help="Dimension (default 14; 3 with --web).")
     p.add_argument("--epsilon", type=float, default=1.0, help="Central ε (default 1).")
     p.add_argument("--delta", type=float, default=0.01, help="Central δ (default 0.01).")
     p.add_argument("--devices", type=int, default=None,
@@ -56,6 +64,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="Also start `ipdp gateway` and send the devices' records over HTTP "
                    "through it instead of straight to Kafka.")
     p.add_argument("--json", action="store_true", help="Print one JSON object at the end.")
+    p.add_argument("--web", action="store_true",
+                   help="Contribute from a browser instead of simulated devices: start a signed "
+                   "study, the gateway serving the page (build it first: cd producer/web && npm "
+                   "ci && npm run build), the aggregator and the trainer; print the page's URL "
+                   "and report each model until Ctrl-C.")
+    p.add_argument("--port", type=int, default=None,
+                   help="With --web: the gateway's port on 127.0.0.1 (default: a free one).")
     p.set_defaults(func=cmd_demo)
 
 
@@ -64,15 +79,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     started = time.monotonic()
-    devices = args.devices or args.n
-    if devices < args.n:
-        raise UsageError(f"--devices {devices} < --n {args.n}: a round needs n records and a "
-                         "model is never published from fewer")
+    args.n = args.n or (200 if args.web else 20_000)
+    args.d = args.d or (3 if args.web else 14)
     try:
         study = Study(study_id=f"demo-{int(time.time())}", loss=args.loss, d=args.d, n=args.n,
                       epsilon=args.epsilon, delta=args.delta, mode=args.mode)
     except ValidationError as exc:
         raise UsageError(format_validation_error(exc)) from None
+    if args.web:
+        return serve_web(study, args.port)
+    devices = args.devices or args.n
+    if devices < args.n:
+        raise UsageError(f"--devices {devices} < --n {args.n}: a round needs n records and a "
+                         "model is never published from fewer")
     say = (lambda *_: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
     data = synthetic(int(devices / 0.8) + 1, args.d, args.loss, seed=args.seed)
     train, test = train_test_split(data, 0.2, seed=args.seed)
@@ -124,9 +143,65 @@ def _fmt(v) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
+def serve_web(study: Study, port: int | None) -> int:
+    """`ipdp demo --web`: everything a browser contributor needs, until Ctrl-C."""
+    from gateway.web import DEMO_PATH, web_directory
+    from ipdp.signing import generate_key_files
+
+    web_dir = web_directory(os.environ.get("IPDP_GATEWAY_WEB_DIR"))
+    if web_dir is None:
+        raise UsageError("no page to serve: build it first (cd producer/web && npm ci && npm run "
+                         "build), or point IPDP_GATEWAY_WEB_DIR at a built copy")
+    say = (lambda msg: print(msg, file=sys.stderr))
+    with EmbeddedRuntime() as rt:
+        directory = Path(rt.directory)
+        owner = generate_key_files(directory / "study-owner")
+        kafka, topics = rt.kafka_settings(), rt.topics
+        producer = kafka_producer(kafka)
+        registry.create_study(redis_client(rt.redis_settings()), producer, topics, study, owner)
+        producer.close()
+        say(table(calibration_rows(study.calibration), title=f"study {study.study_id}"))
+        port = port or free_port()
+        children = _start_services(rt, directory, ("aggregator", "trainer", "gateway"), port,
+                                   IPDP_TRUSTED_STUDY_KEYS=owner.public_b64,
+                                   IPDP_GATEWAY_WEB_DIR=str(web_dir))
+        try:
+            url = f"http://127.0.0.1:{port}"
+            with GatewayClient(url, timeout_s=5) as client:
+                client.wait_ready(60, alive=lambda: children["gateway"].poll() is None)
+            say(f"study {study.study_id}: n={study.n}, d={study.d}, signed by key "
+                f"{owner.key_id} ({directory / 'study-owner.pub'}); logs in {directory}")
+            say("open this page (the study id and the owner's public key are in its query "
+                "string); Ctrl-C stops everything:")
+            print(f"{url}{DEMO_PATH}?study={quote(study.study_id, safe='')}"
+                  f"&key={quote(owner.public_b64, safe='')}", flush=True)
+            _report_models(kafka, topics, study.study_id, children, say)
+        except KeyboardInterrupt:
+            say("stopping …")
+        finally:
+            _stop_services(children)
+    return 0
+
+
+def _report_models(kafka, topics, study_id: str, children, say) -> None:
+    """Say each model of the study as it is published; return only when a service exits."""
+    # One subscriber, read again each second: it yields each (study, round) once.
+    models = ModelSubscriber(kafka, topics, study_id=study_id)
+    while True:
+        for role, proc in children.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"the {role} exited with status {proc.returncode}; see its "
+                                   "log in the runtime directory")
+        for model in models:
+            weights = ", ".join(f"{w:.4g}" for w in model.weights)
+            say(f"model of round {model.round} published from {model.n} records: "
+                f"w = [{weights}]")
+        time.sleep(1.0)
+
+
 def _start_services(rt: EmbeddedRuntime, directory: Path, roles: tuple[str, ...],
-                    gateway_port: int | None) -> dict[str, subprocess.Popen]:
-    env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0"}
+                    gateway_port: int | None, **extra_env: str) -> dict[str, subprocess.Popen]:
+    env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", **extra_env}
     if gateway_port is not None:
         env.update(IPDP_GATEWAY_HOST="127.0.0.1", IPDP_GATEWAY_PORT=str(gateway_port))
     children = {}

@@ -15,6 +15,7 @@ from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.studies_topic import read_study_entries
+from ipdp.study import Study
 from ipdp.wire import encode_record, record_size, split_container, study_hash
 from producer.gateway_client import GatewayClient
 from tests.gateway.conftest import running_gateway
@@ -88,8 +89,8 @@ def test_a_request_above_the_message_size_is_split_into_several_containers(
     assert sorted(r for m in got for r in split_container(m.value)) == sorted(batch)
 
 
-def _bad(study_id: str) -> dict[str, tuple[bytes, str, int, str]]:
-    good = records(study_id, 3)
+def _bad(study: Study) -> dict[str, tuple[bytes, str, int, str]]:
+    good = records(study, 3)
     nan = bytearray(good[1])
     nan[48:56] = np.float64("nan").tobytes()
     version = bytearray(good[0])
@@ -97,7 +98,7 @@ def _bad(study_id: str) -> dict[str, tuple[bytes, str, int, str]]:
     return {
         "undecodable": (b"".join(good)[:-5], "application/octet-stream", 400, "undecodable"),
         "empty": (b"", "application/octet-stream", 400, "undecodable"),
-        "wrong_dimension": (records(study_id, 2, d=D + 1)[0], "application/octet-stream", 400,
+        "wrong_dimension": (records(study, 2, d=D + 1)[0], "application/octet-stream", 400,
                             "wrong_dimension"),
         "non_finite": (good[0] + bytes(nan), "application/octet-stream", 400, "non_finite"),
         "unsupported_version": (bytes(version), "application/octet-stream", 400,
@@ -113,7 +114,7 @@ def _bad(study_id: str) -> dict[str, tuple[bytes, str, int, str]]:
                             b' "q": [NaN, 1, 2], "p": [1, 2, 3]}]}', "application/json", 400,
                             "non_finite"),
         "media_type": (good[0], "text/plain", 415, "unsupported_media_type"),
-        "too_large": (b"".join(records(study_id, 20)), "application/octet-stream", 413,
+        "too_large": (b"".join(records(study, 20)), "application/octet-stream", 413,
                       "too_large"),
     }
 
@@ -130,7 +131,7 @@ def test_every_bad_request_gets_its_4xx_and_reason_and_nothing_reaches_kafka(
         known(url, closed.study_id)
         with GatewayClient(url) as c:
             seen = {}
-            for name, (body, ctype, _, _) in _bad(study.study_id).items():
+            for name, (body, ctype, _, _) in _bad(study).items():
                 answer = c.post_records(study.study_id, body, ctype)
                 seen[name] = (answer.status, answer.error, sorted(answer.body))
             unknown = c.post_records("no-such-study", records("no-such-study", 1)[0])
@@ -138,7 +139,7 @@ def test_every_bad_request_gets_its_4xx_and_reason_and_nothing_reaches_kafka(
             missing = c.request("GET", "/studies/no-such-study")
             nowhere = c.request("GET", "/nowhere")
     assert seen == {name: (status, reason, ["detail", "error"])
-                    for name, (_, _, status, reason) in _bad(study.study_id).items()}
+                    for name, (_, _, status, reason) in _bad(study).items()}
     assert (unknown.status, unknown.error) == (404, "unknown_study")
     assert (shut.status, shut.error) == (409, "closed_study")
     assert (missing.status, missing.error) == (404, "unknown_study")

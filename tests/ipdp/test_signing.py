@@ -42,7 +42,7 @@ def test_the_study_hash_binds_every_parameter_and_the_noise():
     obj = json.loads(text)
     assert obj["noise"] == {"std_q": s.calibration.noise_std_q, "std_p": s.calibration.noise_std_p}
     assert s.hash == hashlib.sha256(text.encode()).digest()[:16]
-    assert Study(**{**BASE, "epsilon": 1000.0}).hash != s.hash
+    assert Study(**{**BASE, "epsilon": 100.0}).hash != s.hash
     assert Study(**{**BASE, "max_rounds": 3}).hash != s.hash
 
 
@@ -64,7 +64,7 @@ def test_a_forged_calibration_or_status_does_not_verify(owner):
     key, _ = owner
     trusted = parse_trusted_keys(key.public_b64)
     env = json.loads(study_message(Study(**BASE), "closed", key))
-    forged = Study(**{**BASE, "epsilon": 1000.0})
+    forged = Study(**{**BASE, "epsilon": 100.0})
     for change in ({"study": forged.canonical_text()}, {"status": "open"}):
         with pytest.raises(SignatureError, match="signature does not verify"):
             parse_study_message(json.dumps({**env, **change}).encode(), trusted)

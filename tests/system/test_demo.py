@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -46,3 +47,42 @@ def test_demo_via_gateway_sends_every_record_over_http_and_gets_the_same_round()
     assert result["via_gateway"] is True
     assert (result["records_sent"], result["records_folded"], result["round"]) == (5000, 5000, 1)
     assert result["rmse_private"] < result["rmse_zero_model"]
+
+
+@pytest.mark.integration
+def test_demo_web_serves_the_page_and_a_study_signed_by_the_key_in_its_url(tmp_path):
+    import signal
+    import urllib.request
+    from urllib.parse import parse_qs, urlsplit
+
+    from gateway.web import checkout_web_dir
+    from ipdp.signing import parse_trusted_keys
+    from ipdp.study import StudyStatus, parse_study_message
+
+    _require_binaries()
+    if not (checkout_web_dir() / "demo" / "index.html").is_file():
+        pytest.skip("producer/web is not built (cd producer/web && npm ci && npm run build)")
+    with open(tmp_path / "stderr", "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "demo", "--web"],
+                                stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                start_new_session=True)
+    try:
+        page = proc.stdout.readline().strip()
+        assert page, (tmp_path / "stderr").read_text()[-3000:]
+        parts = urlsplit(page)
+        assert parts.path == "/web/demo/"
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        origin = f"{parts.scheme}://{parts.netloc}"
+        with urllib.request.urlopen(page, timeout=10) as resp:
+            assert resp.headers["content-type"].startswith("text/html")
+            assert b"Contribute one example" in resp.read()
+        with urllib.request.urlopen(f"{origin}/studies/{query['study']}", timeout=10) as resp:
+            study, status = parse_study_message(resp.read(), parse_trusted_keys(query["key"]))
+        assert (study.study_id, study.n, study.d, status) == \
+            (query["study"], 200, 3, StudyStatus.OPEN)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

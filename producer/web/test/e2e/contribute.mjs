@@ -1,0 +1,83 @@
+// Contribute from the demo page in headless Chromium, as a person and then as many devices.
+//
+//   node test/e2e/contribute.mjs PAGE_URL K SCREENSHOT_PATH [EXAMPLES_JSON]
+//
+// Opens PAGE_URL (the demo page with ?study=…&key=…), waits for the study to verify, types the
+// first example into the form, prepares and contributes it with the page's own buttons, then
+// sends K − 1 more through window.ipdpContributeMany. Prints one JSON object on stdout: what the
+// page displayed, what ipdpContributeMany returned, the body of every POST the browser made
+// (hex), captured from the network, and every answer of 400 or more. Exits 1 (with the JSON,
+// `error` set) if a step fails.
+//
+// The browser is Debian's chromium driven by playwright-core (no browser is downloaded):
+// IPDP_CHROMIUM overrides its path.
+import { writeFileSync } from "node:fs";
+import { chromium } from "playwright-core";
+
+const [url, kText, screenshot, examplesJson] = process.argv.slice(2);
+const k = Number(kText);
+if (!url || !Number.isInteger(k) || k < 1 || !screenshot) {
+  console.error("usage: contribute.mjs PAGE_URL K SCREENSHOT_PATH [EXAMPLES_JSON]");
+  process.exit(2);
+}
+const examples = examplesJson ? JSON.parse(examplesJson) : [{ x: [0.5, -0.25, 0.125], y: 0.3 }];
+
+const out = { posts: [], console: [], pageErrors: [], failedResponses: [] };
+const browser = await chromium.launch({
+  executablePath: process.env.IPDP_CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+});
+try {
+  const page = await browser.newPage({ viewport: { width: 1000, height: 900 } });
+  page.on("console", (m) => out.console.push(`${m.type()}: ${m.text()}`));
+  page.on("pageerror", (e) => out.pageErrors.push(String(e)));
+  page.on("response", (r) => {
+    if (r.status() >= 400) out.failedResponses.push(`${r.status()} ${r.request().method()} ${r.url()}`);
+  });
+  page.on("request", (r) => {
+    if (r.method() === "POST" && r.url().includes("/records")) {
+      out.posts.push({ url: r.url(), contentType: r.headers()["content-type"],
+        body: (r.postDataBuffer() ?? Buffer.alloc(0)).toString("hex") });
+    }
+  });
+
+  await page.goto(url);
+  await page.evaluate(() => window.ipdpReady);
+  out.studyStatus = await page.textContent("#study-status");
+  out.report = await page.$$eval("#report-list li", (items) => items.map((li) => li.textContent));
+  if (!(await page.isVisible("#example-section"))) throw new Error(`study not loaded: ${out.studyStatus}`);
+
+  // One record the way a person sends it: type, prepare, look, contribute.
+  const first = examples[0];
+  await page.fill("#x", first.x.join(", "));
+  await page.fill("#y", String(first.y));
+  await page.click("#example-form button[type=submit]");
+  await page.waitForSelector("#record-section:not([hidden])");
+  const shown = async () => ({
+    recordId: await page.textContent("#record-id"),
+    q: await page.textContent("#record-q"),
+    p: await page.textContent("#record-p"),
+    hex: await page.textContent("#record-hex"),
+  });
+  out.prepared = await shown();
+  await page.click("#send");
+  await page.waitForFunction(() => document.querySelector("#send-status")?.className !== "" &&
+    !document.querySelector("#send-status")?.textContent?.startsWith("Sending"));
+  out.sendStatus = await page.textContent("#send-status");
+  if (!out.sendStatus.startsWith("Accepted")) throw new Error(`not accepted: ${out.sendStatus}`);
+
+  // The other k − 1 as simulated devices, through the page's test hook.
+  out.many = k > 1
+    ? await page.evaluate(([n, ex]) => window.ipdpContributeMany(n, { examples: ex }), [k - 1, examples])
+    : { recordIds: [], records: [], q: [], p: [], accepted: 0 };
+  out.displayed = await shown();
+  out.finalStatus = await page.textContent("#send-status");
+  await page.screenshot({ path: screenshot, fullPage: true });
+} catch (error) {
+  out.error = String(error?.stack ?? error);
+} finally {
+  await browser.close();
+}
+writeFileSync(1, JSON.stringify(out) + "\n");
+process.exit(out.error ? 1 : 0);

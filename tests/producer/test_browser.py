@@ -1,0 +1,151 @@
+"""The browser contributor end to end, in a real browser: headless Chromium opens the demo page the
+gateway serves, verifies a signed study, and contributes n records (one through the page's own
+form and buttons, the rest through its test hook); the aggregator and the trainer run as real
+processes. Exactly one model of n records comes out, and the bytes the browser sent are exactly
+the records the page showed and returned, none dead-lettered.
+
+Needs Node.js, Debian's chromium (scripts/install-test-deps.sh) and producer/web built with
+playwright-core installed (`cd producer/web && npm ci && npm test`; `make test` does all three).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+import pytest
+
+from ipdp import state
+from ipdp.kafka_io import kafka_producer
+from ipdp.redis_io import redis_client
+from ipdp.registry import create_study
+from ipdp.signing import generate_key_files
+from ipdp.study import Study
+from ipdp.subscriber import ModelSubscriber
+from ipdp.wire import decode_batch, record_size, split_container
+from producer.gateway_client import GatewayClient
+from tests import proc_services as ps
+from tests.gateway.conftest import running_gateway
+from tests.pipeline import read_records, wait_for
+from tests.tooling import require_tool, unavailable
+
+pytestmark = pytest.mark.browser
+
+WEB = Path(__file__).resolve().parents[2] / "producer" / "web"
+SCRIPT = WEB / "test" / "e2e" / "contribute.mjs"
+BROWSER_TIMEOUT_S = 180
+
+
+def _browser() -> tuple[str, str]:
+    """(node, chromium) paths, with the page built and playwright-core installed."""
+    node = require_tool("node", "driving Chromium from the browser end-to-end test")
+    chromium = os.environ.get("IPDP_CHROMIUM") or require_tool(
+        "chromium", "the browser end-to-end test (Debian's chromium package)")
+    if not (WEB / "node_modules" / "playwright-core").is_dir():
+        unavailable("producer/web has no node_modules/playwright-core; run "
+                    "`cd producer/web && npm ci`")
+    if not (WEB / "dist" / "demo" / "index.html").is_file():
+        unavailable("producer/web/dist is not built; run `cd producer/web && npm run build`")
+    return node, chromium
+
+
+def _examples(k: int, d: int, seed: int) -> list[dict]:
+    """k distinct examples (x inside the unit ball, y in [−1, 1]), as the page takes them."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(k, d)) / np.sqrt(d)
+    y = np.clip(x @ np.linspace(-0.5, 0.5, d) + 0.05 * rng.normal(size=k), -1, 1)
+    return [{"x": row.tolist(), "y": float(v)} for row, v in zip(x, y, strict=True)]
+
+
+def test_n_records_from_the_page_in_chromium_make_exactly_one_model_of_those_bytes(
+        runtime, kafka_settings, redis_settings, topics, tmp_path):
+    node, chromium = _browser()
+    n, d = 50, 3
+    owner = generate_key_files(tmp_path / "owner")
+    # ε = 8: the smallest ε for which n = 50, d = 3 calibrates with noise on q̃ and p̃ both.
+    study = Study(study_id="browser-e2e", loss="squared", d=d, n=n, epsilon=8.0, delta=0.01)
+    producer = kafka_producer(kafka_settings)
+    try:
+        create_study(redis_client(redis_settings), producer, topics, study, owner)
+    finally:
+        producer.close()
+    examples = _examples(n, d, seed=11)
+    screenshot = tmp_path / "page-after-contributing.png"
+
+    # The aggregator pins the owner's key too: it folds nothing of a study the owner did not sign.
+    with ps.pipeline(runtime, topics, tmp_path, f"browser-{topics.records}",
+                     IPDP_TRUSTED_STUDY_KEYS=owner.public_b64), \
+            running_gateway(kafka_settings, topics, web_dir=str(WEB / "dist")) as url:
+        with GatewayClient(url) as client:
+            wait_for(lambda: client.study(study.study_id) is not None, 30,
+                     "the gateway to know the study")
+        page = f"{url}/web/?study={quote(study.study_id)}&key={quote(owner.public_b64, safe='')}"
+        run = subprocess.run(
+            [node, str(SCRIPT), page, str(n), str(screenshot), json.dumps(examples)],
+            cwd=WEB, env={**os.environ, "IPDP_CHROMIUM": chromium}, capture_output=True,
+            text=True, timeout=BROWSER_TIMEOUT_S, check=False)
+        try:
+            out = json.loads(run.stdout)
+        except json.JSONDecodeError:
+            pytest.fail(f"contribute.mjs exited {run.returncode}:\n{run.stdout}\n{run.stderr}")
+        assert run.returncode == 0 and "error" not in out, json.dumps(out, indent=1)[:4000]
+
+        def models():
+            return list(ModelSubscriber(kafka_settings, topics, study_id=study.study_id,
+                                        from_beginning=True))
+
+        wait_for(lambda: len(models()) >= 1, 90, "the round's model")
+        on_topic = read_records(kafka_settings, topics.records, expected=len(out["posts"]))
+        dead = read_records(kafka_settings, topics.dead_letter, expected=1, timeout_s=3)
+
+    # The page verified the study and said what it guarantees, without a page error.
+    assert out["studyStatus"].startswith("Signature verified with the pinned key")
+    assert any("ε" in sentence for sentence in out["report"]), out["report"]
+    assert (out["pageErrors"], out["failedResponses"]) == ([], [])
+    assert not [m for m in out["console"] if m.startswith("error")], out["console"]
+    assert out["sendStatus"].startswith("Accepted: record " + out["prepared"]["recordId"])
+
+    # What the page returned: the record a person prepared and sent, then n − 1 from the hook.
+    many = out["many"]
+    assert many["accepted"] == n - 1
+    page_ids = [out["prepared"]["recordId"], *many["recordIds"]]
+    page_records = [bytes.fromhex(out["prepared"]["hex"]),
+                    *(bytes.fromhex(h) for h in many["records"])]
+    assert len(set(page_ids)) == n
+    # The page displays the last record sent.
+    assert (out["displayed"]["recordId"], out["displayed"]["hex"]) == \
+        (many["recordIds"][-1], many["records"][-1])
+
+    # What the browser sent, captured on the network, is exactly those bytes, in order …
+    assert {p["contentType"] for p in out["posts"]} == {"application/octet-stream"}
+    assert {p["url"] for p in out["posts"]} == {f"{url}/studies/{study.study_id}/records"}
+    sent = b"".join(bytes.fromhex(p["body"]) for p in out["posts"])
+    size = record_size(d)
+    assert [sent[i:i + size] for i in range(0, len(sent), size)] == page_records
+    # … it decodes to the record ids, q̃ and p̃ the page returned, under the signed study's hash …
+    (batch,), rejects = decode_batch(page_records)
+    assert rejects == []
+    assert [bytes(r).hex() for r in batch.record_id] == page_ids
+    assert (batch.study_hash == np.frombuffer(study.hash, np.uint8)).all()
+    np.testing.assert_array_equal(batch.q[1:], np.array(many["q"]))
+    np.testing.assert_array_equal(batch.p[1:], np.array(many["p"]))
+    shown_q = [float(v) for v in out["prepared"]["q"].strip("[]").split(",")]
+    np.testing.assert_allclose(batch.q[0], shown_q, rtol=1e-5)
+    # … x never left the page …
+    for example in examples:
+        for v in example["x"]:
+            assert np.float64(v).tobytes() not in sent
+    # … and Kafka holds exactly those records.
+    held = [r for m in on_topic for r in split_container(m.value)]
+    assert sorted(held) == sorted(page_records)
+
+    # Exactly one model, of exactly the n records; nothing dead-lettered.
+    assert [(m.round, m.n) for m in models()] == [(1, n)]
+    assert dead == []
+    counts = redis_client(redis_settings).hgetall(state.counts_key(study.study_id))
+    assert int(counts[b"folded"]) == n
+    assert screenshot.stat().st_size > 10_000
