@@ -454,8 +454,10 @@ def _balanced(pr: _Problem, share: float | None) -> _Point | None:
         return None
     for _ in range(2):
         if share is None:
-            lowest = _smallest_share(pr, *_gammas(pr, lg1, lg2))
-            x = _golden(lambda v, a=lg1, b=lg2: cost(v, a, b), lowest, 0.995)
+            gs = _gammas(pr, lg1, lg2)
+            lowest = _smallest_share(pr, *gs) if gs else None
+            if lowest is not None:  # else keep x: it is still feasible at the current splits
+                x = _golden(lambda v, a=lg1, b=lg2: cost(v, a, b), lowest, 0.995)
         lg1 = _golden(lambda v, x=x, b=lg2: cost(x, v, b), *_LOG_GAMMA_RANGE)
         lg2 = _golden(lambda v, x=x, a=lg1: cost(x, a, v), *_LOG_GAMMA_RANGE)
     gs = _gammas(pr, lg1, lg2)

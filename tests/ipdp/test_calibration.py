@@ -377,3 +377,17 @@ def test_a_huge_epsilon_calibrates_or_is_refused_with_a_clear_error_never_an_ove
     with pytest.raises(CalibrationError, match="double precision"):
         calibrate(mode="rigorous", epsilon=1e5, delta=0.01, n=2000, d=14, lam=1.0, p_bound=1.0,
                   eta=1.0, delta_in=0.0)
+
+
+@pytest.mark.parametrize("n", [20, 50, 100, 300])
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 2.0, 3.0, 4.0, 8.0])
+def test_small_rounds_calibrate_or_are_refused_with_a_clear_error(n, epsilon):
+    from ipdp.errors import CalibrationError
+
+    try:
+        cal = calibrate(mode="rigorous", epsilon=epsilon, delta=0.01, n=n, d=3, lam=1.0,
+                        p_bound=1.0, eta=1.0, delta_in=0.0)
+    except CalibrationError as exc:
+        assert "too small" in str(exc)
+    else:
+        assert cal.sigma_u2 > 0 and cal.sigma_b2 > 0 and cal.proven
