@@ -29,7 +29,9 @@ from ipdp.wire import (
     RecordBatch,
     RejectReason,
     decode_batch,
+    header_study,
     split_container,
+    study_headers,
 )
 
 NOT_IN_CONTAINER = -1
@@ -44,14 +46,6 @@ class Message:
     offset: int
     value: bytes | None
     study_id: str | None = None
-
-
-def header_study(headers) -> str | None:
-    """The ``study`` header of a Kafka record (producer.contributor.study_headers), if any."""
-    for name, value in headers or ():
-        if name == "study" and value is not None:
-            return bytes(value).decode("utf-8", "replace")
-    return None
 
 
 @dataclass(frozen=True)
@@ -95,7 +89,7 @@ class Polled:
         return cls(np.fromiter((m.partition for m in messages), np.int64, len(messages)),
                    np.fromiter((m.offset for m in messages), np.int64, len(messages)),
                    [m.value for m in messages],
-                   headers=[[("study", m.study_id.encode())] if m.study_id else None
+                   headers=[study_headers(m.study_id) if m.study_id else None
                             for m in messages])
 
     def study_header(self, row: int) -> str | None:

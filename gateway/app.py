@@ -45,6 +45,7 @@ from ipdp.wire import (
     encode_batch,
     encode_container,
     record_size,
+    study_headers,
 )
 
 log = logging.getLogger(__name__)
@@ -300,7 +301,7 @@ class Gateway:
                 # aggregator trusts only each record's hash.
                 future = producer.send(self.topics.records, key=chunk[0][_RECORD_ID],
                                        value=encode_container(chunk),
-                                       headers=[("study", study_id.encode("utf-8"))])
+                                       headers=study_headers(study_id))
                 waits.append(_as_asyncio(future, loop))
             await asyncio.wait_for(asyncio.gather(*waits), self.settings.kafka_timeout_s + 1)
         except (KafkaError, TimeoutError) as exc:

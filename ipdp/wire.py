@@ -76,6 +76,24 @@ def study_hash(study_text: str) -> bytes:
     return hashlib.sha256(study_text.encode("utf-8")).digest()[:_ID_SIZE]
 
 
+#: Kafka header naming the study a device meant. Diagnostic only: it picks `study_mismatch` over
+#: `unknown_study` for a record whose hash matches no study; the fold trusts the hash alone.
+STUDY_HEADER = "study"
+
+
+def study_headers(study_id: str) -> list[tuple[str, bytes]]:
+    """The Kafka headers every producer of records (device, load generator, gateway) sets."""
+    return [(STUDY_HEADER, study_id.encode("utf-8"))]
+
+
+def header_study(headers) -> str | None:
+    """The study id of :func:`study_headers` in a Kafka record's headers, if any."""
+    for name, value in headers or ():
+        if name == STUDY_HEADER and value is not None:
+            return bytes(value).decode("utf-8", "replace")
+    return None
+
+
 def record_size(d: int) -> int:
     """Return the encoded size in bytes of a record of dimension ``d``."""
     if d < 1:

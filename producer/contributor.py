@@ -35,7 +35,7 @@ from ipdp.noise import NoiseSource, SystemNoise
 from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
 from ipdp.signing import TrustedKeys, parse_trusted_keys
 from ipdp.study import Study
-from ipdp.wire import encode_batch
+from ipdp.wire import encode_batch, study_headers
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -85,14 +85,6 @@ def perturb_records(study: Study, x: np.ndarray, y: np.ndarray,
     k = x.shape[0]
     ids = new_record_ids(k)
     return ids, encode_batch(study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
-
-
-def study_headers(study: Study) -> list[tuple[str, bytes]]:
-    """Kafka headers of a record: the study id the device meant, so that a record whose hash
-    matches no registered study can be dead-lettered as ``study_mismatch`` (the device was given
-    other parameters than the registered ones) rather than ``unknown_study``. Diagnostic only:
-    the aggregator trusts the hash, never this header."""
-    return [("study", study.study_id.encode("utf-8"))]
 
 
 def trusted_study_keys(keys: TrustedKeys | str | Iterable[str] | None) -> TrustedKeys:
@@ -214,7 +206,7 @@ class Contributor:
 
     def _send(self, ids: np.ndarray, values: list[bytes]) -> None:
         send, topic, d = self.producer.send, self.topic, self._delivery
-        headers = study_headers(self.study)
+        headers = study_headers(self.study.study_id)
         for key, value in zip(split_ids(ids), values):
             send(topic, key=key, value=value, headers=headers).add_callback(
                 d.on_ok).add_errback(d.on_error)

@@ -29,7 +29,8 @@ from ipdp.errors import BackendUnavailable
 from ipdp.metrics import LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
-from producer.contributor import DeliveryCounter, perturb_records, split_ids, study_headers
+from ipdp.wire import study_headers
+from producer.contributor import DeliveryCounter, perturb_records, split_ids
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -156,7 +157,7 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         start = time.monotonic()
         send = producer.send
         on_ok, on_error = delivery.on_ok, delivery.on_error
-        headers = study_headers(study)
+        headers = study_headers(study.study_id)
         try:
             for xb, yb in batches:
                 k = xb.shape[0]
