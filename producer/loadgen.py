@@ -91,9 +91,14 @@ def run_loadgen(study: Study, kafka: KafkaSettings, topics: TopicSettings, x, y,
     if batch < 1:
         raise ValueError(f"batch must be ≥ 1, got {batch}")
     k = x.shape[0]
-    batches = ((x[i : i + batch], y[i : i + batch]) for i in range(0, k, batch))
+    batches = row_batches(x, y, batch)
     return run_loadgen_batches(study, kafka, topics, batches, total=k, rate=rate,
                                progress=progress, rng=rng, producer=producer, batch=batch)
+
+
+def row_batches(x: np.ndarray, y: np.ndarray, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(x, y) in consecutive slices of ``size`` rows: one vectorised step of devices each."""
+    return ((x[i : i + size], y[i : i + size]) for i in range(0, x.shape[0], size))
 
 
 def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:

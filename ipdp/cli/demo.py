@@ -39,7 +39,7 @@ from ipdp.study import Study
 from ipdp.subscriber import ModelSubscriber
 from producer.datasets import synthetic, train_test_split
 from producer.gateway_client import GatewayClient
-from producer.loadgen import run_loadgen, run_loadgen_http
+from producer.loadgen import row_batches, run_loadgen, run_loadgen_http
 from trainer.solver import solve_constrained
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 with GatewayClient(url, timeout_s=5) as client:
                     client.wait_ready(60, alive=lambda: children["gateway"].poll() is None)
                 say(f"simulating {devices} devices through the gateway at {url} …")
-                sent = run_loadgen_http(study, url, _batches(train.x, train.y, 2000),
+                sent = run_loadgen_http(study, url, row_batches(train.x, train.y, 2000),
                                         total=devices, progress=not args.json)
             else:
                 say(f"simulating {devices} devices …")
@@ -128,8 +128,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         finally:
             _stop_services(children)
     result = _evaluate(study, model, train, test)
-    result.update(n=study.n, d=study.d, records_sent=sent.sent, via_gateway=args.via_gateway, records_folded=folded,
-                  round=model.round, epsilon=study.epsilon, delta=study.delta,
+    result.update(n=study.n, d=study.d, records_sent=sent.sent, via_gateway=args.via_gateway,
+                  records_folded=folded, round=model.round, epsilon=study.epsilon, delta=study.delta,
                   mode=study.mode, loss=study.loss, local_epsilon=study.calibration.local_epsilon,
                   elapsed_s=round(time.monotonic() - started, 2))
     if args.json:
@@ -188,10 +188,7 @@ def _report_models(kafka, topics, study_id: str, children, say) -> None:
     # One subscriber, read again each second: it yields each (study, round) once.
     models = ModelSubscriber(kafka, topics, study_id=study_id)
     while True:
-        for role, proc in children.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"the {role} exited with status {proc.returncode}; see its "
-                                   "log in the runtime directory")
+        _check_alive(children)
         for model in models:
             weights = ", ".join(f"{w:.4g}" for w in model.weights)
             say(f"model of round {model.round} published from {model.n} records: "
@@ -214,8 +211,12 @@ def _start_services(rt: EmbeddedRuntime, directory: Path, roles: tuple[str, ...]
     return children
 
 
-def _batches(x: np.ndarray, y: np.ndarray, size: int):
-    return ((x[i:i + size], y[i:i + size]) for i in range(0, x.shape[0], size))
+def _check_alive(children: dict[str, subprocess.Popen]) -> None:
+    """Raise if a service the demo started has exited (its log is in the runtime directory)."""
+    for role, proc in children.items():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {role} exited with status {proc.returncode}; see its log "
+                               "in the runtime directory")
 
 
 def _stop_services(children: dict[str, subprocess.Popen]) -> None:
@@ -232,10 +233,7 @@ def _stop_services(children: dict[str, subprocess.Popen]) -> None:
 def _first_model(kafka, topics, study_id: str, children) -> ModelMessage:
     deadline = time.monotonic() + MODEL_TIMEOUT_S
     while time.monotonic() < deadline:
-        for role, proc in children.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"the {role} exited with status {proc.returncode}; "
-                                   "see its log in the runtime directory")
+        _check_alive(children)
         for model in ModelSubscriber(kafka, topics, study_id=study_id):
             return model
         time.sleep(0.5)
