@@ -40,7 +40,6 @@ from ipdp.settings import (
     TopicSettings,
     TrustSettings,
 )
-from ipdp.signing import parse_trusted_keys
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ class Aggregator:
         self.kafka, self.topics, self.settings = kafka, topics, settings
         self.redis = redis_client(redis_settings)
         check_redis(self.redis)
-        trusted = parse_trusted_keys((trust or TrustSettings()).trusted_study_keys)
+        trusted = (trust or TrustSettings()).study_keys()
         if trusted:
             log.info("aggregator: studies must be signed by one of keys %s", trusted.ids)
         else:

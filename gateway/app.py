@@ -35,7 +35,6 @@ from ipdp.metrics import (
     GATEWAY_REQUESTS,
 )
 from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
-from ipdp.signing import parse_trusted_keys
 from ipdp.studies_topic import StudiesFollower
 from ipdp.study import Study, StudyStatus
 from ipdp.wire import (
@@ -201,7 +200,7 @@ class Gateway:
         # The gateway refuses, like a device, a study whose signature does not verify under the
         # pinned owner keys (IPDP_TRUSTED_STUDY_KEYS); GET /studies/{id} serves only verified ones.
         self.studies = StudiesFollower(
-            kafka, topics, trusted=parse_trusted_keys(TrustSettings().trusted_study_keys))
+            kafka, topics, trusted=TrustSettings().study_keys())
         self.producer = None
         self.limiter = (RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
                         if settings.rate_limit_per_s > 0 else None)

@@ -8,10 +8,13 @@ The environment-variable names are the contract with compose/ and docs/operation
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from ipdp.signing import TrustedKeys
 
 
 class KafkaSettings(BaseSettings):
@@ -101,3 +104,16 @@ class TrustSettings(BaseSettings):
         None, description="Trainer public keys that model subscribers accept.")
     study_signing_key: str | None = Field(
         None, description="PREFIX.key that `ipdp study create|close` signs with.")
+
+    def study_keys(self) -> TrustedKeys:
+        """The pinned study-owner keys (none: unsigned studies are accepted, with a warning)."""
+        from ipdp.signing import parse_trusted_keys
+
+        return parse_trusted_keys(self.trusted_study_keys)
+
+    def model_keys(self) -> TrustedKeys:
+        """The pinned trainer keys model subscribers accept."""
+        from ipdp.signing import parse_trusted_keys
+
+        return parse_trusted_keys(self.trusted_model_keys)
+

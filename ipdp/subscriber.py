@@ -50,9 +50,10 @@ class ModelSubscriber:
         self.follow = follow
         self.poll_timeout_ms = poll_timeout_ms
         self.metadata_timeout_s = metadata_timeout_s
-        if not isinstance(trusted_keys, TrustedKeys):
-            trusted_keys = parse_trusted_keys(TrustSettings().trusted_model_keys
-                                              if trusted_keys is None else trusted_keys)
+        if trusted_keys is None:
+            trusted_keys = TrustSettings().model_keys()
+        elif not isinstance(trusted_keys, TrustedKeys):
+            trusted_keys = parse_trusted_keys(trusted_keys)
         self.trusted = trusted_keys
         if not self.trusted:
             log.warning("no trusted model key pinned: models are shown UNVERIFIED; anyone who "

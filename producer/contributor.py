@@ -91,9 +91,7 @@ def trusted_study_keys(keys: TrustedKeys | str | Iterable[str] | None) -> Truste
     """Pinned study keys: ``keys`` as given, or IPDP_TRUSTED_STUDY_KEYS when None."""
     if isinstance(keys, TrustedKeys):
         return keys
-    if keys is None:
-        keys = TrustSettings().trusted_study_keys
-    return parse_trusted_keys(keys)
+    return TrustSettings().study_keys() if keys is None else parse_trusted_keys(keys)
 
 
 class DeliveryCounter:

@@ -32,7 +32,7 @@ from ipdp.settings import (
     TopicSettings,
     TrustSettings,
 )
-from ipdp.signing import load_signing_key, parse_trusted_keys
+from ipdp.signing import load_signing_key
 from ipdp.study import Study
 from trainer.settings import TrainerSettings
 from trainer.solver import solve_constrained
@@ -89,7 +89,7 @@ class Trainer:
                         "consumers cannot tell them from anyone else's (docs/security.md)")
         else:
             log.info("trainer: signing models with key %s", self.signing_key.key_id)
-        self.trusted = parse_trusted_keys((trust or TrustSettings()).trusted_study_keys)
+        self.trusted = (trust or TrustSettings()).study_keys()
         self.redis = redis_client(redis_settings)
         check_redis(self.redis)
         self.producer = kafka_producer(kafka)
