@@ -25,6 +25,7 @@ from kafka import TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
+from aggregator import fetch
 from aggregator.fold import Folder, FoldResult
 from aggregator.logs import LogGuard, Pause
 from aggregator.settings import AggregatorSettings
@@ -104,6 +105,9 @@ class Aggregator:
             session_timeout_ms=settings.session_timeout_ms,
             max_partition_fetch_bytes=max(settings.max_message_bytes * 4, 1 << 20),
         )
+        if settings.columnar_fetch:  # polls return (offset, value, header block) tuples
+            fetch.install(self.consumer)
+        self._columnar = settings.columnar_fetch
         self.consumer.subscribe([topics.records], listener=_SeekToRedisOffsets(self))
         self.stop_event = threading.Event()
         self._folding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fold")
@@ -206,16 +210,21 @@ class Aggregator:
         self.close()
         return self.totals
 
-    @staticmethod
-    def _as_arrays(polled) -> Polled:
+    def _as_arrays(self, polled) -> Polled:
         """A poll result as arrays, gathered once per partition (no object per record)."""
         parts, offsets, values, headers = [], [], [], []
         for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition):
             metrics.RECORDS_CONSUMED.labels(str(tp.partition)).inc(len(recs))
             parts.append(np.full(len(recs), tp.partition, np.int64))
-            offsets.append(np.fromiter(map(_OFFSET, recs), np.int64, len(recs)))
-            values += map(_VALUE, recs)
-            headers += map(_HEADERS, recs)
+            if self._columnar:  # (offset, value, header block) tuples: transpose in C
+                offs, vals, heads = zip(*recs, strict=True)
+                offsets.append(np.array(offs, np.int64))
+                values += vals
+                headers += heads
+            else:
+                offsets.append(np.fromiter(map(_OFFSET, recs), np.int64, len(recs)))
+                values += map(_VALUE, recs)
+                headers += map(_HEADERS, recs)
         return Polled(np.concatenate(parts), np.concatenate(offsets), values, headers=headers)
 
     def _fold(self, messages: Polled) -> FoldResult:
@@ -253,7 +262,8 @@ class Aggregator:
         assigned = self.consumer.assignment()
         for tp, recs in polled.items():
             if tp.partition not in reseeked and recs and tp in assigned:
-                self.consumer.seek(tp, recs[0].offset)
+                first = recs[0][0] if self._columnar else recs[0].offset
+                self.consumer.seek(tp, first)
 
     def _account(self, result: FoldResult) -> None:
         for sid, k in result.folded.items():

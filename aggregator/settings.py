@@ -20,5 +20,9 @@ class AggregatorSettings(BaseSettings):
     )
     max_future_skew_s: int = Field(300, ge=0, description="Largest accepted clock lead of a device.")
     max_message_bytes: int = Field(1 << 20, ge=64)
+    columnar_fetch: bool = Field(
+        True, description="Parse fetched Kafka record batches as arrays (aggregator/fetch.py); "
+        "false uses kafka-python's per-record parser."
+    )
     retry_initial_s: float = Field(0.2, gt=0)
     retry_max_s: float = Field(10.0, gt=0)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aggregator.fetch import decode_headers
 from ipdp.calibration import record_norm_bounds
 from ipdp.study import Study
 from ipdp.wire import (
@@ -71,7 +72,8 @@ class Rejection:
 class Polled:
     """Records of one poll as arrays: ``partition``, ``offset`` and container ``index`` per row
     (NOT_IN_CONTAINER for a plain message), ``values`` and the Kafka ``headers`` (None: none
-    gathered) in the same order. Headers are read only for rejected rows."""
+    gathered; per row a header list or, from the columnar fetch, the wire's header block) in the
+    same order. Headers are read only for rejected rows."""
 
     partition: np.ndarray
     offset: np.ndarray
@@ -93,8 +95,9 @@ class Polled:
                             for m in messages])
 
     def study_header(self, row: int) -> str | None:
-        """The ``study`` header of row ``row``'s message."""
-        return None if self.headers is None else header_study(self.headers[row])
+        """The ``study`` header of row ``row``'s message (its headers as a list, or as the
+        header block the columnar fetch keeps)."""
+        return None if self.headers is None else header_study(decode_headers(self.headers[row]))
 
     def __len__(self) -> int:
         """Return the number of rows."""
@@ -259,8 +262,8 @@ class Validator:
         registered = {sid: self.registered(sid) for sid in set(names.values()) if sid}
         return [
             (i, RejectReason.STUDY_MISMATCH,
-             f"hash {key.hex()} is not study {names[i]}'s: the record was perturbed under other "
-             "parameters than the registered ones")
+             (f"hash {key.hex()} is not study {names[i]}'s: the record was perturbed under "
+              "other parameters than the registered ones"))
             if registered.get(names[i]) else
             (i, RejectReason.UNKNOWN_STUDY, f"no study has hash {key.hex()}")
             for i in picked]
