@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Self
 from urllib.parse import quote, urlsplit
 
+from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus, parse_study_message
 
 __all__ = ["GatewayAnswer", "GatewayClient"]
@@ -83,14 +84,22 @@ class GatewayClient:
         """POST records (concatenated version-1 records, or the JSON form) for a study."""
         return self.request("POST", f"/studies/{quote(study_id, safe='')}/records", body, content_type)
 
-    def study(self, study_id: str) -> tuple[Study, StudyStatus] | None:
-        """The study as the gateway serves it, or None if the gateway does not know it."""
+    def study(self, study_id: str, trusted: TrustedKeys | None = None,
+              ) -> tuple[Study, StudyStatus] | None:
+        """The study as the gateway serves it, or None if the gateway does not know it.
+
+        With ``trusted`` study-owner keys the served envelope must verify under one of them
+        (SignatureError otherwise), exactly as on the studies topic: the gateway relays the
+        owner's signature, so a device need not trust the gateway for the parameters."""
         answer = self.request("GET", f"/studies/{quote(study_id, safe='')}")
         if answer.status == 404:
             return None
         if answer.status != 200:
             raise ConnectionError(f"GET /studies/{study_id}: {answer.status} {answer.error}")
-        return parse_study_message(answer.raw)
+        study, status = parse_study_message(answer.raw, trusted)
+        if study.study_id != study_id:
+            raise ConnectionError(f"GET /studies/{study_id} served study {study.study_id!r}")
+        return study, status
 
     def wait_ready(self, timeout_s: float = 60.0, path: str = "/readyz",
                    alive: Callable[[], bool] = lambda: True) -> None:

@@ -95,11 +95,13 @@ def _open_study(found: tuple[Study, StudyStatus] | None, study_id: str, missing:
 
 def _study_via_gateway(args: argparse.Namespace) -> Study:
     """The study as the gateway serves it (what a device over HTTP sees)."""
+    from producer.contributor import trusted_study_keys
     from producer.gateway_client import GatewayClient
 
+    trusted = trusted_study_keys(getattr(args, "trust", None))
     try:
         with GatewayClient(args.via) as client:
-            found = client.study(args.study)
+            found = client.study(args.study, trusted)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read study {args.study!r} from the gateway {args.via}: "
                          f"{exc}") from None

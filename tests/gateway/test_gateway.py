@@ -189,3 +189,33 @@ def test_kafka_down_gives_503_kafka_unavailable(tmp_path):
     assert (answer.status, answer.error) == (503, "kafka_unavailable")
     assert sorted(answer.body) == ["detail", "error"]
     assert ready.status in (200, 503)
+
+
+def test_a_device_verifies_the_study_the_gateway_serves(kafka_settings, redis_settings, topics,
+                                                         gateway_url, tmp_path):
+    """The gateway relays the owner's signature: the right key verifies, another key refuses,
+    and an unsigned study is refused once a key is pinned."""
+    from ipdp.errors import SignatureError
+    from ipdp.signing import generate_key_files, parse_trusted_keys
+
+    owner = generate_key_files(tmp_path / "owner")
+    other = generate_key_files(tmp_path / "other")
+    signed = Study(study_id="gw-signed", d=D, n=1000, epsilon=1.0, delta=0.01)
+    producer = kafka_producer(kafka_settings)
+    try:
+        registry.create_study(redis_client(redis_settings), producer, topics, signed,
+                              signing_key=owner)
+    finally:
+        producer.close()
+    unsigned = create(kafka_settings, redis_settings, topics, study_id="gw-unsigned", d=D,
+                      n=1000, epsilon=1.0, delta=0.01)
+    known(gateway_url, signed.study_id)
+    known(gateway_url, unsigned.study_id)
+    with GatewayClient(gateway_url) as c:
+        study, _ = c.study(signed.study_id, parse_trusted_keys([f"{tmp_path}/owner.pub"]))
+        assert study.hash == signed.hash
+        with pytest.raises(SignatureError):
+            c.study(signed.study_id, parse_trusted_keys([f"{tmp_path}/other.pub"]))
+        with pytest.raises(SignatureError):
+            c.study(unsigned.study_id, parse_trusted_keys([f"{tmp_path}/owner.pub"]))
+    assert owner.key_id != other.key_id
