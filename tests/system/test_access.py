@@ -205,9 +205,10 @@ def test_every_command_builds_its_kafka_clients_from_the_sasl_and_tls_settings(
     monkeypatch.setattr(kafka_io, "KafkaConsumer", FakeConsumer)
     for name in TopicSettings.model_fields:
         monkeypatch.delenv(f"IPDP_TOPIC_{name.upper()}", raising=False)
+    # The fake consumer has no kafka-python fetcher for the columnar fetch to replace.
     for key, value in {**SASL_ENV, "IPDP_REDIS_URL": auth_redis.url,
-                       "IPDP_REDIS_USERNAME": ACL_USER,
-                       "IPDP_REDIS_PASSWORD": ACL_PASSWORD}.items():
+                       "IPDP_REDIS_USERNAME": ACL_USER, "IPDP_REDIS_PASSWORD": ACL_PASSWORD,
+                       "IPDP_AGGREGATOR_COLUMNAR_FETCH": "false"}.items():
         monkeypatch.setenv(key, value)
     study = ["--study-id", "sasl", "--n", "1000", "--d", "3", "--epsilon", "1", "--delta", "0.01"]
     commands = {
