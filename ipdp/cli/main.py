@@ -7,6 +7,7 @@ exit status ``exc.exit_code`` (2 unless the error says otherwise).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ipdp.cli import bench, demo, gateway, keys, loadgen, models, study, up
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `ipdp … | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's exit flush must not raise again
+        return 141  # 128 + SIGPIPE, as a shell reports a process a pipe killed
 
 
 if __name__ == "__main__":
