@@ -30,7 +30,6 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy.stats import beta
 from tqdm import tqdm
 
 from ipdp.calibration import NEIGHBOURING, Calibration, CalibrationError, calibrate
@@ -123,6 +122,8 @@ def release(cal: Calibration, q: np.ndarray, p: np.ndarray, trials: int,
 
 def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
     """One-sided Clopper–Pearson bounds, each holding with probability ≥ 1 − alpha."""
+    from scipy.stats import beta  # here, not at the top: every `ipdp` command imports this module
+
     lower = 0.0 if successes == 0 else float(beta.ppf(alpha, successes, trials - successes + 1))
     upper = 1.0 if successes == trials else float(
         beta.ppf(1.0 - alpha, successes + 1, trials - successes))
