@@ -296,6 +296,23 @@ def test_non_zero_reserved_beats_dimension_mismatch_and_non_finite():
     assert err.value.reason is RejectReason.UNDECODABLE and "d=3" in err.value.detail
 
 
+def test_finite_values_whose_square_overflows_decode_and_carry_an_infinite_norm():
+    big = struct.pack("<d", 1e200)
+    (batch,), rejects = decode_batch([patched(GOOD, 48, big), GOOD])
+    assert rejects == [] and batch.q[0, 0] == 1e200
+    assert np.isinf(batch.sq_q[0]) and np.isfinite(batch.sq_q[1])
+    np.testing.assert_allclose(batch.sq_p, np.einsum("ij,ij->i", batch.p, batch.p))
+
+
+def test_only_the_non_finite_row_of_a_batch_is_rejected():
+    values = [valid(14, s) for s in range(4)]
+    values[2] = patched(values[2], 48 + 8 * 14, NAN)
+    (batch,), rejects = decode_batch(values)
+    assert [(i, e.reason) for i, e in rejects] == [(2, RejectReason.NON_FINITE)]
+    assert batch.index.tolist() == [0, 1, 3]
+    assert batch.record_id.tobytes() == b"".join(values[i][24:40] for i in (0, 1, 3))
+
+
 def test_mixed_batch_splits_by_dimension_and_lists_every_reject_by_input_index():
     good14 = [valid(14, s) for s in range(3)]
     good3 = [valid(3, s) for s in range(2)]
