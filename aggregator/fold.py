@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from aggregator.replay import ReplayIds
+from aggregator.replay import ReplayIds, id_prefixes
 from aggregator.validate import (
     Message,
     Polled,
@@ -56,13 +56,15 @@ class FoldResult:
     conflicts: int = 0
 
 
-def _first_of_each_id(ids: np.ndarray) -> np.ndarray:
-    """Positions of the first occurrence of each distinct 16-byte id (rows of uint8)."""
-    halves = np.ascontiguousarray(ids).view("<u8")
-    _, first = np.unique(halves[:, 0], return_index=True)  # an integer sort, not a bytes sort
-    if len(first) == len(ids):
-        return first
-    _, first = np.unique(ids.view("V16").ravel(), return_index=True)
+def _first_of_each_id(ids: np.ndarray, prefixes: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Whether each 16-byte id (rows of uint8) is the first occurrence of its value;
+    ``order`` sorts ``prefixes``, the ids' first 8 bytes as integers."""
+    first = np.ones(len(ids), bool)
+    ranked = prefixes[order]
+    if len(ids) < 2 or not (ranked[1:] == ranked[:-1]).any():
+        return first  # distinct prefixes: distinct ids, without a bytes sort
+    first[:] = False
+    first[np.unique(np.ascontiguousarray(ids).view("V16").ravel(), return_index=True)[1]] = True
     return first
 
 
@@ -215,10 +217,10 @@ class Folder:
             detail = f"study {sid} is {status and status.decode()}"
             result.rejected += [rows.rejection(i, reason, detail) for i in row.tolist()]
             return
-        first_idx = _first_of_each_id(ids)
-        fresh = np.zeros(len(row), bool)
-        fresh[first_idx] = True
-        fresh &= ~self.replay.seen(pipe, sid, ids)
+        prefixes = id_prefixes(ids)
+        order = np.argsort(prefixes)  # one sort for both checks below
+        fresh = _first_of_each_id(ids, prefixes, order)
+        fresh &= ~self.replay.seen(pipe, sid, ids, order)
         result.rejected += [rows.rejection(i, RejectReason.REPLAYED,
                                            "record id already seen within the replay window")
                             for i in row[~fresh].tolist()]

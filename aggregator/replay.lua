@@ -5,7 +5,8 @@
 --   read: KEYS[1] = legacy sorted set, KEYS[2..] = bucket lists
 --         ARGV[1] = 16-byte ids of the batch (checked against the legacy set while it exists),
 --         then per bucket: blobs already known, sha1 of the last known blob ('' if none)
---         -> { legacy '0'/'1' per id or '', then per bucket: first index returned, blobs }
+--         -> { legacy '0'/'1' per id ('' when the set is gone; '?' when ARGV[1] is empty but the
+--              set exists: call again with the ids), then per bucket: first index returned, blobs }
 --         A bucket whose known blobs are no longer its prefix is returned whole (first index 0).
 --   add:  KEYS[1] = index hash, KEYS[2] = bucket list, KEYS[3] = legacy sorted set,
 --         KEYS[4..] = expired bucket lists
@@ -14,7 +15,9 @@
 local mode = ARGV[#ARGV]
 if mode == 'read' then
   local out, ids, flags = {}, ARGV[1], {}
-  if #ids > 0 and redis.call('EXISTS', KEYS[1]) == 1 then
+  if #ids == 0 and redis.call('EXISTS', KEYS[1]) == 1 then
+    flags[1] = '?'
+  elseif #ids > 0 and redis.call('EXISTS', KEYS[1]) == 1 then
     local chunk = {}
     local function flush()
       local scores = redis.call('ZMSCORE', KEYS[1], unpack(chunk))

@@ -64,6 +64,8 @@ class _StudyIds:
         self.runs.append(run)
 
     def contains(self, q: np.ndarray) -> np.ndarray:
+        """Membership of each of ``q``, which must be sorted: sorted keys walk each run from
+        left to right, about twice as fast as random probes into a large run."""
         hit = np.zeros(len(q), bool)
         for run in self.runs:
             pos = np.minimum(np.searchsorted(run, q), len(run) - 1)
@@ -87,16 +89,20 @@ class ReplayIds:
         """The key a fold must WATCH for its replay check to stay true until its EXEC."""
         return state.replay_key(study_id)
 
-    def seen(self, pipe, study_id: str, ids: np.ndarray) -> np.ndarray:
+    def seen(self, pipe, study_id: str, ids: np.ndarray,
+             order: np.ndarray | None = None) -> np.ndarray:
         """Whether each 16-byte id (rows of uint8) was folded within the window; ``pipe`` is in
-        its WATCH phase (commands run at once) with :meth:`watch_key` watched."""
+        its WATCH phase (commands run at once) with :meth:`watch_key` watched. ``order`` is an
+        argsort of ``id_prefixes(ids)``, if the caller has one."""
         mine = self._studies.setdefault(study_id, _StudyIds())
         ends = sorted(int(k) for k in pipe.hgetall(state.replay_key(study_id)))
         changed = False
         for end in [e for e in mine.buckets if e not in ends]:
             del mine.buckets[end]
             changed = True
-        args: list = [np.ascontiguousarray(ids).tobytes()]
+        # The ids themselves are shipped only while the legacy sorted set exists (the script
+        # says so when asked without them): 16 bytes per record not sent on every fold.
+        args: list = [b""]
         for end in ends:
             b = mine.buckets.get(end, _Bucket())
             args += [b.blobs, b.digest]
@@ -123,9 +129,15 @@ class ReplayIds:
             mine.rebuild()
         elif new:
             mine.add(np.concatenate(new) if len(new) > 1 else new[0])
-        hit = mine.contains(id_prefixes(ids))
-        if reply[0]:  # the legacy sorted set still exists
-            hit |= np.frombuffer(reply[0], np.uint8) == ord("1")
+        prefixes = id_prefixes(ids)
+        if order is None:
+            order = np.argsort(prefixes)
+        hit = np.empty(len(prefixes), bool)
+        hit[order] = mine.contains(prefixes[order])
+        if reply[0] and len(ids):  # the legacy sorted set still exists: check it as well
+            flags = self._script(keys=[state.seen_key(study_id)],
+                                 args=[np.ascontiguousarray(ids).tobytes(), "read"], client=pipe)
+            hit |= np.frombuffer(flags[0], np.uint8) == ord("1")
         return hit
 
     def add(self, pipe, study_id: str, ids: np.ndarray, now_ms: int) -> None:
