@@ -237,8 +237,15 @@ def encode_container(records: Sequence[bytes]) -> bytes:
     size = len(records[0])
     if any(len(r) != size for r in records):
         raise ValueError("a container's records must all have the same length (one d)")
-    return (bytes((CONTAINER_VERSION, 0, 0, 0)) + len(records).to_bytes(4, "little")
-            + b"".join(records))
+    return container_of(b"".join(records), len(records))
+
+
+def container_of(records: bytes | bytearray | memoryview, k: int) -> bytes:
+    """The container of k ≥ 1 version-1 records of one dimension given back to back in
+    ``records`` (as :func:`encode_container` would make of them, without splitting them)."""
+    if k < 1 or len(records) % k:
+        raise ValueError(f"{len(records)} bytes are not k={k} records of one length")
+    return b"".join((bytes((CONTAINER_VERSION, 0, 0, 0)), k.to_bytes(4, "little"), records))
 
 
 def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None:
@@ -322,6 +329,20 @@ def decode_batch(
                 batches.append(batch)
     rejects.sort(key=operator.itemgetter(0))
     return batches, rejects
+
+
+def decode_joined(
+    buf: bytes | bytearray | memoryview, d: int
+) -> tuple[list[RecordBatch], list[tuple[int, MalformedRecord]]]:
+    """Decode ``buf`` as version-1 records of dimension ``d`` back to back (a device's POST
+    body): :func:`decode_batch` of its record-sized slices, without making them."""
+    size = record_size(d)
+    if len(buf) % size:
+        raise ValueError(f"{len(buf)} bytes are not records of {size} bytes (d={d})")
+    rejects: list[tuple[int, MalformedRecord]] = []
+    batch = _parse_group(None, np.arange(len(buf) // size, dtype=np.int64), d, rejects,
+                         joined=buf)
+    return ([batch] if len(batch) else []), rejects
 
 
 def _one_length(values: Sequence) -> tuple[bytes, int] | None:

@@ -486,6 +486,28 @@ def test_a_container_holds_the_devices_bytes_unchanged_and_splits_back():
     assert split_container(records[0]) is None  # a single record is not a container
 
 
+def test_records_back_to_back_decode_and_contain_as_their_slices_would():
+    from ipdp.wire import container_of, decode_joined, encode_container, split_container
+
+    rid, ms, q, p = make_arrays(np.random.default_rng(12), 5, 3)
+    records = encode_batch(b"\x01" * 16, rid, ms, q, p)
+    records[3] = patched(records[3], 1, b"\x01")  # reserved byte set
+    joined = b"".join(records)
+    got, rejects = decode_joined(joined, 3)
+    want, want_rejects = decode_batch(records)
+    assert [(i, e.reason, e.detail) for i, e in rejects] == \
+        [(i, e.reason, e.detail) for i, e in want_rejects]
+    for name in ("index", "study_hash", "record_id", "created_ms", "q", "p"):
+        assert np.array_equal(getattr(got[0], name), getattr(want[0], name)), name
+    assert container_of(joined, 5) == encode_container(records)
+    assert split_container(container_of(memoryview(joined)[:2 * len(records[0])], 2)) == \
+        records[:2]
+    with pytest.raises(ValueError):
+        container_of(joined[:-1], 5)
+    with pytest.raises(ValueError):
+        decode_joined(joined[:-1], 3)
+
+
 @pytest.mark.parametrize("value", [bytes((2, 0, 0, 0, 0, 0, 0, 0)),  # zero records
                                    bytes((2, 0, 0, 0, 3, 0, 0, 0)) + b"x" * 10,  # 10 % 3 != 0
                                    bytes((2, 1, 0, 0, 1, 0, 0, 0)) + b"x" * 80,  # reserved set
