@@ -9,9 +9,9 @@ then every record of the bucket is refused as stale anyway, even by an aggregato
 is up to a span behind the one that drops it. Nothing is kept per id but its 8 bytes.
 
 Membership is decided here, with numpy, on this process's copy of the study's ids: under the
-fold's WATCH of the index, one script call ships what other folds appended since this process
-last looked (and checks the copy is still a prefix of each bucket), then the batch is looked up
-in a sorted array. The fold's MULTI appends the batch's blob; a concurrent fold of the same study
+fold's WATCH of the index, one script call reads the index and ships what other folds appended
+since this process last looked (and checks the copy is still a prefix of each bucket), then the
+batch is looked up in a few sorted arrays. The fold's MULTI appends the batch's blob; a concurrent fold of the same study
 changes the index, so the EXEC fails and the fold is redone on fresh state. Truncating an id to
 64 bits makes a fresh id look replayed with probability ≈ (ids in the window) / 2⁶⁴ per check
 (docs/operations.md); a replay is never missed.
@@ -64,6 +64,8 @@ class _StudyIds:
         self.runs.append(run)
 
     def contains(self, q: np.ndarray) -> np.ndarray:
+        """Membership of each of ``q``, which must be sorted: sorted keys walk each run from
+        left to right, about twice as fast as random probes into a large run."""
         hit = np.zeros(len(q), bool)
         for run in self.runs:
             pos = np.minimum(np.searchsorted(run, q), len(run) - 1)
@@ -87,26 +89,39 @@ class ReplayIds:
         """The key a fold must WATCH for its replay check to stay true until its EXEC."""
         return state.replay_key(study_id)
 
-    def seen(self, pipe, study_id: str, ids: np.ndarray) -> np.ndarray:
+    def seen(self, pipe, study_id: str, ids: np.ndarray,
+             order: np.ndarray | None = None) -> np.ndarray:
         """Whether each 16-byte id (rows of uint8) was folded within the window; ``pipe`` is in
-        its WATCH phase (commands run at once) with :meth:`watch_key` watched."""
+        its WATCH phase (commands run at once) with :meth:`watch_key` watched. ``order`` is an
+        argsort of ``id_prefixes(ids)``, if the caller has one."""
         mine = self._studies.setdefault(study_id, _StudyIds())
-        ends = sorted(int(k) for k in pipe.hgetall(state.replay_key(study_id)))
+        # One call reads the index and what is new in the buckets this process knows of; when
+        # the index names another bucket (a new span, or another aggregator's), a second call
+        # reads them all. The ids themselves are shipped only while the legacy sorted set
+        # exists (the script says so when asked without them).
+        ends = sorted(mine.buckets)
+        while True:
+            args: list = [b""]
+            for end in ends:
+                b = mine.buckets.get(end, _Bucket())
+                args += [end, b.blobs, b.digest]
+            reply = self._script(
+                keys=[state.seen_key(study_id), state.replay_key(study_id)]
+                + [state.replay_bucket_key(study_id, e) for e in ends],
+                args=[*args, "read"], client=pipe)
+            current = sorted(int(e) for e in reply[1])
+            if set(current) <= set(ends):
+                break
+            ends = current
         changed = False
-        for end in [e for e in mine.buckets if e not in ends]:
+        for end in [e for e in mine.buckets if e not in current]:
             del mine.buckets[end]
             changed = True
-        args: list = [np.ascontiguousarray(ids).tobytes()]
-        for end in ends:
-            b = mine.buckets.get(end, _Bucket())
-            args += [b.blobs, b.digest]
-        reply = self._script(
-            keys=[state.seen_key(study_id)]
-            + [state.replay_bucket_key(study_id, e) for e in ends],
-            args=[*args, "read"], client=pipe)
         new = []
         for i, end in enumerate(ends):
-            start, blobs = reply[1 + 2 * i], reply[2 + 2 * i]
+            if end not in current:  # dropped since this process last looked
+                continue
+            start, blobs = reply[2 + 2 * i], reply[3 + 2 * i]
             b = mine.buckets.setdefault(end, _Bucket())
             if start == 0 and b.blobs:  # what we hold is no longer this bucket's prefix
                 b.ids, b.blobs, b.digest = [], 0, ""
@@ -123,9 +138,15 @@ class ReplayIds:
             mine.rebuild()
         elif new:
             mine.add(np.concatenate(new) if len(new) > 1 else new[0])
-        hit = mine.contains(id_prefixes(ids))
-        if reply[0]:  # the legacy sorted set still exists
-            hit |= np.frombuffer(reply[0], np.uint8) == ord("1")
+        prefixes = id_prefixes(ids)
+        if order is None:
+            order = np.argsort(prefixes)
+        hit = np.empty(len(prefixes), bool)
+        hit[order] = mine.contains(prefixes[order])
+        if reply[0] and len(ids):  # the legacy sorted set still exists: check it as well
+            flags = self._script(keys=[state.seen_key(study_id), state.replay_key(study_id)],
+                                 args=[np.ascontiguousarray(ids).tobytes(), "read"], client=pipe)
+            hit |= np.frombuffer(flags[0], np.uint8) == ord("1")
         return hit
 
     def add(self, pipe, study_id: str, ids: np.ndarray, now_ms: int) -> None:

@@ -275,8 +275,8 @@ class Validator:
             bad_rows += [(i, RejectReason.WRONG_DIMENSION, detail) for i in rows.index.tolist()]
             return rows.take(np.zeros(len(rows), bool))
         max_q, max_p = record_norm_bounds(study.calibration)
-        sq_q = np.einsum("ij,ij->i", rows.q, rows.q)
-        sq_p = np.einsum("ij,ij->i", rows.p, rows.p)
+        sq_q = rows.sq_q if rows.sq_q is not None else np.einsum("ij,ij->i", rows.q, rows.q)
+        sq_p = rows.sq_p if rows.sq_p is not None else np.einsum("ij,ij->i", rows.p, rows.p)
         checks = [
             (sq_q > max_q * max_q, RejectReason.NORM_OUT_OF_BOUNDS, f"‖q̃‖ exceeds {max_q:.4g}"),
             (sq_p > max_p * max_p, RejectReason.NORM_OUT_OF_BOUNDS, f"‖p̃‖ exceeds {max_p:.4g}"),

@@ -29,7 +29,7 @@ from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.settings import TopicSettings
 from ipdp.study import Study
-from ipdp.wire import encode_container
+from ipdp.wire import container_of
 from producer.contributor import perturb_records
 from producer.gateway_client import GatewayClient
 
@@ -210,7 +210,7 @@ def hot_path(per_request: int = 1000, d: int = 14, repeat: int = 200) -> dict:
     check_binary(body, study)
     t0 = time.perf_counter()
     for _ in range(repeat):
-        encode_container(check_binary(body, study))
+        container_of(body, check_binary(body, study))
     per = (time.perf_counter() - t0) / repeat
     return {"per_request": per_request, "d": d, "us_per_request": per * 1e6,
             "us_per_record": per / per_request * 1e6,

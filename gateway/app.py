@@ -40,9 +40,9 @@ from ipdp.study import Study, StudyStatus
 from ipdp.wire import (
     CONTAINER_HEADER_SIZE,
     WIRE_VERSION,
-    decode_batch,
+    container_of,
+    decode_joined,
     encode_batch,
-    encode_container,
     record_size,
     study_headers,
 )
@@ -123,8 +123,9 @@ class RateLimiter:
         return max(1, int(np.ceil(1.0 / self.rate)))
 
 
-def check_binary(body: bytes, study: Study) -> list[bytes]:
-    """The records of an octet-stream body, each checked; raises Refusal (400) on the first bad one.
+def check_binary(body: bytes, study: Study) -> int:
+    """How many records an octet-stream body holds, each checked (the body is those records
+    back to back, sent on as they are); raises Refusal (400) on the first bad one.
 
     Checks in order: a whole number of records of the study's size (else ``wrong_dimension`` if
     the first header names another d, ``undecodable`` otherwise), each header's d, then the wire
@@ -151,8 +152,7 @@ def check_binary(body: bytes, study: Study) -> list[bytes]:
         raise Refusal(400, "wrong_dimension",
                       f"record {i} has d={int(header_d[i])}, study {study.study_id!r} has "
                       f"d={study.d}", records=k)
-    records = [body[i:i + size] for i in range(0, n, size)]
-    batches, rejects = decode_batch(records)
+    batches, rejects = decode_joined(body, study.d)
     if rejects:
         i, err = rejects[0]
         raise Refusal(400, err.reason.value, f"record {i}: {err.detail}", records=k)
@@ -161,11 +161,12 @@ def check_binary(body: bytes, study: Study) -> list[bytes]:
     if mismatch.size:
         raise Refusal(400, "study_mismatch", f"record {int(mismatch[0])} names another study "
                       f"than {study.study_id!r}", records=k)
-    return records
+    return k
 
 
-def encode_json(body: bytes, study: Study) -> list[bytes]:
-    """Wire-encode the records of a JSON body; raises Refusal (400) if one is unusable."""
+def encode_json(body: bytes, study: Study) -> bytes:
+    """Wire-encode the records of a JSON body, back to back; raises Refusal (400) if one is
+    unusable."""
     try:
         parsed = JsonRecords.model_validate_json(body)
     except ValidationError as exc:
@@ -188,7 +189,7 @@ def encode_json(body: bytes, study: Study) -> list[bytes]:
     ids = np.frombuffer(b"".join(bytes.fromhex(r.record_id) for r in recs),
                         dtype=np.uint8).reshape(k, 16)
     ms = np.array([r.created_ms for r in recs], dtype=np.int64)
-    return encode_batch(study.hash, ids, ms, q, p)
+    return b"".join(encode_batch(study.hash, ids, ms, q, p))
 
 
 class Gateway:
@@ -281,8 +282,9 @@ class Gateway:
             raise Refusal(400, "undecodable", "the client closed the request early") from None
         return b"".join(chunks)
 
-    async def produce(self, records: list[bytes], d: int, study_id: str) -> None:
-        """Send the records as container(s) and wait for acks=all; Refusal(503) if Kafka fails."""
+    async def produce(self, records: bytes, k: int, d: int, study_id: str) -> None:
+        """Send k records of dimension d, given back to back, as container(s) and wait for
+        acks=all; Refusal(503) if Kafka fails."""
         from kafka.errors import KafkaError
 
         producer = self.producer
@@ -290,16 +292,18 @@ class Gateway:
             raise Refusal(503, "kafka_unavailable", "not connected to Kafka yet",
                           headers={"Retry-After": "1"})
         per = records_per_message(d, self.settings.max_message_bytes)
+        size = record_size(d)
+        view = memoryview(records)
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         waits = []
         try:
-            for lo in range(0, len(records), per):
-                chunk = records[lo:lo + per]
+            for lo in range(0, k, per):
+                chunk = view[lo * size:min(lo + per, k) * size]
                 # The study header is diagnostic (study_mismatch vs unknown_study); the
                 # aggregator trusts only each record's hash.
-                future = producer.send(self.topics.records, key=chunk[0][_RECORD_ID],
-                                       value=encode_container(chunk),
+                future = producer.send(self.topics.records, key=bytes(chunk[_RECORD_ID]),
+                                       value=container_of(chunk, len(chunk) // size),
                                        headers=study_headers(study_id))
                 waits.append(_as_asyncio(future, loop))
             await asyncio.wait_for(asyncio.gather(*waits), self.settings.kafka_timeout_s + 1)
@@ -307,9 +311,9 @@ class Gateway:
             for w in waits:
                 w.cancel()
             self._last_kafka_failure = time.monotonic()
-            log.warning("gateway: Kafka did not acknowledge %d record(s): %r", len(records), exc)
+            log.warning("gateway: Kafka did not acknowledge %d record(s): %r", k, exc)
             raise Refusal(503, "kafka_unavailable", f"Kafka did not acknowledge the records: "
-                          f"{type(exc).__name__}", records=len(records),
+                          f"{type(exc).__name__}", records=k,
                           headers={"Retry-After": "1"}) from None
         GATEWAY_KAFKA_SECONDS.observe(time.perf_counter() - started)
 
@@ -362,10 +366,14 @@ async def post_records(gw: Gateway, request: Request) -> Response:
         raise Refusal(415, "unsupported_media_type",
                       f"Content-Type must be {OCTET_STREAM} or {JSON_TYPE}, got {media!r}")
     body = await gw.read_body(request)
-    records = check_binary(body, study) if media == OCTET_STREAM else encode_json(body, study)
-    await gw.produce(records, study.d, study.study_id)
-    GATEWAY_RECORDS_ACCEPTED.inc(len(records))
-    return JSONResponse({"accepted": len(records)}, status_code=202)
+    if media == OCTET_STREAM:
+        k = check_binary(body, study)
+    else:
+        body = encode_json(body, study)
+        k = len(body) // record_size(study.d)
+    await gw.produce(body, k, study.d, study.study_id)
+    GATEWAY_RECORDS_ACCEPTED.inc(k)
+    return JSONResponse({"accepted": k}, status_code=202)
 
 
 async def get_study(gw: Gateway, request: Request) -> Response:

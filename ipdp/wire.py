@@ -140,6 +140,10 @@ class RecordBatch:
     created_ms: np.ndarray
     q: np.ndarray
     p: np.ndarray
+    sq_q: np.ndarray | None = None
+    """‖q̃‖² per row (computed by the decoder, which needs it for its finiteness check)."""
+    sq_p: np.ndarray | None = None
+    """‖p̃‖² per row."""
 
     def __len__(self) -> int:
         """Return the number of records."""
@@ -158,6 +162,8 @@ class RecordBatch:
             created_ms=self.created_ms[sel],
             q=self.q[sel],
             p=self.p[sel],
+            sq_q=None if self.sq_q is None else self.sq_q[sel],
+            sq_p=None if self.sq_p is None else self.sq_p[sel],
         )
 
 
@@ -231,8 +237,15 @@ def encode_container(records: Sequence[bytes]) -> bytes:
     size = len(records[0])
     if any(len(r) != size for r in records):
         raise ValueError("a container's records must all have the same length (one d)")
-    return (bytes((CONTAINER_VERSION, 0, 0, 0)) + len(records).to_bytes(4, "little")
-            + b"".join(records))
+    return container_of(b"".join(records), len(records))
+
+
+def container_of(records: bytes | bytearray | memoryview, k: int) -> bytes:
+    """The container of k ≥ 1 version-1 records of one dimension given back to back in
+    ``records`` (as :func:`encode_container` would make of them, without splitting them)."""
+    if k < 1 or len(records) % k:
+        raise ValueError(f"{len(records)} bytes are not k={k} records of one length")
+    return b"".join((bytes((CONTAINER_VERSION, 0, 0, 0)), k.to_bytes(4, "little"), records))
 
 
 def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None:
@@ -253,8 +266,9 @@ def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None
     size = body // k
     if size < HEADER_SIZE + 16 or (size - HEADER_SIZE) % 16:
         return None  # not k records of one dimension: no record decoder could read them
-    return [buf[CONTAINER_HEADER_SIZE + i * size: CONTAINER_HEADER_SIZE + (i + 1) * size]
-            for i in range(k)]
+    # A void dtype converts to bytes without stripping anything (an "S" dtype would strip
+    # trailing NULs), and tolist() makes the k values in one C loop.
+    return np.frombuffer(buf, f"V{size}", k, CONTAINER_HEADER_SIZE).tolist()
 
 
 def decode_record(buf: bytes, max_size: int | None = None) -> Record:
@@ -317,6 +331,20 @@ def decode_batch(
     return batches, rejects
 
 
+def decode_joined(
+    buf: bytes | bytearray | memoryview, d: int
+) -> tuple[list[RecordBatch], list[tuple[int, MalformedRecord]]]:
+    """Decode ``buf`` as version-1 records of dimension ``d`` back to back (a device's POST
+    body): :func:`decode_batch` of its record-sized slices, without making them."""
+    size = record_size(d)
+    if len(buf) % size:
+        raise ValueError(f"{len(buf)} bytes are not records of {size} bytes (d={d})")
+    rejects: list[tuple[int, MalformedRecord]] = []
+    batch = _parse_group(None, np.arange(len(buf) // size, dtype=np.int64), d, rejects,
+                         joined=buf)
+    return ([batch] if len(batch) else []), rejects
+
+
 def _one_length(values: Sequence) -> tuple[bytes, int] | None:
     """(all values joined, their common length) when every value is bytes-like of one length."""
     if not values:
@@ -328,8 +356,7 @@ def _one_length(values: Sequence) -> tuple[bytes, int] | None:
     length = len(values[0])
     if len(joined) != length * len(values):
         return None
-    lengths = np.fromiter(map(len, values), np.int64, len(values))
-    if (lengths != length).any():
+    if list(map(len, values)).count(length) != len(values):
         return None
     return joined, length
 
@@ -338,44 +365,68 @@ def _parse_group(
     bufs: list | None, idx: np.ndarray, d: int, rejects: list[tuple[int, MalformedRecord]],
     joined: bytes | None = None,
 ) -> RecordBatch:
-    """Parse values of one valid length with one frombuffer; append bad rows to ``rejects``."""
+    """Parse values of one valid length with one frombuffer; append bad rows to ``rejects``.
+
+    The records are read as rows of little-endian 64-bit words (48 + 16·d is a multiple of 8):
+    word 0 holds version, reserved bytes and d, so one comparison checks all three; q̃ and p̃ are
+    float64 views of words 6.. (no copy). A row's squared norm is finite only if every value in
+    it is, so the norms the validator needs also decide finiteness; only rows that fail either
+    check are looked at one by one, in the order version, reserved bytes, d, finite values.
+    """
     if joined is None:
         joined = b"".join([bufs[i] for i in idx.tolist()])
-    rows = np.frombuffer(joined, dtype=_record_dtype(d))
-    q, p = rows["q"], rows["p"]
-    bad_version = rows["version"] != WIRE_VERSION
-    bad_reserved = rows["reserved"].any(axis=1)
-    bad_d = rows["d"] != d
-    non_finite = ~(np.isfinite(q).all(axis=1) & np.isfinite(p).all(axis=1))
-    ok = ~(bad_version | bad_reserved | bad_d | non_finite)
-    for r in np.flatnonzero(~ok).tolist():
-        if bad_version[r]:
-            err = MalformedRecord(
-                RejectReason.UNSUPPORTED_VERSION,
-                f"version {int(rows['version'][r])}, supported: {WIRE_VERSION}",
-            )
-        elif bad_reserved[r]:
-            err = MalformedRecord(
-                RejectReason.UNDECODABLE,
-                f"reserved bytes {rows['reserved'][r].tobytes().hex()} are not zero",
-            )
-        elif bad_d[r]:
-            err = MalformedRecord(
-                RejectReason.UNDECODABLE,
-                f"header d={int(rows['d'][r])} but length {rows.dtype.itemsize} implies d={d}",
-            )
-        else:
-            err = MalformedRecord(RejectReason.NON_FINITE, "q̃ or p̃ holds NaN or Inf")
-        rejects.append((int(idx[r]), err))
+    size = HEADER_SIZE + 16 * d
+    n = len(joined) // size
+    words = np.frombuffer(joined, "<u8").reshape(n, size // 8)
+    values = words.view("<f8")
+    q, p = values[:, 6:6 + d], values[:, 6 + d:]
+    sq_q = np.einsum("ij,ij->i", q, q)
+    sq_p = np.einsum("ij,ij->i", p, p)
+    ok = (words[:, 0] == (WIRE_VERSION | d << 32)) & np.isfinite(sq_q) & np.isfinite(sq_p)
+    raw = np.frombuffer(joined, np.uint8).reshape(n, size)
+    if not ok.all():
+        for r in np.flatnonzero(~ok).tolist():
+            err = _row_error(raw[r], q[r], p[r], d, size)
+            if err is None:  # finite values whose square overflows: the norm check refuses it
+                ok[r] = True
+            else:
+                rejects.append((int(idx[r]), err))
+    # Writeable, C-contiguous arrays of their own (not views of the input): one copy each.
+    columns = (raw[:, 8:24], raw[:, 24:40], words[:, 5].view("<i8"), q, p)
+    if ok.all():
+        study_hash, record_id, created_ms, q, p = (a.copy() for a in columns)
+    else:
+        study_hash, record_id, created_ms, q, p = (a[ok] for a in columns)
+        idx, sq_q, sq_p = idx[ok], sq_q[ok], sq_p[ok]
     return RecordBatch(
         d=d,
-        index=idx[ok],
-        study_hash=rows["study_hash"][ok],
-        record_id=rows["record_id"][ok],
-        created_ms=rows["created_ms"][ok].astype(np.int64, copy=False),
-        q=q[ok].astype(np.float64, copy=False),
-        p=p[ok].astype(np.float64, copy=False),
+        index=idx,
+        study_hash=study_hash,
+        record_id=record_id,
+        created_ms=created_ms,
+        q=q,
+        p=p,
+        sq_q=sq_q,
+        sq_p=sq_p,
     )
+
+
+def _row_error(raw: np.ndarray, q: np.ndarray, p: np.ndarray, d: int,
+               size: int) -> MalformedRecord | None:
+    """Why one record of the right length is malformed (None if it is not)."""
+    if raw[0] != WIRE_VERSION:
+        return MalformedRecord(RejectReason.UNSUPPORTED_VERSION,
+                               f"version {int(raw[0])}, supported: {WIRE_VERSION}")
+    if raw[1:4].any():
+        return MalformedRecord(RejectReason.UNDECODABLE,
+                               f"reserved bytes {raw[1:4].tobytes().hex()} are not zero")
+    header_d = int.from_bytes(raw[4:8].tobytes(), "little")
+    if header_d != d:
+        return MalformedRecord(RejectReason.UNDECODABLE,
+                               f"header d={header_d} but length {size} implies d={d}")
+    if not (np.isfinite(q).all() and np.isfinite(p).all()):
+        return MalformedRecord(RejectReason.NON_FINITE, "q̃ or p̃ holds NaN or Inf")
+    return None
 
 
 def _bad_length(buf: bytes | bytearray | memoryview, length: int) -> MalformedRecord:

@@ -296,6 +296,23 @@ def test_non_zero_reserved_beats_dimension_mismatch_and_non_finite():
     assert err.value.reason is RejectReason.UNDECODABLE and "d=3" in err.value.detail
 
 
+def test_finite_values_whose_square_overflows_decode_and_carry_an_infinite_norm():
+    big = struct.pack("<d", 1e200)
+    (batch,), rejects = decode_batch([patched(GOOD, 48, big), GOOD])
+    assert rejects == [] and batch.q[0, 0] == 1e200
+    assert np.isinf(batch.sq_q[0]) and np.isfinite(batch.sq_q[1])
+    np.testing.assert_allclose(batch.sq_p, np.einsum("ij,ij->i", batch.p, batch.p))
+
+
+def test_only_the_non_finite_row_of_a_batch_is_rejected():
+    values = [valid(14, s) for s in range(4)]
+    values[2] = patched(values[2], 48 + 8 * 14, NAN)
+    (batch,), rejects = decode_batch(values)
+    assert [(i, e.reason) for i, e in rejects] == [(2, RejectReason.NON_FINITE)]
+    assert batch.index.tolist() == [0, 1, 3]
+    assert batch.record_id.tobytes() == b"".join(values[i][24:40] for i in (0, 1, 3))
+
+
 def test_mixed_batch_splits_by_dimension_and_lists_every_reject_by_input_index():
     good14 = [valid(14, s) for s in range(3)]
     good3 = [valid(3, s) for s in range(2)]
@@ -467,6 +484,28 @@ def test_a_container_holds_the_devices_bytes_unchanged_and_splits_back():
     assert value[:8] == bytes((2, 0, 0, 0, 3, 0, 0, 0))
     assert split_container(value) == records
     assert split_container(records[0]) is None  # a single record is not a container
+
+
+def test_records_back_to_back_decode_and_contain_as_their_slices_would():
+    from ipdp.wire import container_of, decode_joined, encode_container, split_container
+
+    rid, ms, q, p = make_arrays(np.random.default_rng(12), 5, 3)
+    records = encode_batch(b"\x01" * 16, rid, ms, q, p)
+    records[3] = patched(records[3], 1, b"\x01")  # reserved byte set
+    joined = b"".join(records)
+    got, rejects = decode_joined(joined, 3)
+    want, want_rejects = decode_batch(records)
+    assert [(i, e.reason, e.detail) for i, e in rejects] == \
+        [(i, e.reason, e.detail) for i, e in want_rejects]
+    for name in ("index", "study_hash", "record_id", "created_ms", "q", "p"):
+        assert np.array_equal(getattr(got[0], name), getattr(want[0], name)), name
+    assert container_of(joined, 5) == encode_container(records)
+    assert split_container(container_of(memoryview(joined)[:2 * len(records[0])], 2)) == \
+        records[:2]
+    with pytest.raises(ValueError):
+        container_of(joined[:-1], 5)
+    with pytest.raises(ValueError):
+        decode_joined(joined[:-1], 3)
 
 
 @pytest.mark.parametrize("value", [bytes((2, 0, 0, 0, 0, 0, 0, 0)),  # zero records
