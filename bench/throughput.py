@@ -223,9 +223,16 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
         agg.wait(timeout=60)
         r.flushall()
         registry.register_study(r, study)
-        agg = _aggregator(env, {})
+        # The trainer is up (its group on the rounds stream exists) before the aggregator
+        # starts, so the latency below is the trainer's work, not its start-up.
         trainer = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "trainer", "run",
-                                    "--idle-exit", "30"], env=env)
+                                    "--idle-exit", "60"], env=env)
+        deadline = time.monotonic() + 60
+        while not r.exists(state.ROUNDS_STREAM) or not r.xinfo_groups(state.ROUNDS_STREAM):
+            if trainer.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the trainer did not start")
+            time.sleep(0.05)
+        agg = _aggregator(env, {})
         out["agg_rate"], out["agg_cpu_us"] = _time_folds(agg, r, study, k)
         last = _records(study, 1, seed=2)[0]
         t_last = time.perf_counter()
