@@ -457,7 +457,11 @@ def run(args: argparse.Namespace) -> int:
     if args.write:
         command = "ipdp bench throughput" + (" --quick" if args.quick else "") + (
             " --json" if args.json else "")
-        text = f"Command: `{command}`\n\n{buffer.getvalue()}"
+        text = f"Command: `{command}`\n\n"
+        if args.json:
+            text += ("The JSON line it printed on stdout (the tables below went to stderr):\n\n"
+                     f"```\n{json.dumps(figures, sort_keys=True)}\n```\n\n")
+        text += buffer.getvalue()
         if not replace_block(Path(args.write), "bench.throughput", text):
             print(f"{args.write} has no bench.throughput markers; nothing written",
                   file=sys.stderr)
