@@ -20,13 +20,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	bash scripts/install-test-deps.sh
 	cd producer/web && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund && npm test
+	$(MAKE) lint
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
 	$(BIN)/ipdp bench throughput
 
 lint: $(STAMP)
-	$(BIN)/ruff check ipdp producer aggregator trainer tests bench
+	$(BIN)/ruff check ipdp producer aggregator trainer gateway tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -37,9 +37,9 @@ def test_soak_with_a_few_kills_holds_every_invariant(tmp_path):
     _require_binaries()
     out = ipdp("soak", "--kills", "3", "--n", "300", "--rate", "400", "--dir", str(tmp_path))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert re.search(r"^kills \(SIGKILL\) +3$", out.stdout, re.M)
+    assert re.search(r"^kills \(SIGKILL\) +3$", out.stdout, re.MULTILINE)
     honest = int(re.search(r"\(([\d,]+) honest", out.stdout)[1].replace(",", ""))
-    assert re.search(rf"^folded +{honest:,}$", out.stdout, re.M)  # every honest record, once
+    assert re.search(rf"^folded +{honest:,}$", out.stdout, re.MULTILINE)  # every honest record, once
     assert out.stdout.rstrip().endswith("all invariants held")
 
 

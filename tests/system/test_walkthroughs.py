@@ -102,24 +102,24 @@ def run_page(page: Path, tmp_path: Path) -> str:
 
 def test_the_readme_walkthrough_runs_as_written(tmp_path):
     out = run_page(REPO / "README.md", tmp_path)
-    assert re.search(r"^export IPDP_KAFKA_BOOTSTRAP=127\.0\.0\.1:\d+$", out, re.M)
+    assert re.search(r"^export IPDP_KAFKA_BOOTSTRAP=127\.0\.0\.1:\d+$", out, re.MULTILINE)
     assert "σ_u²" in out  # ipdp calibrate
     assert "created study s1" in out
-    assert re.search(r"^s1 +open +squared +14 +2000 ", out, re.M)  # ipdp study list
-    assert re.search(r"^records sent +2000$", out, re.M)  # ipdp loadgen
-    assert re.search(r"^s1  round 1  n=2000  ‖w‖=", out, re.M)  # ipdp models --wait 1
-    assert re.search(r"^rounds published +1$", out, re.M)  # ipdp study show
+    assert re.search(r"^s1 +open +squared +14 +2000 ", out, re.MULTILINE)  # ipdp study list
+    assert re.search(r"^records sent +2000$", out, re.MULTILINE)  # ipdp loadgen
+    assert re.search(r"^s1  round 1  n=2000  ‖w‖=", out, re.MULTILINE)  # ipdp models --wait 1
+    assert re.search(r"^rounds published +1$", out, re.MULTILINE)  # ipdp study show
     assert "closed study s1" in out
     assert out.rstrip().endswith("# stopped")  # ipdp up's last word after SIGTERM
 
 
 def test_the_tutorial_runs_as_written(tmp_path):
     out = run_page(REPO / "docs" / "tutorial.md", tmp_path)
-    assert re.search(r"^contributed record [0-9a-f]{32}$", out, re.M)
-    assert re.search(r"^records sent +199$", out, re.M)
-    assert re.search(r"^study tutorial round 1: n=200 w=\[", out, re.M)
+    assert re.search(r"^contributed record [0-9a-f]{32}$", out, re.MULTILINE)
+    assert re.search(r"^records sent +199$", out, re.MULTILINE)
+    assert re.search(r"^study tutorial round 1: n=200 w=\[", out, re.MULTILINE)
     assert "central (ε, δ) = (1.0, 0.01), mode rigorous" in out
-    assert re.search(r"^tutorial  round 1  n=200 ", out, re.M)  # ipdp models
+    assert re.search(r"^tutorial  round 1  n=200 ", out, re.MULTILINE)  # ipdp models
     assert out.rstrip().endswith("# stopped")
 
 
@@ -127,7 +127,7 @@ def readme_table_commands() -> list[str]:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     table = text[text.index("## The commands"):text.index("## Walkthrough")]
     out = []
-    for cell in re.findall(r"^\| (`ipdp [^|]*`(?: / `[^|]*`)*) \|", table, re.M):
+    for cell in re.findall(r"^\| (`ipdp [^|]*`(?: / `[^|]*`)*) \|", table, re.MULTILINE):
         for cmd in re.findall(r"`([^`]+)`", cell):
             cmd = cmd if cmd.startswith("ipdp ") else f"ipdp {cmd}"
             words = [w for w in cmd.split() if not w.startswith(("-", "[")) and w != "\\|"]
@@ -140,7 +140,7 @@ def test_every_readme_table_command_is_run_for_real_by_the_suite():
     commands = readme_table_commands()
     assert "ipdp up" in commands and "ipdp study close" in commands
     for cmd in commands:
-        if re.search(rf"^{re.escape(cmd)}( |$)", walked, re.M):
+        if re.search(rf"^{re.escape(cmd)}( |$)", walked, re.MULTILINE):
             continue
         assert cmd in RUN_ELSEWHERE, f"{cmd} is in README's table but no test runs it"
         words = cmd.split()[1:]
