@@ -20,15 +20,20 @@ delta). The records that pass have exactly the template's layout, so their offse
 are read at fixed positions; the first that does not starts the next template. A batch of one
 producer is one or a few runs, whatever its size.
 
-What the library would have refused is refused here too: a batch whose CRC-32C fails, a
-malformed record and bytes left over after the batch's records all raise ``CorruptRecordError``,
-as kafka-python's own parser does. Control batches are skipped. Batches of the old message
+A batch whose CRC-32C fails, a malformed record, an offset delta wider than its int32 varint,
+an offset below 0 (which kafka-python would hand out) and bytes left over after the batch's records all raise ``CorruptRecordError``, as
+kafka-python's own parser does, but for the whole batch (the library first delivers the records
+before the bad one; either way the position stays before it and nothing is skipped). One check
+is deliberately lazier: header keys are decoded (invalid UTF-8 replaced) only when a rejected
+record's headers are read, where the library refuses the batch and the partition stalls on it.
+Control batches are skipped. Batches of the old message
 formats (magic 0 and 1) go through kafka-python's parser; a compressed batch is decompressed
 by it and then parsed here. Only a consumer reading uncommitted data can use this (the
 aggregator's is; the read_committed filtering of aborted transactions is not reimplemented).
 This reads two private parts of kafka-python (``Fetcher.PartitionRecords`` and a batch's
-buffer); :func:`install` refuses a version it was not checked against, and
-tests/aggregator/test_fetch.py compares both parsers on batches a real broker served.
+buffer); :func:`install` refuses a kafka-python outside the release series it was checked
+against (:data:`CHECKED_SERIES`) or without those parts, and tests/aggregator/test_fetch.py
+compares both parsers on batches a real broker served.
 """
 
 from __future__ import annotations
@@ -37,9 +42,11 @@ import logging
 import sys
 from dataclasses import dataclass
 
+import kafka
 import numpy as np
 from kafka.consumer.fetcher import Fetcher
 from kafka.errors import CorruptRecordError
+from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import decode_varint
 
 from ipdp.errors import IpdpError
@@ -51,6 +58,10 @@ __all__ = ["ColumnarRecords", "UnsupportedKafkaClient", "decode_headers", "insta
 
 #: kafka-python's isolation level value for read_uncommitted (kafka.protocol's IsolationLevel).
 READ_UNCOMMITTED = 0
+#: The kafka-python release series whose internals this module was checked against.
+CHECKED_SERIES = "3.0."
+#: An offset delta is an int32 varint: at most 5 bytes (kafka-python would read up to 10).
+MAX_OFFSET_DELTA_WIDTH = 5
 
 
 class UnsupportedKafkaClient(IpdpError):
@@ -110,6 +121,8 @@ def _template(buf: bytes, pos: int) -> _Layout:
     _, q = decode_varint(buf, p)  # offset delta
     same_width(p, q)
     offset_rel, offset_width = p - pos, q - p
+    if offset_width > MAX_OFFSET_DELTA_WIDTH:
+        raise CorruptRecordError(f"offset delta of {offset_width} varint bytes")
     p = q
     key_len, q = decode_varint(buf, p)
     same_bytes(p, q)
@@ -170,7 +183,10 @@ def parse_records(buf: bytes, pos: int, count: int, base_offset: int
                 ok = ((a[starts[:, None] + t.rel] & t.mask) == t.expect).all(axis=1)
                 if not ok.all():
                     starts = starts[:int(np.argmin(ok))]  # ok[0] holds: it is the template
-            offsets.append(base_offset + _zigzag_at(a, starts + t.offset_rel, t.offset_width))
+            deltas = _zigzag_at(a, starts + t.offset_rel, t.offset_width)
+            if base_offset + int(deltas.min()) < 0 or base_offset + int(deltas.max()) >= 1 << 63:
+                raise CorruptRecordError("record offset outside 0 … 2^63 − 1")
+            offsets.append(base_offset + deltas)
             if t.value_len >= 0:
                 n = t.value_len
                 values += [buf[s:s + n] for s in (starts + t.value_rel).tolist()]
@@ -259,7 +275,13 @@ class ColumnarRecords(Fetcher.PartitionRecords):
 
     def _legacy(self, batch) -> _Rows:
         """A magic 0/1 batch, through kafka-python's own parser."""
-        rows = [(r.offset, r.value, r.headers) for r in batch if r.offset >= self.fetch_offset]
+        rows = []
+        for r in batch:
+            if self.check_crcs and not r.validate_crc():
+                raise CorruptRecordError(f"Record for partition {self.topic_partition} at offset "
+                                         f"{r.offset} failed crc check")
+            if r.offset >= self.fetch_offset:
+                rows.append((r.offset, r.value, r.headers))
         self.records_read += len(rows)
         self.bytes_read += batch.size_in_bytes
         last = rows[-1][0] + 1 if rows else self.next_fetch_offset
@@ -307,9 +329,16 @@ def install(consumer) -> None:
     fetcher = getattr(consumer, "_fetcher", None)
     parts = getattr(Fetcher, "PartitionRecords", None)
     needed = ("take", "drain", "_maybe_raise_next_inline_exception")
-    if fetcher is None or parts is None or not all(hasattr(parts, x) for x in needed):
+    batch_slots = getattr(DefaultRecordBatch, "__slots__", ())
+    if not kafka.__version__.startswith(CHECKED_SERIES):
         raise UnsupportedKafkaClient(
-            "this kafka-python has no Fetcher.PartitionRecords to replace; set "
+            f"the columnar fetch was checked against kafka-python {CHECKED_SERIES}x, not "
+            f"{kafka.__version__}; set IPDP_AGGREGATOR_COLUMNAR_FETCH=false to use its own parser")
+    if fetcher is None or parts is None or not all(hasattr(parts, x) for x in needed) \
+            or not {"_buffer", "_pos"} <= set(batch_slots):
+        raise UnsupportedKafkaClient(
+            "this kafka-python lacks the parts the columnar fetch replaces "
+            "(Fetcher.PartitionRecords, a batch's buffer); set "
             "IPDP_AGGREGATOR_COLUMNAR_FETCH=false to use its own parser")
     if getattr(fetcher, "_isolation_level", READ_UNCOMMITTED) != READ_UNCOMMITTED:
         raise UnsupportedKafkaClient("the columnar fetch reads uncommitted data only; set "
