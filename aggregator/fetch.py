@@ -20,16 +20,17 @@ delta). The records that pass have exactly the template's layout, so their offse
 are read at fixed positions; the first that does not starts the next template. A batch of one
 producer is one or a few runs, whatever its size.
 
-A batch whose CRC-32C fails, a malformed record, an offset delta wider than its int32 varint,
-an offset below 0 (which kafka-python would hand out) and bytes left over after the batch's records all raise ``CorruptRecordError``, as
-kafka-python's own parser does, but for the whole batch (the library first delivers the records
-before the bad one; either way the position stays before it and nothing is skipped). One check
-is deliberately lazier: header keys are decoded (invalid UTF-8 replaced) only when a rejected
-record's headers are read, where the library refuses the batch and the partition stalls on it.
-Control batches are skipped. Batches of the old message
-formats (magic 0 and 1) go through kafka-python's parser; a compressed batch is decompressed
-by it and then parsed here. Only a consumer reading uncommitted data can use this (the
-aggregator's is; the read_committed filtering of aborted transactions is not reimplemented).
+A batch whose CRC-32C fails, a malformed record and bytes left over after the batch's records
+raise ``CorruptRecordError``, as with kafka-python's own parser, but for the whole batch (the
+library first delivers the records before the bad one; either way the position stays before it
+and nothing is skipped). Two checks are stricter than the library's: an offset delta wider than
+its int32 varint and an offset outside 0 … 2⁶³ − 1 are refused too (the library hands them out).
+One is lazier: header keys are decoded (invalid UTF-8 replaced) only when a rejected record's
+headers are read, where the library refuses the batch and the partition stalls on it. Control
+batches are skipped. Batches of the old message formats (magic 0 and 1) go through
+kafka-python's parser, inner-message CRCs checked; a compressed batch is decompressed by it and
+then parsed here. Only a consumer reading uncommitted data can use this (the aggregator's is;
+the read_committed filtering of aborted transactions is not reimplemented).
 This reads two private parts of kafka-python (``Fetcher.PartitionRecords`` and a batch's
 buffer); :func:`install` refuses a kafka-python outside the release series it was checked
 against (:data:`CHECKED_SERIES`) or without those parts, and tests/aggregator/test_fetch.py
