@@ -50,6 +50,12 @@ def _browser() -> tuple[str, str]:
                     "`cd producer/web && npm ci`")
     if not (WEB / "dist" / "demo" / "index.html").is_file():
         unavailable("producer/web/dist is not built; run `cd producer/web && npm run build`")
+    sources = [f for d in ("src", "demo") for f in (WEB / d).rglob("*") if f.is_file()]
+    built = [f for f in (WEB / "dist").rglob("*") if f.is_file()]
+    if max(f.stat().st_mtime for f in sources) > min(f.stat().st_mtime for f in built):
+        # The page under test must be the one in the tree (make test builds it first).
+        pytest.fail("producer/web/dist is older than producer/web/src or demo; run "
+                    "`cd producer/web && npm run build`", pytrace=False)
     return node, chromium
 
 
