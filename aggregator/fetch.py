@@ -40,7 +40,9 @@ compares both parsers on batches a real broker served.
 from __future__ import annotations
 
 import logging
+import operator
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import kafka
@@ -54,11 +56,15 @@ from ipdp.errors import IpdpError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ColumnarRecords", "UnsupportedKafkaClient", "decode_headers", "install",
-           "parse_records"]
+__all__ = ["ColumnarRecords", "UnsupportedKafkaClient", "columns", "decode_headers",
+           "first_offset", "install", "parse_records"]
 
 #: kafka-python's isolation level value for read_uncommitted (kafka.protocol's IsolationLevel).
 READ_UNCOMMITTED = 0
+_OFFSET = operator.attrgetter("offset")
+_VALUE = operator.attrgetter("value")
+_HEADERS = operator.attrgetter("headers")
+
 #: The kafka-python release series whose internals this module was checked against.
 CHECKED_SERIES = "3.0."
 #: An offset delta is an int32 varint: at most 5 bytes (kafka-python would read up to 10).
@@ -219,6 +225,23 @@ def decode_headers(block) -> list[tuple[str, bytes | None]]:
         out.append((key, None if value_len < 0 else bytes(block[p:p + value_len])))
         p += max(value_len, 0)
     return out
+
+
+def columns(records: list) -> tuple[np.ndarray, Sequence, Sequence]:
+    """One partition's polled records as (offsets, values, headers), whichever parser made
+    them: (offset, value, header block) tuples from :class:`ColumnarRecords`, or kafka-python's
+    ``ConsumerRecord`` objects (``IPDP_AGGREGATOR_COLUMNAR_FETCH=false``). No Python loop."""
+    if type(records[0]) is tuple:  # ours; a ConsumerRecord is a namedtuple, not a tuple
+        offsets, values, headers = zip(*records, strict=True)
+        return np.array(offsets, np.int64), values, headers
+    return (np.fromiter(map(_OFFSET, records), np.int64, len(records)),
+            list(map(_VALUE, records)), list(map(_HEADERS, records)))
+
+
+def first_offset(records: list) -> int:
+    """The offset of the first of one partition's polled records (either parser's)."""
+    first = records[0]
+    return first[0] if type(first) is tuple else first.offset
 
 
 @dataclass

@@ -13,7 +13,6 @@ the fold before it asked for a re-seek is not folded: its partitions are rewound
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import time
 from collections.abc import Callable
@@ -48,9 +47,6 @@ LAG_REFRESH_S = 5.0
 LAG_TIMEOUT_MS = 2_000
 DEAD_LETTER_TIMEOUT_S = 30.0
 REDIS_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
-_OFFSET = operator.attrgetter("offset")
-_VALUE = operator.attrgetter("value")
-_HEADERS = operator.attrgetter("headers")
 
 
 class _SeekToRedisOffsets(ConsumerRebalanceListener):
@@ -107,7 +103,6 @@ class Aggregator:
         )
         if settings.columnar_fetch:  # polls return (offset, value, header block) tuples
             fetch.install(self.consumer)
-        self._columnar = settings.columnar_fetch
         self.consumer.subscribe([topics.records], listener=_SeekToRedisOffsets(self))
         self.stop_event = threading.Event()
         self._folding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fold")
@@ -210,21 +205,17 @@ class Aggregator:
         self.close()
         return self.totals
 
-    def _as_arrays(self, polled) -> Polled:
+    @staticmethod
+    def _as_arrays(polled) -> Polled:
         """A poll result as arrays, gathered once per partition (no object per record)."""
         parts, offsets, values, headers = [], [], [], []
         for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition):
             metrics.RECORDS_CONSUMED.labels(str(tp.partition)).inc(len(recs))
             parts.append(np.full(len(recs), tp.partition, np.int64))
-            if self._columnar:  # (offset, value, header block) tuples: transpose in C
-                offs, vals, heads = zip(*recs, strict=True)
-                offsets.append(np.array(offs, np.int64))
-                values += vals
-                headers += heads
-            else:
-                offsets.append(np.fromiter(map(_OFFSET, recs), np.int64, len(recs)))
-                values += map(_VALUE, recs)
-                headers += map(_HEADERS, recs)
+            offs, vals, heads = fetch.columns(recs)
+            offsets.append(offs)
+            values += vals
+            headers += heads
         return Polled(np.concatenate(parts), np.concatenate(offsets), values, headers=headers)
 
     def _fold(self, messages: Polled) -> FoldResult:
@@ -262,8 +253,7 @@ class Aggregator:
         assigned = self.consumer.assignment()
         for tp, recs in polled.items():
             if tp.partition not in reseeked and recs and tp in assigned:
-                first = recs[0][0] if self._columnar else recs[0].offset
-                self.consumer.seek(tp, first)
+                self.consumer.seek(tp, fetch.first_offset(recs))
 
     def _account(self, result: FoldResult) -> None:
         for sid, k in result.folded.items():
