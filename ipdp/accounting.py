@@ -77,6 +77,12 @@ def composed_epsilon(epsilon: float, delta: float, rounds: int, target_delta: fl
     return float(pld.get_epsilon_for_delta(target_delta))
 
 
+def preload() -> None:
+    """Import dp-accounting now. It takes about a second and is otherwise imported on the first
+    composition; a service that composes on its hot path (the trainer) calls this at start-up."""
+    from dp_accounting.pld import common, privacy_loss_distribution  # noqa: F401
+
+
 def compose(epsilon: float, delta: float, rounds: int,
             target_delta: float | None = None) -> Composed:
     """The composed guarantee after `rounds` rounds (at `target_delta`, else the default)."""

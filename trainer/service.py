@@ -18,7 +18,7 @@ import numpy as np
 import redis
 from kafka.errors import KafkaError
 
-from ipdp import metrics, registry, state
+from ipdp import accounting, metrics, registry, state
 from ipdp.accounting import compose
 from ipdp.errors import IpdpError, SignatureError, UnknownStudy
 from ipdp.kafka_io import kafka_producer
@@ -95,9 +95,9 @@ class Trainer:
         self.producer = kafka_producer(kafka)
         self.stop_event = threading.Event()
         self.published = 0
-        # Every model's report composes its study's rounds with dp-accounting, whose import takes
-        # about a second: pay it now, not between the first round's close and its model.
-        compose(1.0, 1e-6, 1)
+        # Every model's report composes its study's rounds: pay dp-accounting's import (about a
+        # second) now, not between the first round's close and its model.
+        accounting.preload()
         try:
             self.redis.xgroup_create(state.ROUNDS_STREAM, settings.group, id="0", mkstream=True)
         except redis.ResponseError as exc:
