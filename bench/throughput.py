@@ -279,10 +279,10 @@ def _time_folds(agg: subprocess.Popen, r, study: Study, k: int) -> tuple[float, 
     both clocks start at the first fold: start-up and the group join are not counted."""
     key = state.counts_key(study.study_id)
     first, cpu0 = None, 0.0
-    while int(r.hget(key, "folded") or 0) < k:
+    while (folded := int(r.hget(key, "folded") or 0)) < k:
         if agg.poll() is not None:
             raise RuntimeError(f"the aggregator exited early with status {agg.returncode}")
-        if first is None and int(r.hget(key, "folded") or 0) > 0:
+        if first is None and folded > 0:
             first, cpu0 = time.perf_counter(), _cpu_seconds(agg.pid)
         time.sleep(0.005)
     return (k / (time.perf_counter() - (first or time.perf_counter())),
