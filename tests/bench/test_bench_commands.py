@@ -6,6 +6,7 @@ numbers, never how fast anything was (tests do not time anything).
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -27,10 +28,15 @@ def test_bench_accuracy_quick_prints_its_tables():
 
 def test_bench_throughput_quick_prints_positive_rates():
     _require_binaries()
-    out = ipdp("bench", "throughput", "--quick")
+    out = ipdp("bench", "throughput", "--quick", "--json")  # tables on stderr, JSON on stdout
     assert out.returncode == 0, out.stderr[-3000:]
-    rates = [float(x.replace(",", "")) for x in re.findall(r"\| ([\d,]{4,}) \|", out.stdout)]
+    rates = [float(x.replace(",", "")) for x in re.findall(r"\| ([\d,]{4,}) \|", out.stderr)]
     assert rates and min(rates) > 0
+    figures = json.loads(out.stdout)
+    for key in ("gateway_e2e_records_per_second", "direct_e2e_records_per_second",
+                "e2e_aggregator_over_bare_consumer", "fold_records_per_cpu_second_d14",
+                "replay_bytes_per_id", "e2e_library_parser_aggregator_over_bare_consumer"):
+        assert figures[key] > 0, key
 
 
 def test_soak_with_a_few_kills_holds_every_invariant(tmp_path):
