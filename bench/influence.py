@@ -25,7 +25,7 @@ the service. Honest rows come from the load generator's synthetic data set
 seeded generator.
 
 Usage: python -m bench.influence [--n 1000] [--d 14] [--epsilon 1] [--delta 0.01]
-       [--k 1 10 100] [--seeds 5] [--json]
+       [--delta-in 0] [--k 1 10 100] [--seeds 5] [--json]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import numpy as np
 
 from aggregator.validate import Message, Polled, Validator
 from ipdp.calibration import Calibration, record_norm_bounds
+from ipdp.influence import influence_bound
 from ipdp.losses import prepare
 from ipdp.study import Study
 from ipdp.wire import encode_batch
@@ -66,12 +67,8 @@ class Row:
     cos_mean: float
     """Mean cos(w, w₀)."""
     cos_min: float
-
-
-def accepted_extremes(cal: Calibration) -> tuple[float, float, float]:
-    """(smallest ‖q̃‖, largest ‖q̃‖, largest ‖p̃‖) the aggregator's norm check lets through."""
-    max_q, max_p = record_norm_bounds(cal)
-    return 0.0, max_q, max_p
+    bound: float
+    """influence_bound(k): the most any k accepted records can move w (w.p. ≥ 1 − δ)."""
 
 
 def accepted_rows(study: Study, q: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -93,16 +90,16 @@ def accepted_rows(study: Study, q: np.ndarray, p: np.ndarray) -> np.ndarray:
 def crafted(scenario: str, k: int, cal: Calibration, w0: np.ndarray,
             a_honest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """k copies of the scenario's record, aimed against w₀."""
-    q_min, q_max, p_max = accepted_extremes(cal)
+    bounds = record_norm_bounds(cal)
     toward = w0 / np.linalg.norm(w0)
     # Across: the direction ⊥ ŵ₀ with the most honest curvature (extra curvature there costs
     # the attacker least).
     proj = np.eye(len(w0)) - np.outer(toward, toward)
     across = np.linalg.eigh(proj @ a_honest @ proj)[1][:, -1]
     if scenario == "crafted, q̃ ∥ w₀":
-        q, p = INSIDE * q_max * toward, -INSIDE * p_max * toward
+        q, p = INSIDE * bounds.q_high * toward, -INSIDE * bounds.p_high * toward
     elif scenario == "crafted, q̃ ⊥ w₀":
-        q, p = q_min / INSIDE * across, -INSIDE * p_max * toward
+        q, p = bounds.q_low / INSIDE * across, -INSIDE * bounds.p_high * toward
     else:
         q, p = np.sqrt(cal.lam) * across, -cal.p_bound * toward
     return np.tile(q, (k, 1)), np.tile(p, (k, 1))
@@ -143,22 +140,25 @@ def measure(study: Study, ks: list[int], seeds: int) -> list[Row]:
     for (scenario, k), runs in found.items():
         acc, move, cos = (np.array(c) for c in zip(*runs, strict=True))
         rows.append(Row(scenario, k, float(acc.mean()), float(move.mean()), float(move.max()),
-                        float(cos.mean()), float(cos.min())))
+                        float(cos.mean()), float(cos.min()), influence_bound(cal, k)))
     return sorted(rows, key=lambda r: (r.k, SCENARIOS.index(r.scenario)))
 
 
 def table(study: Study, rows: list[Row], seeds: int) -> str:
     """Markdown table of the rows, headed by the acceptance bounds in force."""
-    q_min, q_max, p_max = accepted_extremes(study.calibration)
     cal = study.calibration
+    b = record_norm_bounds(cal)
     head = (f"n = {study.n}, d = {study.d}, ε = {cal.epsilon:g}, δ = {cal.delta:g}, "
             f"λ = {cal.lam:g}, P = {cal.p_bound:g}, η = {cal.eta:g}, Δ_in = {cal.delta_in:g}; "
-            f"accepted ‖q̃‖ ∈ [{q_min:.4g}, {q_max:.4g}], ‖p̃‖ ≤ {p_max:.4g}; {seeds} seeds\n\n")
+            f"accepted ‖q̃‖ ∈ [{b.q_low:.4g}, {b.q_high:.4g}], ‖p̃‖ ∈ [{b.p_low:.4g}, "
+            f"{b.p_high:.4g}]; {seeds} seeds; bound: the largest move k accepted records can "
+            f"cause (docs/security.md), ≥ 2η = {2 * cal.eta:g} says nothing\n\n")
     lines = [("| k | records | accepted | ‖w − w₀‖ mean | ‖w − w₀‖ max | cos(w, w₀) mean | "
-              "cos(w, w₀) min |"),
-             "|---|---|---|---|---|---|---|"]
+              "cos(w, w₀) min | bound |"),
+             "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.k} | {r.scenario} | {r.accepted:g} of {r.k} | {r.move_mean:.3f} | "
-              f"{r.move_max:.3f} | {r.cos_mean:.3f} | {r.cos_min:.3f} |" for r in rows]
+              f"{r.move_max:.3f} | {r.cos_mean:.3f} | {r.cos_min:.3f} | {r.bound:.3g} |"
+              for r in rows]
     return head + "\n".join(lines)
 
 
@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d", type=int, default=14)
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.01)
+    parser.add_argument("--delta-in", dest="delta_in", type=float, default=None,
+                        help="Δ_in, the trainer's ridge (default: the study's, 0)")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="One JSON object instead of a table.")
@@ -176,12 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.k) < 1 or max(args.k) >= args.n or args.seeds < 1:
         parser.error("need 1 ≤ k < n and --seeds ≥ 1")
     study = Study(study_id="influence", d=args.d, n=args.n, epsilon=args.epsilon,
-                  delta=args.delta)
+                  delta=args.delta, delta_in=args.delta_in)
     rows = measure(study, args.k, args.seeds)
     if args.json:
-        q_min, q_max, p_max = accepted_extremes(study.calibration)
         json.dump({"n": args.n, "d": args.d, "epsilon": args.epsilon, "delta": args.delta,
-                   "seeds": args.seeds, "q_min": q_min, "q_max": q_max, "p_max": p_max,
+                   "delta_in": study.calibration.delta_in, "seeds": args.seeds,
+                   "bounds": asdict(record_norm_bounds(study.calibration)),
                    "rows": [asdict(r) for r in rows]}, sys.stdout, ensure_ascii=False)
         print()
     else:
