@@ -660,6 +660,11 @@ with probability at most π = share·δ/((1 + e^ε)·n), so a round's n records 
 (docs/privacy.md, "The norm check")."""
 
 
+CLIPPING_ROUNDING = 1e-9
+"""Relative slack over a clipping bound for noise-free vectors: a row scaled to norm B by
+ipdp.losses.clip_rows can come out a few ulps above B."""
+
+
 @dataclass(frozen=True)
 class RecordNormBounds:
     """The records the aggregator accepts: q_low ≤ ‖q̃‖ ≤ q_high and p_low ≤ ‖p̃‖ ≤ p_high."""
@@ -706,7 +711,8 @@ def noisy_norm_interval(std: float, d: int, bound: float, tail: float) -> tuple[
     g ~ N(0, std²·I_d): L = std·√(χ²_d quantile at tail), H = std·√(χ²_d(bound²/std²)
     quantile at 1 − tail). Step "The norm check" of docs/privacy.md."""
     if std == 0.0:
-        return 0.0, bound
+        # No noise: ‖c‖ itself, which a device's clipping leaves a rounding error above bound.
+        return 0.0, bound * (1.0 + CLIPPING_ROUNDING)
     # scipy.stats costs about a second to import and only the record checks need it.
     from scipy.stats import chi2, ncx2
 

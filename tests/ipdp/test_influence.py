@@ -64,8 +64,9 @@ def test_honest_records_are_rejected_at_the_exact_rate_the_bounds_imply(clean_no
     assert abs(rejected - exact) <= 5.0 * np.sqrt(exact * (1.0 - exact) / draws)
 
 
-def test_the_aggregator_accepts_every_one_of_many_honest_records_at_the_default_rate():
-    study = Study(study_id="rate", d=14, n=1000, epsilon=1.0, delta=0.01)
+@pytest.mark.parametrize("delta_in", [None, 100.0])  # 100: a ridge so large that σ_u = 0
+def test_the_aggregator_accepts_every_one_of_many_honest_records_at_the_default_rate(delta_in):
+    study = Study(study_id="rate", d=14, n=1000, epsilon=1.0, delta=0.01, delta_in=delta_in)
     assert record_norm_bounds(study.calibration).probability < 1e-8
     data = synthetic(100_000, study.d, "squared", seed=3)
     q, p = prepare("squared", data.x, data.y, study.calibration)
