@@ -12,7 +12,8 @@ Privacy maps, next to the noise they justify:
 - both: each record on its own is a Gaussian mechanism; its local (ε_loc, δ) is computed exactly
   with the analytic Gaussian mechanism (Balle & Wang 2018).
 
-Only `math` and `statistics` are used, and results are cached: calibrate() runs on every process.
+calibrate() uses only `math` and `statistics`, and results are cached: it runs on every process.
+The record checks (record_norm_bounds) take scipy.stats' χ² laws, imported when first needed.
 """
 
 from __future__ import annotations
