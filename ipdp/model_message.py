@@ -25,6 +25,9 @@ MODEL_SIGNING_TAG = "ipdp-model-v2"
 
 MESSAGE_VERSION = 1
 UNIT = "one record of one device in one round (replace-one)"
+GUARANTEE = ("privacy, not robustness: (epsilon, delta) bounds what this model reveals about any "
+             "one record; it does not bound how far the round's accepted records, honest or "
+             "crafted, moved it (docs/security.md, Bounded influence)")
 
 
 class PrivacyReport(BaseModel):
@@ -51,6 +54,8 @@ class PrivacyReport(BaseModel):
     local_epsilon: float | None = Field(description="ε of one record on its own, at local_delta.")
     local_delta: float
     unit: str = Field(UNIT, description="What (ε, δ) protects (docs/accounting.md).")
+    guarantee: str = Field(GUARANTEE, description="What kind of guarantee (ε, δ) is: privacy, "
+                           "not robustness against poisoned records.")
     composed_epsilon: float | None = Field(
         None, description="ε of rounds 1 … rounds_composed together, for a device that "
         "contributed one record to each; None: no finite ε at composed_delta.")
