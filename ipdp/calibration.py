@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from numbers import Integral, Real
 from statistics import NormalDist
 from typing import Literal
 
@@ -644,14 +645,42 @@ def calibrate(
     """
     common = {"epsilon": epsilon, "delta": delta, "n": n, "d": d, "lam": lam,
               "p_bound": p_bound, "eta": eta, "delta_in": delta_in}
+    _check_inputs(**common)
     try:
         if mode == "paper":
-            return calibrate_paper(**common)
-        return calibrate_rigorous(**common, log_det_share=log_det_share)
+            cal = calibrate_paper(**common)
+        else:
+            cal = calibrate_rigorous(**common, log_det_share=log_det_share)
     except OverflowError:
         raise CalibrationError(
             f"ε={epsilon} is beyond what the calibration evaluates in double precision (e^ε "
             "overflows); such an ε protects nothing anyway") from None
+    except ArithmeticError:
+        raise CalibrationError(_beyond_double_precision(common)) from None
+    if not all(math.isfinite(v) for v in (cal.sigma_u2, cal.sigma_b2, cal.noise_std_q,
+                                          cal.noise_std_p)):
+        raise CalibrationError(_beyond_double_precision(common))
+    return cal
+
+
+def _check_inputs(*, epsilon, delta, n, d, lam, p_bound, eta, delta_in) -> None:
+    """Refuse what no calibration can take, before any arithmetic (a study off the topic, a flag)."""
+    for name, value in (("epsilon", epsilon), ("lam", lam), ("p_bound", p_bound), ("eta", eta)):
+        if not (isinstance(value, Real) and math.isfinite(value) and value > 0.0):
+            raise CalibrationError(f"{name}={value} must be a finite number > 0")
+    if not (isinstance(delta, Real) and 0.0 < delta < 1.0):
+        raise CalibrationError(f"delta={delta} must lie in the open interval (0, 1)")
+    if not (isinstance(delta_in, Real) and math.isfinite(delta_in) and delta_in >= 0.0):
+        raise CalibrationError(f"delta_in={delta_in} must be a finite number ≥ 0")
+    for name, value, least in (("n", n, 2), ("d", d, 1)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+            raise CalibrationError(f"{name}={value} must be an integer ≥ {least}")
+
+
+def _beyond_double_precision(params: dict) -> str:
+    shown = ", ".join(f"{k}={v:g}" for k, v in params.items())
+    return (f"the noise for {shown} is not a finite number in double precision (a tiny ε, δ "
+            "or extreme bounds): choose parameters within a few orders of magnitude of 1")
 
 
 #: Probability that an honest record is rejected by the norm check (union over q̃ and p̃).
