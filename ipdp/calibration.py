@@ -655,7 +655,9 @@ def calibrate(
         raise CalibrationError(
             f"ε={epsilon} is beyond what the calibration evaluates in double precision (e^ε "
             "overflows); such an ε protects nothing anyway") from None
-    except ArithmeticError:
+    except CalibrationError:
+        raise
+    except (ArithmeticError, ValueError):  # ZeroDivisionError, a math domain error, inv_cdf(0)
         raise CalibrationError(_beyond_double_precision(common)) from None
     if not all(math.isfinite(v) for v in (cal.sigma_u2, cal.sigma_b2, cal.noise_std_q,
                                           cal.noise_std_p)):
@@ -663,18 +665,30 @@ def calibrate(
     return cal
 
 
-def _check_inputs(*, epsilon, delta, n, d, lam, p_bound, eta, delta_in) -> None:
-    """Refuse what no calibration can take, before any arithmetic (a study off the topic, a flag)."""
-    for name, value in (("epsilon", epsilon), ("lam", lam), ("p_bound", p_bound), ("eta", eta)):
-        if not (isinstance(value, Real) and math.isfinite(value) and value > 0.0):
-            raise CalibrationError(f"{name}={value} must be a finite number > 0")
-    if not (isinstance(delta, Real) and 0.0 < delta < 1.0):
-        raise CalibrationError(f"delta={delta} must lie in the open interval (0, 1)")
-    if not (isinstance(delta_in, Real) and math.isfinite(delta_in) and delta_in >= 0.0):
-        raise CalibrationError(f"delta_in={delta_in} must be a finite number ≥ 0")
-    for name, value, least in (("n", n, 2), ("d", d, 1)):
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
-            raise CalibrationError(f"{name}={value} must be an integer ≥ {least}")
+#: Where the calibration's double-precision evaluation is trusted. Far outside, the noise
+#: underflows, overflows or its searches stop converging; inside, every parameter a study can
+#: mean is covered (ε = 10⁻⁶ is a billion times more noise than ε = 1 needs).
+PARAMETER_RANGES: dict[str, tuple[float, float]] = {
+    "epsilon": (1e-6, 1e6), "delta": (1e-100, 1.0), "lam": (1e-12, 1e12),
+    "p_bound": (1e-12, 1e12), "eta": (1e-12, 1e12), "delta_in": (0.0, 1e12),
+    "n": (2, 10**15), "d": (1, 10**6),
+}
+
+
+def _check_inputs(**params) -> None:
+    """Refuse what the calibration cannot evaluate, before any arithmetic (a study read off the
+    topic, a flag): each parameter must be a finite number within PARAMETER_RANGES."""
+    for name, value in params.items():
+        lo, hi = PARAMETER_RANGES[name]
+        integral = name in ("n", "d")
+        kind = Integral if integral else Real
+        if (isinstance(value, bool) or not isinstance(value, kind)
+                or not (math.isfinite(value) and lo <= value <= hi)
+                or (name == "delta" and value >= 1.0)):
+            interval = f"[{lo:g}, {hi:g}{')' if name == 'delta' else ']'}"
+            raise CalibrationError(
+                f"{name}={value} must be {'an integer' if integral else 'a finite number'} in "
+                f"{interval}, where the calibration is evaluated reliably")
 
 
 def _beyond_double_precision(params: dict) -> str:
