@@ -57,7 +57,7 @@ def _malformed(reader: str, reason: str, topic: str = "studies") -> float:
 
 @pytest.mark.parametrize(("name", "reason"), [(n, r) for n, _, r in HOSTILE_STUDY_VALUES])
 def test_every_hostile_study_value_is_malformed_with_its_reason(name, reason, owner):
-    value = dict((n, v) for n, v, _ in HOSTILE_STUDY_VALUES)[name](owner)
+    value = {n: v for n, v, _ in HOSTILE_STUDY_VALUES}[name](owner)
     with pytest.raises(MalformedValue) as got:
         parse_study_message(value)
     assert got.value.reason == reason
@@ -67,7 +67,7 @@ def test_every_hostile_study_value_is_malformed_with_its_reason(name, reason, ow
 @pytest.mark.parametrize(("name", "reason"), [(n, r) for n, _, r in HOSTILE_STUDY_VALUES])
 def test_a_reader_skips_counts_and_logs_the_offset_of_a_hostile_value_and_keeps_the_rest(
         name, reason, owner, caplog):
-    value = dict((n, v) for n, v, _ in HOSTILE_STUDY_VALUES)[name](owner)
+    value = {n: v for n, v, _ in HOSTILE_STUDY_VALUES}[name](owner)
     good = Study(study_id="good", **PARAMS)
     entries: dict = {}
     apply_study_message(entries, Message(b"good", study_message(good, "open", owner)),
