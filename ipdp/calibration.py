@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from numbers import Integral, Real
 from statistics import NormalDist
 from typing import Literal
 
@@ -645,14 +646,56 @@ def calibrate(
     """
     common = {"epsilon": epsilon, "delta": delta, "n": n, "d": d, "lam": lam,
               "p_bound": p_bound, "eta": eta, "delta_in": delta_in}
+    _check_inputs(**common)
     try:
         if mode == "paper":
-            return calibrate_paper(**common)
-        return calibrate_rigorous(**common, log_det_share=log_det_share)
+            cal = calibrate_paper(**common)
+        else:
+            cal = calibrate_rigorous(**common, log_det_share=log_det_share)
     except OverflowError:
         raise CalibrationError(
             f"ε={epsilon} is beyond what the calibration evaluates in double precision (e^ε "
             "overflows); such an ε protects nothing anyway") from None
+    except CalibrationError:
+        raise
+    except (ArithmeticError, ValueError):  # ZeroDivisionError, a math domain error, inv_cdf(0)
+        raise CalibrationError(_beyond_double_precision(common)) from None
+    if not all(math.isfinite(v) for v in (cal.sigma_u2, cal.sigma_b2, cal.noise_std_q,
+                                          cal.noise_std_p)):
+        raise CalibrationError(_beyond_double_precision(common))
+    return cal
+
+
+#: Where the calibration's double-precision evaluation is trusted. Far outside, the noise
+#: underflows, overflows or its searches stop converging; inside, every parameter a study can
+#: mean is covered (ε = 10⁻⁶ is a billion times more noise than ε = 1 needs).
+PARAMETER_RANGES: dict[str, tuple[float, float]] = {
+    "epsilon": (1e-6, 1e6), "delta": (1e-100, 1.0), "lam": (1e-12, 1e12),
+    "p_bound": (1e-12, 1e12), "eta": (1e-12, 1e12), "delta_in": (0.0, 1e12),
+    "n": (2, 10**15), "d": (1, 10**6),
+}
+
+
+def _check_inputs(**params) -> None:
+    """Refuse what the calibration cannot evaluate, before any arithmetic (a study read off the
+    topic, a flag): each parameter must be a finite number within PARAMETER_RANGES."""
+    for name, value in params.items():
+        lo, hi = PARAMETER_RANGES[name]
+        integral = name in ("n", "d")
+        kind = Integral if integral else Real
+        if (isinstance(value, bool) or not isinstance(value, kind)
+                or not (math.isfinite(value) and lo <= value <= hi)
+                or (name == "delta" and value >= 1.0)):
+            interval = f"[{lo:g}, {hi:g}{')' if name == 'delta' else ']'}"
+            raise CalibrationError(
+                f"{name}={value} must be {'an integer' if integral else 'a finite number'} in "
+                f"{interval}, where the calibration is evaluated reliably")
+
+
+def _beyond_double_precision(params: dict) -> str:
+    shown = ", ".join(f"{k}={v:g}" for k, v in params.items())
+    return (f"the noise for {shown} is not a finite number in double precision (a tiny ε, δ "
+            "or extreme bounds): choose parameters within a few orders of magnitude of 1")
 
 
 REJECTION_DELTA_SHARE = 1e-3
