@@ -58,7 +58,16 @@ def _text(v: bytes | str | None) -> str | None:
 
 
 def _same(a: Study, b: Study) -> bool:
-    return a.model_dump() == b.model_dump()
+    """Same parameters; the noise is the calibration's (or, read from a text, the text's)."""
+    return a.model_dump(exclude={"noise"}) == b.model_dump(exclude={"noise"})
+
+
+def _stored(raw_json: bytes, envelope: bytes | None) -> Study:
+    """The study as stored: its envelope's text, which carries the noise devices add, or its
+    JSON when it has no envelope. Signatures are checked by the callers that pin keys."""
+    if envelope is None:
+        return Study.model_validate_json(raw_json)
+    return parse_study_message(envelope)[0]
 
 
 def _publish(producer: KafkaProducer, topics: TopicSettings, study_id: str, envelope: bytes,
@@ -86,9 +95,9 @@ def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None 
         while True:
             try:
                 pipe.watch(key, STUDY_HASHES)
-                existing = pipe.hget(key, "json")
+                existing, envelope = pipe.hmget(key, ["json", "envelope"])
                 if existing is not None:
-                    old = Study.model_validate_json(existing)
+                    old = _stored(existing, envelope)
                     pipe.reset()
                     if not _same(old, study):
                         raise StudyExists(
@@ -140,7 +149,7 @@ def _load_key(r: redis.Redis, study_id: str,
         return None
     status = StudyStatus(_text(raw[1]) or StudyStatus.OPEN)
     if not trusted:
-        return Study.model_validate_json(raw[0]), status
+        return _stored(raw[0], raw[2]), status
     if raw[2] is None:
         raise SignatureError(f"study {study_id!r} has no signed envelope in Redis (no signature)")
     study, _ = parse_study_message(raw[2], trusted)
@@ -192,7 +201,7 @@ def close_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
                     raise ConfigurationError(
                         f"study {study_id!r} is signed by key {signer}: closing it needs that "
                         "signing key (--signing-key or IPDP_STUDY_SIGNING_KEY)")
-                study = Study.model_validate_json(raw)
+                study = _stored(raw, envelope)
                 closed = study_message(study, StudyStatus.CLOSED, signing_key)
                 pipe.multi()
                 pipe.hset(key, mapping={"status": StudyStatus.CLOSED.value, "envelope": closed})

@@ -86,6 +86,15 @@ def feature_bounds(loss: str, x_bound: float | None, y_bound: float | None) -> d
     return {"lam": x_bound**2, "p_bound": x_bound * y_bound}
 
 
+class StudyNoise(BaseModel):
+    """The per-coordinate noise stds a device adds, as a study's canonical text carries them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    std_q: float
+    std_p: float
+
+
 class Study(BaseModel):
     """Public parameters of one study (docs/privacy.md). Immutable once created."""
 
@@ -113,6 +122,9 @@ class Study(BaseModel):
         None, description="Total ε a device that contributes once per round may spend; with "
         "budget_delta, the study closes before a round that would exceed it (ipdp.accounting).")
     budget_delta: float | None = Field(None, description="Total δ of the budget.")
+    noise: StudyNoise | None = Field(
+        None, description="The noise stds devices add. Given (a study read from its text), "
+        "kept if proven for the parameters; else the calibration's choice (Step 8).")
 
     @model_validator(mode="before")
     @classmethod
@@ -156,9 +168,14 @@ class Study(BaseModel):
             if not (self.delta <= self.budget_delta < 1.0):
                 raise ValueError(f"budget_delta={self.budget_delta} must lie in [delta, 1)")
         try:
-            self.calibration  # noqa: B018 - computing it is the check
+            cal = self.calibration
         except CalibrationError as exc:
             raise ValueError(str(exc)) from None
+        if self.noise is None:
+            # Filled in once, here, so that a study carries its noise like every other parameter
+            # (and equals the same study read back from its text); the model is frozen after.
+            object.__setattr__(self, "noise", StudyNoise(std_q=cal.noise_std_q,
+                                                          std_p=cal.noise_std_p))
         return self
 
     @model_serializer(mode="wrap")
@@ -172,18 +189,23 @@ class Study(BaseModel):
         return data
 
     @property
-    def resolved_delta_in(self) -> float:
-        """Δ_in after applying the mode's default."""
-        if self.delta_in is not None:
+    def resolved_delta_in(self) -> float | None:
+        """Δ_in after applying the mode's default; None lets the calibration choose it."""
+        if self.delta_in is not None or self.mode != "paper":
             return self.delta_in
-        return PAPER_DEFAULT_DELTA_IN if self.mode == "paper" else 0.0
+        return PAPER_DEFAULT_DELTA_IN
 
     @cached_property
     def calibration(self) -> Calibration:
-        """σ_u², σ_b², Δ_in and the guarantees for these parameters (ipdp.calibration)."""
+        """σ_u², σ_b², Δ_in and the guarantees for these parameters (ipdp.calibration).
+
+        A study given its noise (read from its text) keeps it if it is proven: studies created
+        before a change of Step 8's rule keep their noise, hence their hash.
+        """
         return calibrate(
             mode=self.mode, epsilon=self.epsilon, delta=self.delta, n=self.n, d=self.d,
             lam=self.lam, p_bound=self.p_bound, eta=self.eta, delta_in=self.resolved_delta_in,
+            noise_std=None if self.noise is None else (self.noise.std_q, self.noise.std_p),
         )
 
     def canonical_text(self) -> str:
@@ -192,11 +214,8 @@ class Study(BaseModel):
 
     @cached_property
     def _canonical_text(self) -> str:
-        obj = self.model_dump(mode="json")
-        cal = self.calibration
-        obj["noise"] = {"std_q": cal.noise_std_q, "std_p": cal.noise_std_p}
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                          allow_nan=False)
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=True, allow_nan=False)
 
     @cached_property
     def round_limit(self) -> int | None:
@@ -242,9 +261,9 @@ def parse_study_message(value: bytes, trusted: TrustedKeys | None = None,
     """Inverse of :func:`study_message`, verified against ``trusted`` when it holds any key.
 
     Raises :class:`SignatureError` when keys are pinned and the value is unsigned, signed by
-    another key, or altered; :class:`ConfigurationError` when it is malformed, or when its study
-    text is not exactly the canonical text of the parameters it holds (noise stds that are not
-    the calibration's). Without pinned keys the signature is not checked: the caller must say so.
+    another key, or altered; :class:`ConfigurationError` when it is malformed, when its noise is
+    not proven for its parameters, or when its text is not exactly the canonical text of what it
+    holds. Without pinned keys the signature is not checked: the caller must say so.
     """
     try:
         env = json.loads(value)
@@ -259,15 +278,13 @@ def parse_study_message(value: bytes, trusted: TrustedKeys | None = None,
         trusted.verify(env.get("key_id", ""), env.get("signature", ""),
                        signed_bytes(status, text), f"study message for status {status.value}")
     try:
-        fields = json.loads(text)
-        fields.pop("noise", None)
-        study = Study.model_validate(fields)
+        study = Study.model_validate_json(text)
     except (ValueError, TypeError, AttributeError, ValidationError) as exc:
         raise ConfigurationError(f"malformed study text: {exc}") from None
     if study.canonical_text() != text:
         raise ConfigurationError(
             f"study {study.study_id!r}: its text is not the canonical text of its parameters "
-            "(noise stds differ from this version's calibration)")
+            "(not the form this version writes)")
     return study, status
 
 
