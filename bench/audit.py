@@ -385,7 +385,7 @@ def audit(*, epsilon: float, delta: float, d: int, n: int, trials: int, noise_sc
         confidence=1.0 - alpha, hits_d=hits_d, hits_d_other=hits_o, evaluation_trials=measure,
         interval={"p1_lower": p1, "p0_upper": p0, "confidence_each": 1.0 - alpha / 2.0},
         kang_c=c if kang else None,
-        kang_proof_c=kang2020_proof_c(lipschitz=lam * eta + p_bound, steps=KANG_STEPS,
+        kang_proof_c=kang2020_proof_c(lam=lam, lipschitz=lam * eta + p_bound, steps=KANG_STEPS,
                                       delta=delta, n=n, strong_convexity=strong_convexity,
                                       epsilon=epsilon) if kang else None,
         seconds=time.perf_counter() - started,

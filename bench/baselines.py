@@ -35,7 +35,7 @@ guarantees (bench.accuracy_data).
   features get N(0, σ²I) once, labels stay in the clear, and T projected gradient steps run on the
   perturbed data, σ² = c·G²·T·log(1/δ)/(n(n−1)√Δ·ε²) (`kang2020_sigma`, `kang2020_descent`).
   For replace-one the released w is, on a simple pair of data sets, a Gaussian mechanism with
-  μ = 2/σ (docs/benchmarks.md), so their claim needs c to grow like n²; `kang2020_proof_c`
+  μ = 2√λ/σ (docs/benchmarks.md), so their claim needs c to grow like n²; `kang2020_proof_c`
   gives the least c that pair allows.
 """
 
@@ -276,11 +276,11 @@ def kang2020_sigma(*, c: float, lipschitz: float, steps: int, delta: float, n: i
                      / (n * (n - 1) * math.sqrt(strong_convexity) * epsilon**2))
 
 
-def kang2020_proof_c(*, lipschitz: float, steps: int, delta: float, n: int,
+def kang2020_proof_c(*, lam: float, lipschitz: float, steps: int, delta: float, n: int,
                      strong_convexity: float, epsilon: float) -> float:
-    """The least c for which the pair "other labels 0, (e₁, +1) against (e₁, −1)" is (ε, δ)-DP:
-    the released w is then a Gaussian mechanism with μ = 2/σ, so σ ≥ 2/μ*(ε, δ)."""
-    sigma = 2.0 / analytic_gaussian_mu(epsilon, delta)
+    """The least c for which the pair "other labels 0, (√λe₁, +1) against (√λe₁, −1)" is
+    (ε, δ)-DP: the released w is a Gaussian mechanism with μ = 2√λ/σ, so σ ≥ 2√λ/μ*(ε, δ)."""
+    sigma = 2.0 * math.sqrt(lam) / analytic_gaussian_mu(epsilon, delta)
     unit = kang2020_sigma(c=1.0, lipschitz=lipschitz, steps=steps, delta=delta, n=n,
                           strong_convexity=strong_convexity, epsilon=epsilon)
     return (sigma / unit) ** 2

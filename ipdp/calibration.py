@@ -228,8 +228,12 @@ def _chi3_hockey(c: float, alpha: float) -> float:
     x0 = max(0.0, c / alpha)
     y0 = x0 + alpha
     tail = 2.0 * (x0 * _phi(x0) + _q(x0))
-    shifted = 2.0 * ((y0 - 2.0 * alpha) * _phi(y0) + (1.0 + alpha * alpha) * _q(y0))
-    return max(0.0, tail - math.exp(c + 0.5 * alpha * alpha) * shifted)
+    # e^{c + α²/2}·φ(y₀) and e^{c + α²/2}·Q(y₀) with the exponents summed first: for a large c
+    # (ε₂ in the hundreds) e^{c + α²/2} alone overflows while the products are small.
+    lift = c + 0.5 * alpha * alpha
+    shifted = 2.0 * ((y0 - 2.0 * alpha) * math.exp(lift - 0.5 * y0 * y0) / _SQRT_2PI
+                     + (1.0 + alpha * alpha) * math.exp(lift + _log_ndtr(-y0)))
+    return max(0.0, tail - shifted)
 
 
 LINEAR_NODES = 24
@@ -534,8 +538,15 @@ def _proof_for_noise(pr: _Problem, sigma_u2: float, sigma_b: float) -> _Point | 
     """A split under which Steps 3–7 prove (ε, δ) for the given noise, or None.
 
     Minimises the δ the split spends, γ₁ + γ₂ + linear_term_delta(ε − ε₁, σ_b), over (γ₁, γ₂)
-    with ε₁ the least the noise allows; a proof exists when that is at most δ.
+    with ε₁ the least the noise allows; a proof exists when that is at most δ. Without noise on q
+    the split is the ridge's alone (`_noise_free_point`).
     """
+    if sigma_u2 == 0.0:
+        free = _noise_free_point(pr)
+        fits = free is not None and linear_term_delta(
+            pr.epsilon - free.eps1, sigma_b, free.kappa(pr), pr.p_bound) <= pr.delta
+        return free if fits else None
+
     def spent(x: list[float]) -> float:
         pt = _point_for_noise(pr, sigma_u2, *_gammas(pr, *x))
         if pt is None:
@@ -763,7 +774,7 @@ def calibrate(
                     "mode's (Algorithm 1)")
             return cal
         return calibrate_rigorous(**common, log_det_share=log_det_share, noise_std=noise_std)
-    except OverflowError:
+    except (OverflowError, ZeroDivisionError):  # e^ε overflows, or σ_b ~ 1/ε underflows
         raise CalibrationError(
             f"ε={epsilon} is beyond what the calibration evaluates in double precision (e^ε "
             "overflows); such an ε protects nothing anyway") from None

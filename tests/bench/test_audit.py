@@ -130,10 +130,10 @@ def test_the_audit_refutes_kang_et_al_at_c_one_and_names_the_c_a_proof_needs():
 def test_kang_proof_c_makes_the_label_flip_a_gaussian_mechanism_at_the_claimed_epsilon():
     params = {"lipschitz": 2.0, "steps": 50, "delta": 0.01, "n": 512, "strong_convexity": 0.01,
               "epsilon": 1.0}
-    c = kang2020_proof_c(**params)
+    c = kang2020_proof_c(lam=0.25, **params)
     sigma = kang2020_sigma(c=c, **params)
-    assert 2.0 / sigma == pytest.approx(analytic_gaussian_mu(1.0, 0.01), rel=1e-9)
-    assert kang2020_proof_c(**{**params, "n": 1024}) == pytest.approx(
+    assert 2.0 * 0.5 / sigma == pytest.approx(analytic_gaussian_mu(1.0, 0.01), rel=1e-9)
+    assert kang2020_proof_c(lam=0.25, **{**params, "n": 1024}) == pytest.approx(
         c * 1024 * 1023 / (512 * 511))  # grows like n²
 
 

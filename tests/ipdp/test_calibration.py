@@ -112,11 +112,15 @@ def assert_every_inequality_of_the_proof(cal: Calibration) -> None:
     # Step 7: the budgets add up.
     assert eps1 > 0.0 and eps2 > 0.0 and eps1 + eps2 == pytest.approx(cal.epsilon, rel=1e-12)
     assert delta_k > 0.0 and delta_k + gamma1 + gamma2 <= cal.delta * (1 + 1e-12)
-    # Step 3: λ′ is the noisy-record bound at γ₁.
-    assert cal.lambda_prime == noisy_smoothness(sigma_u2=cal.sigma_u2, n=cal.n, d=cal.d,
-                                                lam=cal.lam, gamma1=gamma1)
-    # Steps 4–5: the ridge plus the eigenvalue bound meets the log-det condition.
-    beta = cal.delta_in + eigenvalue_bound(cal.sigma_u2, cal.n, cal.d, gamma2)
+    if cal.sigma_u2 == 0.0:  # no noise on q: λ′ = λ and the ridge alone is β (no γ spent)
+        assert (cal.lambda_prime, gamma1, gamma2) == (cal.lam, 0.0, 0.0)
+        beta = cal.delta_in
+    else:
+        # Step 3: λ′ is the noisy-record bound at γ₁.
+        assert cal.lambda_prime == noisy_smoothness(sigma_u2=cal.sigma_u2, n=cal.n, d=cal.d,
+                                                    lam=cal.lam, gamma1=gamma1)
+        # Steps 4–5: the ridge plus the eigenvalue bound meets the log-det condition.
+        beta = cal.delta_in + eigenvalue_bound(cal.sigma_u2, cal.n, cal.d, gamma2)
     assert log_det_epsilon(cal.lambda_prime, beta) <= eps1 * (1 + 1e-12)
     # Step 6: the linear term's δ at σ_b is within δ_K.
     assert cal.linear_sensitivity == pytest.approx(cal.lambda_prime * cal.eta + 2 * cal.p_bound)
@@ -391,8 +395,8 @@ def test_a_huge_epsilon_calibrates_or_is_refused_with_a_clear_error_never_an_ove
                     p_bound=1.0, eta=1.0, delta_in=0.0)
     assert cal.sigma_u2 < 1e-100 and cal.local_epsilon > 1e100
     with pytest.raises(CalibrationError, match="double precision"):
-        calibrate(mode="rigorous", epsilon=1e5, delta=0.01, n=2000, d=14, lam=1.0, p_bound=1.0,
-                  eta=1.0, delta_in=0.0)
+        calibrate(mode="rigorous", epsilon=1e300, delta=0.01, n=2000, d=14, lam=1.0,
+                  p_bound=1.0, eta=1.0, delta_in=0.0)
 
 
 @pytest.mark.parametrize("n", [20, 50, 100, 300])
