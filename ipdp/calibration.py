@@ -497,9 +497,10 @@ def _least_error(pr: _Problem) -> _Point | None:
     for lg1, lg2 in _STARTS:
         low = _least_noise(pr, lg1, lg2)
         if low is not None:
-            x = _descend(lambda x: _error(pr, point(x)), [low + 1.0, lg1, lg2],
-                         [noise_range, lambda x: _GAMMA_SHARES, lambda x: _GAMMA_SHARES])
-            return point(x)
+            best = point(_descend(lambda x: _error(pr, point(x)), [low + 1.0, lg1, lg2],
+                                  [noise_range, lambda x: _GAMMA_SHARES, lambda x: _GAMMA_SHARES]))
+            if best is not None:
+                return best
     return None
 
 
@@ -510,8 +511,10 @@ def _least_error_at_share(pr: _Problem, share: float) -> _Point | None:
 
     for start in _STARTS:
         if point(list(start)) is not None:
-            return point(_descend(lambda x: _error(pr, point(x)), list(start),
+            best = point(_descend(lambda x: _error(pr, point(x)), list(start),
                                   [lambda x: _GAMMA_SHARES] * 2))
+            if best is not None:
+                return best
     return None
 
 
@@ -559,9 +562,9 @@ def _proof_for_noise(pr: _Problem, sigma_u2: float, sigma_b: float) -> _Point | 
             x = _descend(spent, list(start), [lambda x: _SPENT_SHARES] * 2, sweeps=6,
                          iterations=48)
             pt = _point_for_noise(pr, sigma_u2, *_gammas(pr, *x))
-            fits = pt is not None and pt.delta_k(pr) > 0.0 and linear_term_delta(
-                pr.epsilon - pt.eps1, sigma_b, pt.kappa(pr), pr.p_bound) <= pt.delta_k(pr)
-            return pt if fits else None
+            if pt is not None and pt.delta_k(pr) > 0.0 and linear_term_delta(
+                    pr.epsilon - pt.eps1, sigma_b, pt.kappa(pr), pr.p_bound) <= pt.delta_k(pr):
+                return pt
     return None
 
 

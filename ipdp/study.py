@@ -114,7 +114,8 @@ class Study(BaseModel):
     x_bound: float | None = Field(None, description="R: the feature bound ‖x‖ ≤ R; sets λ and P.")
     y_bound: float | None = Field(None, description="Y: the label bound |y| ≤ Y (squared loss).")
     delta_in: float | None = Field(
-        None, description="Δ_in ≥ 0, the trainer's ridge; default 0 (rigorous), 1e-6 (paper)."
+        None, description="Δ_in ≥ 0, the trainer's ridge; default: chosen by Step 8 (rigorous), "
+        "1e-6 (paper)."
     )
     mode: Mode = "rigorous"
     max_rounds: int | None = Field(None, ge=1, description="Close the study after this many.")

@@ -31,7 +31,7 @@ from ipdp.calibration import (
     predicted_error,
 )
 from ipdp.errors import ConfigurationError
-from ipdp.study import Study, parse_study_message
+from ipdp.study import Study, parse_study_message, study_message
 
 REFERENCE = {"epsilon": 1.0, "delta": 0.01, "lam": 1.0, "p_bound": 1.0, "eta": 1.0}
 
@@ -498,3 +498,16 @@ def test_a_study_created_before_the_error_rule_keeps_its_noise_and_its_hash(stor
     envelope["study"] = json.dumps(text, sort_keys=True, separators=(",", ":"))
     with pytest.raises(ConfigurationError, match="not proven|not paper mode"):
         parse_study_message(json.dumps(envelope).encode())
+
+
+def test_a_process_searches_a_studys_split_once_however_often_it_reads_the_study(monkeypatch):
+    searches = []
+    search = calibration_module._least_error
+    monkeypatch.setattr(calibration_module, "_least_error",
+                        lambda pr: searches.append(pr) or search(pr))
+    study = Study(study_id="cached-once", d=7, n=12_347, epsilon=0.9, delta=0.01)
+    message = study_message(study, "open")
+    for _ in range(3):  # as the gateway, the aggregator and the trainer each re-read it
+        again, _ = parse_study_message(message)
+        assert again.calibration == study.calibration
+    assert len(searches) == 1
