@@ -4,9 +4,11 @@ The mechanism runs as deployed, vectorised over trials instead of through Kafka:
 contributor clips nothing new (the records below are already at the bounds) and adds its own
 noise with ipdp.losses.perturb, the fold forms A = Σ q̃q̃ᵀ and b = Σ p̃, and the trainer's
 constrained solve (trainer.solver.solve_constrained_batch) releases w. Two data sets D and D′ that
-differ by replacing one record (docs/privacy.md, Step 1) are each run `trials` times.
+differ by replacing one record (docs/privacy.md, Step 1) are each run `trials` times. With
+--exact-fold, A and b are drawn from their exact law instead of from n noisy records
+(`exact_fold`); --mechanism kang2020 audits Kang et al. (2020) as published.
 
-Estimator. The first half of the runs chooses a scenario, a direction v (the mean difference of
+Estimator. The first half of the runs (the calibration runs) chooses a pair, a direction v (the mean difference of
 w between D and D′) and a rejection region {vᵀw > t} or {vᵀw < t} that maximises the estimate
 of ε on that half. On the second half, fresh runs give Clopper–Pearson bounds at confidence
 1 − α/2 each: a lower bound p₁ on P_D(region) and an upper bound p₀ on P_D′(region). If the
@@ -17,7 +19,8 @@ mechanism were (ε, δ)-DP, p₁ − δ ≤ e^ε p₀, so with confidence ≥ 1 
 ε̂ ≤ ε is what a correct calibration must show; ε̂ > ε refutes the claimed guarantee.
 
 Usage: python -m bench.audit [--epsilon 1] [--delta 0.01] [--d 2] [--n 512] [--trials 200000]
-       [--noise-scale 1] [--mode rigorous] [--seed 0] [--json]
+       [--noise-scale 1] [--mode rigorous] [--exact-fold] [--mechanism ipdp|kang2020] [--c 1]
+       [--seed 0] [--json]
 """
 
 from __future__ import annotations
