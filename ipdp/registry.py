@@ -10,7 +10,9 @@ definition. Contributors read the topic, so they need no Redis credentials.
 
 Readers that pin study-owner keys (the aggregator, the trainer) load a study *from its stored
 envelope*, verified: a study whose signature does not verify raises :class:`SignatureError` and
-is never used. The ``status`` field stays authoritative for open/closed in Redis (the aggregator
+is never used. Readers that pin none read the same envelope's study text unverified: the text
+carries the noise the study was created with, which a later calibration rule must not change
+(ipdp.study; ``json`` is only the fallback of an entry without an envelope). The ``status`` field stays authoritative for open/closed in Redis (the aggregator
 closes a study at max_rounds without the owner's key); the envelope's signed status is what
 devices see.
 
