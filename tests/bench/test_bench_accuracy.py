@@ -24,6 +24,7 @@ from bench.accuracy import (
 )
 from bench.accuracy_data import Synthetic
 from bench.baselines import (
+    KANG_STEPS,
     _fit_quietly,
     adassp,
     adassp_paper_sigma,
@@ -33,6 +34,8 @@ from bench.baselines import (
     gamma_sphere,
     gaussian_output_sigma,
     gram_sensitivity,
+    kang2020_descent,
+    kang2020_sigma,
     laplace_output_scale,
     objpert_gauss,
     objpert_tight_sigma,
@@ -461,3 +464,24 @@ def test_at_large_n_the_simplex_peers_approach_np_over_the_l1_ball():
         ws = [fit(m, st, LINEAR_SIMPLEX, eps, regs[m], noise) for noise in noises]
         assert all(np.abs(w).sum() <= 1.0 + 1e-9 for w in ws), m
         assert LINEAR_SIMPLEX.score(x @ np.column_stack(ws), y).mean() < 1.02 * rmse_np, m
+
+
+@pytest.mark.parametrize("task", [LINEAR, LOGISTIC])
+def test_kang_baseline_is_gradient_descent_on_records_with_noisy_features_and_clear_labels(task):
+    # The same rows and noise rows z as collect_stats, perturbed record by record: x̃ = x + σz,
+    # Ã = Σ q̃q̃ᵀ and b̃ = Σ t·q̃ with q̃ the encoding of x̃, then T projected gradient steps.
+    n, c, ridge = 4096, 1e3, 0.01
+    source = Synthetic()
+    st, _, _ = _stats(task, n, keep_rows=True)
+    z = np.random.default_rng(4).standard_normal((n, D))  # _stats' noise stream (seed + 1)
+    sigma = kang2020_sigma(c=c, lipschitz=task.zeta, steps=KANG_STEPS, delta=0.01, n=n,
+                           strong_convexity=ridge, epsilon=1.0)
+    q, p = clip(*encode(task.loss, st.x, st.t), task.lam, task.p_bound)
+    q_noisy = q + task.q_scale * sigma * z
+    p_noisy = p + task.q_scale * sigma * st.t[:, None] * z
+    expected = kang2020_descent(q_noisy.T @ q_noisy, p_noisy.sum(axis=0), n=n,
+                                strong_convexity=ridge, eta=task.eta, steps=KANG_STEPS)
+    [noise] = _noises(1)
+    got = fit("Kang2020 c=1e3 (unproven)", st, task, 1.0, ridge, noise)
+    np.testing.assert_allclose(got, expected, rtol=1e-8, atol=1e-10)
+    assert source.d == D and "Kang2020 c=1e3 (unproven)" not in task.central  # no proof
