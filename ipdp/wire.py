@@ -55,6 +55,13 @@ class RejectReason(enum.StrEnum):
     STALE = "stale"
     FUTURE = "future"
     OVERSIZED = "oversized"
+    CREDENTIAL_MISSING = "credential_missing"
+    CREDENTIAL_INVALID = "credential_invalid"
+    CREDENTIAL_UNTRUSTED = "credential_untrusted"
+    CREDENTIAL_EXPIRED = "credential_expired"
+    CREDENTIAL_WRONG_STUDY = "credential_wrong_study"
+    CREDENTIAL_BAD_SLOT = "credential_bad_slot"
+    CREDENTIAL_REUSED = "credential_reused"
 
 
 class MalformedRecord(ValueError):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Self
 from urllib.parse import quote, urlsplit
 
+from ipdp.credentials import AUTH_SCHEME
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus, parse_study_message
 
@@ -51,9 +52,13 @@ class GatewayClient:
         self._conn: http.client.HTTPConnection | None = None
 
     def request(self, method: str, path: str, body: bytes | None = None,
-                content_type: str | None = None) -> GatewayAnswer:
-        """Send one request; reconnects once if the kept-alive connection was closed."""
+                content_type: str | None = None,
+                credential: str | None = None) -> GatewayAnswer:
+        """Send one request; reconnects once if the kept-alive connection was closed.
+        ``credential``: a device credential's text form, sent as ``Authorization``."""
         headers = {"Content-Type": content_type} if content_type else {}
+        if credential is not None:
+            headers["Authorization"] = f"{AUTH_SCHEME} {credential}"
         for attempt in (0, 1):
             if self._conn is None:
                 self._conn = self._cls(self._host, self._port, timeout=self._timeout)
@@ -80,9 +85,13 @@ class GatewayClient:
         return GatewayAnswer(resp.status, parsed, raw)
 
     def post_records(self, study_id: str, body: bytes,
-                     content_type: str = "application/octet-stream") -> GatewayAnswer:
-        """POST records (concatenated version-1 records, or the JSON form) for a study."""
-        return self.request("POST", f"/studies/{quote(study_id, safe='')}/records", body, content_type)
+                     content_type: str = "application/octet-stream",
+                     credential: str | None = None) -> GatewayAnswer:
+        """POST records (concatenated version-1 records, or the JSON form) for a study; a study
+        that requires credentials needs the device's ``credential`` (its text form), and record
+        ids that are its slots (ipdp.credentials.slot_record_ids)."""
+        return self.request("POST", f"/studies/{quote(study_id, safe='')}/records", body,
+                            content_type, credential)
 
     def study(self, study_id: str, trusted: TrustedKeys | None = None,
               ) -> tuple[Study, StudyStatus] | None:

@@ -119,6 +119,13 @@ def test_reject_reason_values_are_the_dead_letter_strings():
         "stale",
         "future",
         "oversized",
+        "credential_missing",
+        "credential_invalid",
+        "credential_untrusted",
+        "credential_expired",
+        "credential_wrong_study",
+        "credential_bad_slot",
+        "credential_reused",
     }
     assert RejectReason.STALE == "stale"
 
