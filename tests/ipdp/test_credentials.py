@@ -3,11 +3,8 @@ fields that require them, and `ipdp credentials issue` run from a shell."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
-import numpy as np
 import pytest
 
 from ipdp.credentials import (
@@ -26,6 +23,7 @@ from ipdp.credentials import (
 from ipdp.signing import SigningKey, TrustedKeys, parse_trusted_keys
 from ipdp.study import Study
 from ipdp.wire import RejectReason
+from tests.system.test_cli import ipdp as run
 
 PARAMS = {"d": 4, "n": 1_000, "epsilon": 1.0, "delta": 0.01}
 
@@ -120,7 +118,7 @@ def test_the_verifier_refuses_each_bad_credential_with_its_reason(issuer, pinned
 
 
 def test_the_verifier_verifies_each_token_once(issuer, pinned, monkeypatch):
-    import ipdp.credentials as credentials
+    from ipdp import credentials
 
     study = Study(study_id="s", require_credentials=True, **PARAMS)
     calls = []
@@ -156,7 +154,7 @@ def test_the_kafka_header_pairs_each_record_with_its_credential(issuer):
 def test_credentials_issue_runs_from_a_shell(env_topics, kafka_settings, redis_settings,
                                              tmp_path):
     cli = [sys.executable, "-m", "ipdp.cli"]
-    run = lambda *args: subprocess.run([*cli, *args], capture_output=True, text=True,  # noqa: E731
+    run = lambda *args: subprocess.run([*cli, *args], capture_output=True, text=True,
                                        timeout=120)
     assert run("keys", "generate", "--out", str(tmp_path / "issuer")).returncode == 0
     made = run("study", "create", "--study-id", "cred", "--d", "4", "--n", "1000",
