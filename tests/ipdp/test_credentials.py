@@ -153,9 +153,6 @@ def test_the_kafka_header_pairs_each_record_with_its_credential(issuer):
 
 def test_credentials_issue_runs_from_a_shell(env_topics, kafka_settings, redis_settings,
                                              tmp_path):
-    cli = [sys.executable, "-m", "ipdp.cli"]
-    run = lambda *args: subprocess.run([*cli, *args], capture_output=True, text=True,
-                                       timeout=120)
     assert run("keys", "generate", "--out", str(tmp_path / "issuer")).returncode == 0
     made = run("study", "create", "--study-id", "cred", "--d", "4", "--n", "1000",
                "--epsilon", "1", "--delta", "0.01", "--require-credentials",
