@@ -5,28 +5,26 @@ from __future__ import annotations
 
 import json
 
+from gateway.checks import HTTP_STATUS
+
 __all__ = ["REASONS", "openapi_document", "openapi_text"]
 
 #: Every machine reason an error answer may carry, by HTTP status.
 REASONS: dict[int, list[str]] = {
-    400: ["undecodable", "unsupported_version", "wrong_dimension", "non_finite",
-          "study_mismatch"],
-    404: ["unknown_study", "not_found"],
-    405: ["method_not_allowed"],
-    409: ["closed_study"],
-    413: ["too_large"],
-    415: ["unsupported_media_type"],
-    429: ["rate_limited"],
-    503: ["kafka_unavailable", "studies_unavailable", "not_ready"],
-}
+    status: [reason.value for reason, s in HTTP_STATUS.items() if s == status]
+    for status in sorted(set(HTTP_STATUS.values()))}
 
 _TEXT = {
     400: "A record is unusable; `error` names the first check it failed.",
     404: "No study with this id on the studies topic.",
+    408: "The request head or body did not arrive within IPDP_GATEWAY_HEADER_TIMEOUT_S or "
+         "IPDP_GATEWAY_BODY_TIMEOUT_S; the connection is closed.",
     409: "The study is closed and accepts no more records.",
     413: "The body is longer than IPDP_GATEWAY_MAX_BODY_BYTES.",
     415: "Content-Type is neither application/octet-stream nor application/json.",
     429: "Too many requests from this client; retry after Retry-After seconds.",
+    431: "The request head is longer than IPDP_GATEWAY_MAX_HEADER_BYTES; the connection is "
+         "closed.",
     503: "Kafka did not acknowledge the records (or the gateway is not ready yet); nothing was "
          "accepted. Retry the same bytes: the record id makes a retry harmless.",
 }
@@ -50,7 +48,7 @@ def openapi_document() -> dict:
             "version": "1",
             "description": "HTTP ingest of perturbed records (docs/wire-format.md, version 1). "
                            "A 202 means Kafka acknowledged every record of the request with "
-                           "acks=all.",
+                           "acks=all (records of concurrent requests share Kafka messages).",
         },
         "paths": {
             "/studies/{study_id}/records": {"post": {
@@ -68,7 +66,8 @@ def openapi_document() -> dict:
                     "202": {"description": "Kafka acknowledged every record.",
                             "content": {"application/json": {"schema": {
                                 "$ref": "#/components/schemas/Accepted"}}}},
-                    **{str(s): _error(s) for s in (400, 404, 409, 413, 415, 429, 503)},
+                    **{str(s): _error(s) for s in (400, 404, 408, 409, 413, 415, 429, 431,
+                                                          503)},
                 },
             }},
             "/studies/{study_id}": {"get": {

@@ -126,6 +126,17 @@ def test_reject_reason_values_are_the_dead_letter_strings():
         "credential_wrong_study",
         "credential_bad_slot",
         "credential_reused",
+        "too_large",
+        "headers_too_large",
+        "request_timeout",
+        "unsupported_media_type",
+        "rate_limited",
+        "kafka_unavailable",
+        "studies_unavailable",
+        "not_ready",
+        "not_found",
+        "method_not_allowed",
+        "bad_request",
     }
     assert RejectReason.STALE == "stale"
 
