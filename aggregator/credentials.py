@@ -34,29 +34,36 @@ class CredentialCheck:
         """The rows of ``batch`` (rows of ``polled``, a validate.Polled) whose credential admits
         them; the others are appended to ``bad_rows`` as (row, reason, detail)."""
         rows = batch.index.tolist()
-        by_token: dict[object, list[int]] = {}
-        for j, token in enumerate(self._tokens(polled, rows)):
-            by_token.setdefault(token, []).append(j)
-        ok = np.ones(len(rows), bool)
-        for token, js in by_token.items():
+        m = study.records_per_device
+        distinct: dict[object, int] = {}
+        which = np.fromiter((distinct.setdefault(t, len(distinct))
+                             for t in self._tokens(polled, rows)), np.int64, len(rows))
+        slots, refused = [], {}
+        no_slots = bytes(16 * m)
+        for token, u in distinct.items():
             try:
                 if isinstance(token, CredentialRefused):
                     raise token
-                cred = self.verifier.check(token, study.hash, now_ms)
+                slots.append(self.verifier.check(token, study.hash, now_ms).slot_ids(m))
             except CredentialRefused as refusal:
-                bad_rows += [(rows[j], refusal.reason, refusal.detail) for j in js]
-                ok[js] = False
-                continue
-            slots = cred.slot_ids(study.records_per_device)
-            ids = batch.record_id[js]
-            in_slots = (ids[:, None, :] == slots[None, :, :]).all(axis=2).any(axis=1)
-            if not in_slots.all():
-                detail = (f"record id is none of the {study.records_per_device} slot id(s) of "
-                          f"credential {cred.credential_id.hex()}")
-                outside = [js[x] for x in np.flatnonzero(~in_slots).tolist()]
-                bad_rows += [(rows[j], RejectReason.CREDENTIAL_BAD_SLOT, detail)
-                             for j in outside]
-                ok[outside] = False
+                refused[u] = refusal
+                slots.append(no_slots)
+        ok = np.ones(len(rows), bool)
+        if refused:
+            for j in np.flatnonzero(np.isin(which, list(refused))).tolist():
+                refusal = refused[int(which[j])]
+                bad_rows.append((rows[j], refusal.reason, refusal.detail))
+                ok[j] = False
+        # Every row against its credential's slots at once: (rows, m, 16) comparisons.
+        expected = np.frombuffer(b"".join(
+            s if type(s) is bytes else s.tobytes() for s in slots), np.uint8).reshape(-1, m, 16)
+        in_slots = (batch.record_id[:, None, :] == expected[which]).all(axis=2).any(axis=1)
+        outside = ok & ~in_slots
+        if outside.any():
+            detail = f"record id is none of its credential's {m} slot id(s)"
+            bad_rows += [(rows[j], RejectReason.CREDENTIAL_BAD_SLOT, detail)
+                         for j in np.flatnonzero(outside).tolist()]
+            ok &= in_slots
         return batch if ok.all() else batch.take(ok)
 
     @staticmethod

@@ -29,9 +29,11 @@ from starlette.routing import Route
 
 from gateway.batcher import ContainerRefused, GroupCommit
 from gateway.checks import HTTP_STATUS, first_rejection
+from gateway.credentials import DeviceCredentials
 from gateway.openapi import openapi_document
 from gateway.settings import GatewaySettings
 from gateway.web import web_directory, web_routes
+from ipdp.credentials import AUTH_SCHEME, Credential, CredentialRefused
 from ipdp.metrics import GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED, GATEWAY_REQUESTS
 from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
 from ipdp.studies_topic import StudiesFollower
@@ -146,6 +148,7 @@ class Gateway:
         # pinned owner keys (IPDP_TRUSTED_STUDY_KEYS); GET /studies/{id} serves only verified ones.
         self.studies = StudiesFollower(
             kafka, topics, trusted=TrustSettings().study_keys())
+        self.credentials = DeviceCredentials(TrustSettings().credential_keys())
         self.producer = None
         self.limiter = (RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
                         if settings.rate_limit_per_s > 0 else None)
@@ -235,15 +238,41 @@ class Gateway:
             raise Refusal(RejectReason.UNDECODABLE, "the client closed the request early") from None
         return b"".join(chunks)
 
-    async def commit(self, records: bytes, k: int, study: Study) -> None:
-        """Hand k checked records (back to back) to the group commit and wait until Kafka
-        acknowledged every one of them; Refusal(503) if it did not."""
+    def admit_credential(self, request: Request, study: Study) -> tuple[bytes, Credential] | None:
+        """The device credential of a request to a study that requires one (None for other
+        studies); Refusal (401/403) when it does not admit the request."""
+        if not study.require_credentials:
+            return None
         try:
-            await self.batcher.commit(study.study_id, study.d, records)
+            return self.credentials.admit(request.headers.get("authorization"), study)
+        except CredentialRefused as refusal:
+            raise _credential_refusal(refusal) from None
+
+    async def commit(self, records: bytes, k: int, study: Study,
+                     credential: tuple[bytes, Credential] | None = None) -> None:
+        """Hand k checked records (back to back) to the group commit and wait until Kafka
+        acknowledged every one of them; Refusal(503) if it did not. With a ``credential``, the
+        records' ids must be its slots (Refusal 403 otherwise), and it travels with them."""
+        token = None
+        if credential is not None:
+            try:
+                self.credentials.check_slots(records, study, credential[1])
+            except CredentialRefused as refusal:
+                raise _credential_refusal(refusal, k) from None
+            token = credential[0]
+        try:
+            await self.batcher.commit(study.study_id, study.d, records, token)
         except ContainerRefused as exc:
             raise Refusal(RejectReason.KAFKA_UNAVAILABLE,
                           f"Kafka did not acknowledge the records: {exc}", records=k,
                           headers={"Retry-After": "1"}) from None
+
+
+def _credential_refusal(refusal: CredentialRefused, records: int = 0) -> Refusal:
+    """The answer to a refused credential; a 401 names the scheme the gateway expects."""
+    unauthorized = HTTP_STATUS[refusal.reason] == 401
+    return Refusal(refusal.reason, refusal.detail, records,
+                   headers={"WWW-Authenticate": AUTH_SCHEME} if unauthorized else None)
 
 
 def _counted(route: str, handler: Callable[[Gateway, Request], Awaitable[Response]]):
@@ -272,6 +301,7 @@ async def post_records(gw: Gateway, request: Request) -> Response:
                           "requests per second from this client",
                           headers={"Retry-After": str(gw.limiter.retry_after_s())})
     study = gw.study_for(study_id, open_only=True).study
+    credential = gw.admit_credential(request, study)
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media not in (OCTET_STREAM, JSON_TYPE):
         raise Refusal(RejectReason.UNSUPPORTED_MEDIA_TYPE,
@@ -283,7 +313,7 @@ async def post_records(gw: Gateway, request: Request) -> Response:
     rejection = first_rejection(body, study)
     if rejection is not None:
         raise Refusal(*rejection, records=k)
-    await gw.commit(body, k, study)
+    await gw.commit(body, k, study, credential)
     GATEWAY_RECORDS_ACCEPTED.inc(k)
     return Response(b'{"accepted":%d}' % k, status_code=202, media_type=JSON_TYPE)
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ipdp.credentials import credentials_header
 from ipdp.metrics import GATEWAY_CONTAINER_RECORDS, GATEWAY_KAFKA_SECONDS
 from ipdp.wire import CONTAINER_HEADER_SIZE, container_of, record_size, study_headers
 
@@ -50,6 +51,9 @@ class _Container:
     study_id: str
     records: bytearray = field(default_factory=bytearray)
     count: int = 0
+    credentials: list[tuple[bytes, int]] = field(default_factory=list)
+    """(device credential, its records' count) per request, in order, when the study requires
+    credentials; the container's ``credentials`` header (ipdp.credentials)."""
     waiters: list[asyncio.Future] = field(default_factory=list)
     linger: asyncio.TimerHandle | None = None
     deadline: asyncio.TimerHandle | None = None
@@ -72,10 +76,12 @@ class GroupCommit:
         self.kafka_timeout_s, self._on_failure = kafka_timeout_s, on_failure
         self._open: dict[str, _Container] = {}
 
-    async def commit(self, study_id: str, d: int, records: bytes) -> None:
+    async def commit(self, study_id: str, d: int, records: bytes,
+                     credential: bytes | None = None) -> None:
         """Append ``records`` (checked records of one study, back to back) to the study's open
         container(s) and return once Kafka acknowledged every one of them; raise
-        :class:`ContainerRefused` if Kafka refused or timed out on any of them."""
+        :class:`ContainerRefused` if Kafka refused or timed out on any of them. ``credential``:
+        the device credential the records were admitted with, carried next to them."""
         if self._producer() is None:
             raise ContainerRefused("not connected to Kafka yet")
         loop = asyncio.get_running_loop()
@@ -91,6 +97,8 @@ class GroupCommit:
             take = min(per - box.count, len(view) // size)
             box.records += view[:take * size]
             box.count += take
+            if credential is not None:
+                box.credentials.append((credential, take))
             view = view[take * size:]
             waiter = loop.create_future()
             box.waiters.append(waiter)
@@ -114,10 +122,13 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         producer = self._producer()
         box.sent_at = time.perf_counter()
+        headers = study_headers(box.study_id)
+        if box.credentials:
+            headers.append(credentials_header(box.credentials))
         try:
             sent = producer.send(self.topic, key=bytes(box.records[_RECORD_ID]),
                                  value=container_of(box.records, box.count),
-                                 headers=study_headers(box.study_id))
+                                 headers=headers)
         except Exception as exc:  # noqa: BLE001 - any failure to hand over is a refusal
             self._settle(box, exc)
             return

@@ -1,7 +1,7 @@
 """The gateway's per-record checks, pure and vectorised, and the HTTP status of every reason.
 
-A POST goes through, in order: admission (rate limit, study open; a device credential belongs
-here too), :func:`check_records` on its records, the group commit
+A POST goes through, in order: admission (rate limit, study open, the device credential of a
+study that requires one: gateway.credentials), :func:`check_records` on its records, the group commit
 (:class:`gateway.batcher.GroupCommit`), and the acknowledgement of the container holding them.
 :func:`check_records` takes the records of one request, or the coalesced records of many, and
 returns each record's verdict from the one vocabulary, ``ipdp.wire.RejectReason``; further
@@ -29,6 +29,13 @@ HTTP_STATUS: dict[RejectReason, int] = {
     RejectReason.UNKNOWN_STUDY: 404,
     RejectReason.NOT_FOUND: 404,
     RejectReason.METHOD_NOT_ALLOWED: 405,
+    RejectReason.CREDENTIAL_MISSING: 401,
+    RejectReason.CREDENTIAL_INVALID: 401,
+    RejectReason.CREDENTIAL_UNTRUSTED: 401,
+    RejectReason.CREDENTIAL_EXPIRED: 403,
+    RejectReason.CREDENTIAL_WRONG_STUDY: 403,
+    RejectReason.CREDENTIAL_BAD_SLOT: 403,
+    RejectReason.CREDENTIAL_REUSED: 403,
     RejectReason.CLOSED_STUDY: 409,
     RejectReason.REQUEST_TIMEOUT: 408,
     RejectReason.TOO_LARGE: 413,

@@ -16,6 +16,11 @@ REASONS: dict[int, list[str]] = {
 
 _TEXT = {
     400: "A record is unusable; `error` names the first check it failed.",
+    401: "The study requires a device credential (`Authorization: IPDP-Credential <token>`, "
+         "docs/security.md) and the request has none, a malformed one, or one whose issuer key "
+         "the gateway does not pin (IPDP_TRUSTED_CREDENTIAL_KEYS).",
+    403: "The credential is expired or for another study, or a record id is not one of its "
+         "slots (or uses one twice).",
     404: "No study with this id on the studies topic.",
     408: "The request head or body did not arrive within IPDP_GATEWAY_HEADER_TIMEOUT_S or "
          "IPDP_GATEWAY_BODY_TIMEOUT_S; the connection is closed.",
@@ -55,6 +60,8 @@ def openapi_document() -> dict:
                 "operationId": "postRecords",
                 "summary": "Submit one or more perturbed records of one study.",
                 "parameters": [_STUDY_ID],
+                # Optional: only studies that require credentials ask for one.
+                "security": [{}, {"deviceCredential": []}],
                 "requestBody": {"required": True, "content": {
                     "application/octet-stream": {"schema": {
                         "type": "string", "format": "binary",
@@ -66,8 +73,8 @@ def openapi_document() -> dict:
                     "202": {"description": "Kafka acknowledged every record.",
                             "content": {"application/json": {"schema": {
                                 "$ref": "#/components/schemas/Accepted"}}}},
-                    **{str(s): _error(s) for s in (400, 404, 408, 409, 413, 415, 429, 431,
-                                                          503)},
+                    **{str(s): _error(s) for s in (400, 401, 403, 404, 408, 409, 413, 415, 429,
+                                                          431, 503)},
                 },
             }},
             "/studies/{study_id}": {"get": {
@@ -107,7 +114,12 @@ def openapi_document() -> dict:
                     "application/json": {"schema": {"type": "object"}}}}},
             }},
         },
-        "components": {"schemas": {
+        "components": {"securitySchemes": {"deviceCredential": {
+            "type": "http", "scheme": "IPDP-Credential",
+            "description": "A device credential of the study (`ipdp credentials issue`, "
+                           "docs/wire-format.md): `Authorization: IPDP-Credential <token>`, the "
+                           "token unpadded base64url. Required by studies that require "
+                           "credentials; the records' ids must be its slots."}}, "schemas": {
             "Record": {
                 "type": "object", "additionalProperties": False,
                 "required": ["record_id", "created_ms", "q", "p"],

@@ -89,11 +89,24 @@ class Credential:
         return {}
 
     def slot_ids(self, records_per_device: int) -> np.ndarray:
-        """The record ids this credential may use, (records_per_device, 16) uint8."""
+        """The record ids this credential may use, (records_per_device, 16) uint8 (cached)."""
         ids = self._slots.get(records_per_device)
         if ids is None:
             ids = self._slots[records_per_device] = slot_record_ids(
                 self.credential_id, records_per_device)
+        return ids
+
+    @cached_property
+    def _slot_sets(self) -> dict[int, frozenset[bytes]]:
+        return {}
+
+    def slot_set(self, records_per_device: int) -> frozenset[bytes]:
+        """The same ids as 16-byte strings, for a few lookups (cached)."""
+        ids = self._slot_sets.get(records_per_device)
+        if ids is None:
+            raw = self.slot_ids(records_per_device).tobytes()
+            ids = self._slot_sets[records_per_device] = frozenset(
+                raw[i:i + 16] for i in range(0, len(raw), 16))
         return ids
 
 
@@ -163,12 +176,12 @@ class CredentialVerifier:
     costs one verification.
 
     ``max_validity_ms``: the longest validity accepted (the aggregator's replay window, so that
-    the window's forgetting can never re-admit a slot); ``skew_ms``: how early before
-    ``issued_ms`` a credential is accepted (clocks differ).
+    the window's forgetting can never re-admit a slot; None: not checked); ``skew_ms``: how
+    early before ``issued_ms`` a credential is accepted (clocks differ; None: not checked).
     """
 
     def __init__(self, trusted: TrustedKeys, *, max_validity_ms: int | None = None,
-                 skew_ms: int = 0, cache_size: int = 100_000) -> None:
+                 skew_ms: int | None = 0, cache_size: int = 100_000) -> None:
         self.trusted = trusted
         self.max_validity_ms, self.skew_ms = max_validity_ms, skew_ms
         self.cache_size = cache_size
@@ -210,7 +223,7 @@ class CredentialVerifier:
         if now_ms > cred.expires_ms:
             raise CredentialRefused(RejectReason.CREDENTIAL_EXPIRED,
                                     f"expired at {cred.expires_ms} ms, now {now_ms} ms")
-        if now_ms < cred.issued_ms - self.skew_ms:
+        if self.skew_ms is not None and now_ms < cred.issued_ms - self.skew_ms:
             raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
                                     f"not valid before {cred.issued_ms} ms, now {now_ms} ms")
         return cred

@@ -43,7 +43,7 @@ class RejectReason(enum.StrEnum):
     """Machine-readable reason a record is dead-lettered, or a gateway request refused.
 
     The one vocabulary of refusals: the aggregator's dead letters, the gateway's error answers
-    and the gateway's OpenAPI document all name these values. The members after ``OVERSIZED``
+    and the gateway's OpenAPI document all name these values. The members after ``CREDENTIAL_REUSED``
     concern an HTTP request as a whole (the gateway maps each to its status in
     ``gateway.checks.HTTP_STATUS``); the aggregator never dead-letters them.
     """

@@ -7,7 +7,6 @@ import os
 import time
 
 import numpy as np
-from prometheus_client import REGISTRY
 
 from aggregator.settings import AggregatorSettings
 from ipdp import state
@@ -17,7 +16,7 @@ from ipdp.redis_io import redis_client
 from ipdp.signing import generate_key_files
 from ipdp.wire import encode_batch, encode_container, encode_record, study_headers
 from producer.contributor import Contributor
-from tests.aggregator.test_hostile_input import _dead_letters, _dead_lettered
+from tests.aggregator.test_hostile_input import _dead_lettered, _dead_letters
 from tests.pipeline import create, services, total_stats, wait_for
 
 PARAMS = {"d": 4, "n": 1_000, "epsilon": 1.0, "delta": 0.01}
