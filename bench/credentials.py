@@ -1,14 +1,18 @@
 """What device credentials cost: per request at the gateway, per record at the aggregator.
 
-    python -m bench.credentials [--requests 2000] [--records 20000]   (or: ipdp bench credentials)
+    python -m bench.credentials [--requests 2000] [--records 20000] [--http 2000]
+    (or: ipdp bench credentials …)
 
 Times, on this machine and in this process, one Ed25519 verification; the gateway's admission of
 a request (``gateway.credentials.DeviceCredentials``: parse the Authorization header, verify or
 find the cached credential, check the record ids against its slots) for a credential seen for
 the first time and for one already verified; and the aggregator's stateless validation of a
 poll (``aggregator.validate.Validator``) of one-record messages and of gateway containers, with
-and without credentials. Figures are CPU time of this process (time.process_time). Prints
-markdown tables; nothing is asserted.
+and without credentials. Figures are CPU time of this process (time.process_time). With
+``--http N``, also N one-record requests over HTTP to an ``ipdp gateway`` child process on the
+embedded broker, alternating a study without credentials and one that requires them (each
+request a new device, so every credential is verified once): requests/s and the gateway's CPU
+per request. Prints markdown tables; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Requests (distinct credentials) timed at the gateway (default 2000).")
     p.add_argument("--records", type=int, default=20_000,
                    help="Records (one credential each) in the aggregator's poll (default 20000).")
+    p.add_argument("--http", type=int, default=0, metavar="N",
+                   help="Also post N one-record requests per study and run over HTTP to a "
+                   "gateway child process (default 0: skip).")
+    p.add_argument("--connections", type=int, default=8,
+                   help="Client threads (keep-alive connections) for --http (default 8).")
 
 
 def _per_call_us(fn, calls: int) -> float:
@@ -154,6 +163,93 @@ def aggregator_rows(records: int) -> list[tuple[str, float]]:
     return rows
 
 
+def http_rows(requests: int, connections: int, runs: int = 2) -> list[tuple[str, float, float]]:
+    """(study, requests/s, gateway CPU µs per request) of one-record POSTs, alternating a study
+    without credentials and one that requires them, ``runs`` times each."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+
+    from bench.gateway_load import _cpu_seconds
+    from ipdp import registry
+    from ipdp.embedded import EmbeddedRuntime
+    from ipdp.embedded.children import free_port
+    from ipdp.kafka_io import ensure_topics, kafka_producer
+    from ipdp.redis_io import redis_client
+    from ipdp.settings import TopicSettings
+    from ipdp.signing import generate_key_files
+    from producer.gateway_client import GatewayClient
+
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRuntime() as rt:
+        key = generate_key_files(f"{tmp}/issuer")
+        kafka = rt.kafka_settings()
+        topics = TopicSettings(records="bench.cred.records", models="bench.cred.models",
+                               dead_letter="bench.cred.dlq", studies="bench.cred.studies")
+        ensure_topics(kafka, topics)
+        plain = Study(study_id="bench-plain", **PARAMS)
+        study = Study(study_id="bench-cred", require_credentials=True, **PARAMS)
+        producer = kafka_producer(kafka)
+        for s_ in (plain, study):
+            registry.create_study(redis_client(rt.redis_settings()), producer, topics, s_)
+        producer.close()
+        now_ms = time.time_ns() // 1_000_000
+        port = free_port()
+        env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
+               "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
+               "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter, "IPDP_TOPIC_STUDIES": topics.studies,
+               "IPDP_GATEWAY_HOST": "127.0.0.1", "IPDP_GATEWAY_PORT": str(port),
+               "IPDP_GATEWAY_RATE_LIMIT_PER_S": "0",
+               "IPDP_TRUSTED_CREDENTIAL_KEYS": key.public_b64}
+        gw = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway"], env=env)
+        rows = []
+        try:
+            url = f"http://127.0.0.1:{port}"
+            with GatewayClient(url, timeout_s=5) as c:
+                c.wait_ready(60, alive=lambda: gw.poll() is None)
+                for s_ in (plain, study):
+                    while c.study(s_.study_id) is None:
+                        time.sleep(0.1)
+            for _ in range(runs):
+                for s_ in (plain, study):
+                    tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
+                              for _ in range(requests)]
+                    bodies = _records(s_, tokens, now_ms)
+                    creds = [token_text(t) if s_.require_credentials else None for t in tokens]
+                    refused: list[int] = []
+
+                    def client(lo: int, s_=s_, bodies=bodies, creds=creds, refused=refused):
+                        with GatewayClient(url) as c:
+                            for i in range(lo, requests, connections):
+                                answer = c.post_records(s_.study_id, bodies[i],
+                                                        credential=creds[i])
+                                if answer.status != 202:
+                                    refused.append(answer.status)
+
+                    threads = [threading.Thread(target=client, args=(lo,))
+                               for lo in range(connections)]
+                    cpu0, t0 = _cpu_seconds(gw.pid), time.perf_counter()
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                    seconds = time.perf_counter() - t0
+                    cpu = _cpu_seconds(gw.pid) - cpu0
+                    if refused:
+                        raise RuntimeError(f"the gateway refused {len(refused)} requests")
+                    rows.append(("requires credentials" if s_.require_credentials
+                                 else "no credentials", requests / seconds,
+                                 cpu / requests * 1e6))
+        finally:
+            gw.terminate()
+            try:
+                gw.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                gw.kill()
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of `ipdp bench credentials`."""
     print(f"#### Gateway: µs per request, d = 14, {args.requests} requests of one record, "
@@ -166,6 +262,12 @@ def run(args: argparse.Namespace) -> int:
     print("| poll | µs per record |\n|---|---|")
     for name, us in aggregator_rows(args.records):
         print(f"| {name} | {us:.2f} |")
+    if args.http:
+        print(f"\n#### Gateway over HTTP: {args.http} one-record requests per run, "
+              f"{args.connections} connections, 1 worker, d = 14; each request a new device\n")
+        print("| run | study | requests/s | gateway CPU µs per request |\n|---|---|---|---|")
+        for i, (name, rate, us) in enumerate(http_rows(args.http, args.connections)):
+            print(f"| {i + 1} | {name} | {rate:,.0f} | {us:.0f} |")
     return 0
 
 
