@@ -6,6 +6,7 @@
  */
 
 import { concatBytes } from "./bytes.js";
+import { AUTH_SCHEME, credentialRecordId } from "./credential.js";
 import { IpdpError, type FailureReason } from "./errors.js";
 import { prepareRecord, type PreparedRecord, type RecordOverrides } from "./record.js";
 import {
@@ -13,6 +14,8 @@ import {
 } from "./study.js";
 
 export interface GatewayOptions {
+  /** The device's credential (the line its issuer gave it), for a study that requires one. */
+  readonly credential?: string;
   /** The fetch to use; the global one by default. */
   readonly fetch?: typeof fetch;
   /** Further attempts after a retryable failure; 2 by default, 0 turns retrying off. */
@@ -39,9 +42,19 @@ const SHARED_REASONS: ReadonlySet<string> = new Set<FailureReason>(
 /** Longest wait a gateway's Retry-After may ask for before the SDK gives up waiting. */
 const MAX_RETRY_AFTER_MS = 30_000;
 
+export interface CredentialSlot {
+  /**
+   * Which of the credential's slots this record uses (0 by default): a study that requires
+   * credentials folds one record per slot, so a device sending several records numbers them.
+   */
+  readonly slot?: number;
+}
+
 /**
  * Contribute one example: fetch and verify the study, refuse it if closed, perturb (x, y) on the
  * device, send the record. Resolves once the gateway has accepted it (Kafka acknowledged).
+ * A study that requires credentials needs `options.credential`; the record id is then the
+ * credential's slot `options.slot` (0 by default).
  */
 export async function contribute(
   gatewayUrl: string,
@@ -49,10 +62,20 @@ export async function contribute(
   pinnedKeys: PinnedKeys,
   x: ArrayLike<unknown>,
   y: unknown,
-  options: GatewayOptions & RecordOverrides = {},
+  options: GatewayOptions & RecordOverrides & CredentialSlot = {},
 ): Promise<Contribution> {
   const study = requireOpen(await fetchStudy(gatewayUrl, studyId, pinnedKeys, options));
-  const record = prepareRecord(study, x, y, options);
+  let overrides: RecordOverrides = options;
+  if (study.study.requireCredentials) {
+    if (options.credential === undefined) {
+      throw new IpdpError(
+        "credential_required", `study ${studyId} requires a device credential from its issuer`);
+    }
+    // The record's creation time is the device's "now" (fixed only by tests).
+    overrides = { ...options, recordId: await credentialRecordId(
+      study, options.credential, options.slot ?? 0, options.createdMs ?? Date.now()) };
+  }
+  const record = prepareRecord(study, x, y, overrides);
   await sendRecords(gatewayUrl, studyId, [record.bytes], options);
   return { recordId: record.recordId, record, study };
 }
@@ -97,7 +120,11 @@ export async function sendRecords(
   }
   const response = await request(studyUrl(gatewayUrl, studyId, "records"), {
     method: "POST",
-    headers: { "content-type": "application/octet-stream", accept: "application/json" },
+    headers: {
+      "content-type": "application/octet-stream", accept: "application/json",
+      ...(options.credential === undefined
+        ? {} : { authorization: `${AUTH_SCHEME} ${options.credential.trim()}` }),
+    },
     body: concatBytes(records),
   }, options);
   const answer: unknown = await response.json().catch(() => undefined);
