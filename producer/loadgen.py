@@ -25,6 +25,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from tqdm import tqdm
 
+from ipdp.credentials import CREDENTIAL_ID, credentials_header, slot_record_ids
 from ipdp.errors import BackendUnavailable
 from ipdp.metrics import LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS
 from ipdp.settings import KafkaSettings, TopicSettings
@@ -111,8 +112,13 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                         rate: float | None = None, progress: bool = True,
                         rng: np.random.Generator | None = None,
                         producer: KafkaProducer | None = None,
-                        batch: int = 2000) -> LoadgenResult:
-    """:func:`run_loadgen` over an iterable of (x, y) batches (no need to hold every row)."""
+                        batch: int = 2000,
+                        credentials: list[bytes] | None = None) -> LoadgenResult:
+    """:func:`run_loadgen` over an iterable of (x, y) batches (no need to hold every row).
+
+    ``credentials``: one device credential (121-byte token) per simulated device, in order, for
+    a study that requires them; device i's record is then its credential's slot 0 and carries
+    the credential in its ``credentials`` header (ipdp.credentials)."""
     from kafka.errors import KafkaError
 
     if rate is not None and not rate > 0:
@@ -163,12 +169,20 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         send = producer.send
         on_ok, on_error = delivery.on_ok, delivery.on_error
         headers = study_headers(study.study_id)
+        per_record: list | None = None
+        devices = 0
         try:
             for xb, yb in batches:
                 k = xb.shape[0]
                 if k == 0:
                     continue
-                ids, values = perturb_records(study, xb, yb, rng)
+                ids = None
+                if credentials is not None:
+                    tokens = credentials[devices:devices + k]
+                    ids = np.concatenate([slot_record_ids(t[CREDENTIAL_ID], 1) for t in tokens])
+                    per_record = [[*headers, credentials_header([(t, 1)])] for t in tokens]
+                devices += k
+                ids, values = perturb_records(study, xb, yb, rng, ids)
                 keys = split_ids(ids)
                 for lo, hi in _chunks(k, chunk):
                     if rate is not None:
@@ -178,7 +192,8 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                     for i in range(lo, hi):
                         try:
                             send(topic, key=keys[i], value=values[i],
-                                 headers=headers).add_callback(on_ok).add_errback(on_error)
+                                 headers=headers if per_record is None else per_record[i],
+                                 ).add_callback(on_ok).add_errback(on_error)
                             consecutive = 0
                         except KafkaError as exc:
                             sync_failures += 1

@@ -18,6 +18,7 @@ from ipdp.wire import encode_batch, encode_container, encode_record, study_heade
 from producer.contributor import Contributor
 from tests.aggregator.test_hostile_input import _dead_lettered, _dead_letters
 from tests.pipeline import create, services, total_stats, wait_for
+from tests.system.test_cli import ipdp
 
 PARAMS = {"d": 4, "n": 1_000, "epsilon": 1.0, "delta": 0.01}
 X, Y = [0.1, 0.2, 0.0, 0.0], 0.5
@@ -94,3 +95,32 @@ def test_only_records_with_a_valid_unused_credential_slot_are_folded(
     details = {dict(m.headers)["reason"].decode(): dict(m.headers)["detail"].decode()
                for m in letters}
     assert "replay window" in details["credential_invalid"]
+
+
+def test_loadgen_devices_with_issued_credentials_fold_once_each(
+        kafka_settings, redis_settings, env_topics, tmp_path, monkeypatch):
+    topics = env_topics
+    generate_key_files(tmp_path / "issuer")
+    monkeypatch.setenv("IPDP_TRUSTED_CREDENTIAL_KEYS", f"{tmp_path / 'issuer'}.pub")
+    made = ipdp("study", "create", "--study-id", "c3", "--d", "4", "--n", "1000", "--epsilon",
+                "1", "--delta", "0.01", "--require-credentials")
+    assert made.returncode == 0, made.stderr
+    issued = ipdp("credentials", "issue", "c3", "--key", str(tmp_path / "issuer.key"),
+                  "--count", "30", "--valid-for", "3600")
+    assert issued.returncode == 0, issued.stderr
+    (tmp_path / "devices.txt").write_text(issued.stdout)
+    loadgen = ["loadgen", "--study", "c3", "--devices", "30", "--no-progress",
+               "--credentials", str(tmp_path / "devices.txt")]
+    first = ipdp(*loadgen)
+    assert first.returncode == 0, first.stderr
+    assert ipdp(*loadgen).returncode == 0  # the same devices again: every slot reused
+    short = ipdp("loadgen", "--study", "c3", "--devices", "31", "--no-progress",
+                 "--credentials", str(tmp_path / "devices.txt"))
+    assert short.returncode == 2 and "one per device" in short.stderr
+    r = redis_client(redis_settings)
+    with services(kafka_settings, redis_settings, topics, trainer=False):
+        wait_for(lambda: int(r.hget(state.counts_key("c3"), "folded") or 0) == 30
+                 and int(r.hget(state.REJECTED, "credential_reused") or 0) == 30, 60,
+                 "30 records folded and 30 reused slots dead-lettered")
+    assert {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()} == \
+        {"credential_reused": 30}
