@@ -59,3 +59,17 @@ def test_ipdp_audit_json_reports_a_lower_bound_below_the_claim():
     assert {"claimed_epsilon", "epsilon_lower_bound", "delta", "trials"} <= result.keys()
     assert result["claimed_epsilon"] == 2 and result["trials"] == 20000
     assert 0 <= result["epsilon_lower_bound"] <= 2
+
+
+def test_bench_credentials_prints_the_gateway_and_aggregator_costs():
+    _require_binaries()
+    out = ipdp("bench", "credentials", "--requests", "50", "--records", "200", "--http", "20")
+    assert out.returncode == 0, out.stderr[-3000:]
+    for title in ("#### Gateway: µs per request", "#### Aggregator: µs per record",
+                  "#### Gateway over HTTP"):
+        assert title in out.stdout
+    figures = [float(x) for x in re.findall(r"\| ([\d.]+) \|$", out.stdout, re.MULTILINE)]
+    # The gateway child's CPU is read in clock ticks: 20 requests may round to 0 µs there.
+    assert len(figures) == 4 + 5 + 4 and min(figures[:9]) > 0
+    rates = re.findall(r"^\| \d \| [a-z ]+ \| ([\d,]+) \|", out.stdout, re.MULTILINE)
+    assert len(rates) == 4 and min(int(r.replace(",", "")) for r in rates) > 0
