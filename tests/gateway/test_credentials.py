@@ -5,19 +5,34 @@ each credential contributes at most records_per_device records to the study."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from ipdp import state
-from ipdp.credentials import issue_credential, token_text, tokens_of_header
+from ipdp.credentials import (
+    CREDENTIAL_ID,
+    issue_credential,
+    slot_record_ids,
+    token_from_text,
+    token_text,
+    tokens_of_header,
+)
+from ipdp.kafka_io import kafka_producer
 from ipdp.redis_io import redis_client
+from ipdp.registry import create_study
 from ipdp.signing import generate_key_files
+from ipdp.study import Study
 from producer.contributor import Contributor
 from producer.gateway_client import GatewayClient
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import known
 from tests.pipeline import create, read_records, services, total_stats, wait_for
+from tests.tooling import require_tool, unavailable
 
+WEB = Path(__file__).resolve().parents[2] / "producer" / "web"
 PARAMS = {"d": 3, "n": 1_000, "epsilon": 1.0, "delta": 0.01}
 X, Y = [0.1, 0.2, 0.0], 0.5
 
@@ -119,3 +134,44 @@ def test_records_per_device_holds_across_two_gateway_workers_and_a_restart(
     assert {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()} == \
         {"credential_reused": 11}
 
+
+
+def test_the_browser_sdk_sends_its_credential_to_a_real_gateway(
+        kafka_settings, redis_settings, env_topics, tmp_path, monkeypatch):
+    """The TypeScript SDK (built producer/web, run by Node with the fetch and WebCrypto a
+    browser has) against the real gateway and aggregator: its slots and Authorization header are
+    the ones the gateway checks, a reused slot is dead-lettered, and nothing is sent without a
+    credential."""
+    node = require_tool("node", "running the browser SDK against the gateway")
+    if not (WEB / "dist" / "src" / "credential.js").is_file():
+        unavailable("producer/web is not built; run `cd producer/web && npm ci && npm run build`")
+    topics = env_topics
+    owner = generate_key_files(tmp_path / "owner")
+    issuer = generate_key_files(tmp_path / "issuer")
+    monkeypatch.setenv("IPDP_TRUSTED_CREDENTIAL_KEYS", issuer.public_b64)
+    study = Study(study_id="gc-web", require_credentials=True, records_per_device=2, **PARAMS)
+    producer = kafka_producer(kafka_settings)
+    try:
+        create_study(redis_client(redis_settings), producer, topics, study, owner)
+    finally:
+        producer.close()
+    t = now_ms()
+    credential = token_text(issue_credential(issuer, study.hash, t, t + 600_000))
+    with running_gateway(kafka_settings, topics) as url:
+        known(url, "gc-web")
+        run = subprocess.run([node, str(WEB / "test" / "e2e" / "credential.mjs"), url, "gc-web",
+                              owner.public_b64, credential], cwd=WEB, capture_output=True,
+                             text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    slots = [s.tobytes().hex() for s in slot_record_ids(token_from_text(credential)[CREDENTIAL_ID], 2)]
+    assert [out[k].get("recordId") for k in ("slot0", "slot1", "slot0_again")] == \
+        [slots[0], slots[1], slots[0]]
+    assert out["none"]["reason"] == "credential_required"
+    assert (out["altered"]["status"], out["altered"]["gatewayReason"]) == \
+        (401, "credential_invalid")
+    r = redis_client(redis_settings)
+    with services(kafka_settings, redis_settings, topics, trainer=False):
+        wait_for(lambda: int(r.hget(state.counts_key("gc-web"), "folded") or 0) == 2
+                 and int(r.hget(state.REJECTED, "credential_reused") or 0) == 1, 60,
+                 "both slots folded once and the reused slot dead-lettered")
