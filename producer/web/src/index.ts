@@ -1,6 +1,6 @@
 /** ipdp's browser contributor. See producer/web/README.md. */
 
-export { contribute, fetchStudy, sendRecords, studyUrl } from "./client.js";
+export { contribute, fetchStudy, sendRecord, sendRecords, studyUrl } from "./client.js";
 export type { Contribution, GatewayOptions, PinnedKeys } from "./client.js";
 export { addNoise, clipPair, clipRow, encodeExample, norm } from "./encode.js";
 export type { QuadraticPair } from "./encode.js";
