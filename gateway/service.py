@@ -21,10 +21,11 @@ def uvicorn_options(settings: GatewaySettings) -> dict:
     """The uvicorn options every gateway server uses (`ipdp gateway` and the tests alike).
 
     Access logs are off: the metrics count requests, and a log line per request would cost more
-    than the request's own checks.
+    than the request's own checks. Proxy headers are off: the client address the rate limit and
+    the connection caps key on is the peer's, never a header's (docs/operations.md).
     """
     return {"host": settings.host, "port": settings.port, "access_log": False,
-            "log_level": "warning", "server_header": False,
+            "log_level": "warning", "server_header": False, "proxy_headers": False,
             "http": functools.partial(BoundedHttpToolsProtocol, limits=settings),
             "timeout_keep_alive": settings.keep_alive_timeout_s}
 

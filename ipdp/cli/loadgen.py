@@ -43,11 +43,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="Send through the HTTP gateway at URL (http://HOST:PORT) instead of "
                    "Kafka; the study is then read from the gateway too.")
     p.add_argument("--connections", type=int, default=LoadgenSettings().connections, metavar="C",
-                   help="With --via: concurrent keep-alive connections "
-                   "(IPDP_LOADGEN_CONNECTIONS).")
+                   help="With --via: concurrent keep-alive connections, i.e. requests in "
+                   "flight (IPDP_LOADGEN_CONNECTIONS). The gateway's per-client limits apply to "
+                   "this one address: set IPDP_GATEWAY_RATE_LIMIT_PER_S=0 on a gateway it loads.")
     p.add_argument("--per-request", dest="per_request", type=int,
                    default=LoadgenSettings().per_request, metavar="K",
-                   help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST).")
+                   help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST); 1, a device "
+                   "sending its own record, by default; more for a batch uploader.")
     p.add_argument("--no-progress", dest="no_progress", action="store_true",
                    help="No progress bar.")
     p.add_argument("--trust", action="append", default=None, metavar="PREFIX.pub",

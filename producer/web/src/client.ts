@@ -1,6 +1,7 @@
 /**
  * Talk to the ipdp gateway: `GET /studies/{id}` for the signed study, `POST /studies/{id}/records`
- * with one or more concatenated v1 records. A refusal becomes an IpdpError carrying the gateway's
+ * with the device's one v1 record (`contribute`, `sendRecord`), or several concatenated for a
+ * batch uploader (`sendRecords`); the gateway's group commit makes one record per request cheap. A refusal becomes an IpdpError carrying the gateway's
  * machine reason; retryable failures (5xx, 429, network) are retried with the same bytes, which
  * the record id makes harmless (a duplicate is dead-lettered as `replayed`, never folded twice).
  */
@@ -76,8 +77,18 @@ export async function contribute(
       study, options.credential, options.slot ?? 0, options.createdMs ?? Date.now()) };
   }
   const record = prepareRecord(study, x, y, overrides);
-  await sendRecords(gatewayUrl, studyId, [record.bytes], options);
+  await sendRecord(gatewayUrl, studyId, record.bytes, options);
   return { recordId: record.recordId, record, study };
+}
+
+/** `POST /studies/{id}/records` with one device's record; resolves to 1 once it is accepted. */
+export async function sendRecord(
+  gatewayUrl: string,
+  studyId: string,
+  record: Uint8Array,
+  options: GatewayOptions = {},
+): Promise<number> {
+  return sendRecords(gatewayUrl, studyId, [record], options);
 }
 
 /** `GET /studies/{id}`, verified against the pinned keys; open and closed studies resolve. */
@@ -107,7 +118,10 @@ export async function fetchStudy(
   return verified;
 }
 
-/** `POST /studies/{id}/records` with the records concatenated; resolves to how many were accepted. */
+/**
+ * `POST /studies/{id}/records` with the records concatenated, for a batch uploader holding many
+ * devices' records; resolves to how many were accepted.
+ */
 export async function sendRecords(
   gatewayUrl: string,
   studyId: string,

@@ -1,6 +1,6 @@
 /** ipdp's browser contributor. See producer/web/README.md. */
 
-export { contribute, fetchStudy, sendRecords, studyUrl } from "./client.js";
+export { contribute, fetchStudy, sendRecord, sendRecords, studyUrl } from "./client.js";
 export type { Contribution, CredentialSlot, GatewayOptions, PinnedKeys } from "./client.js";
 export {
   AUTH_SCHEME, credentialRecordId, parseCredential, slotRecordId,

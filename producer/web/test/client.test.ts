@@ -176,6 +176,16 @@ test("an unreachable gateway is reported as gateway_unreachable", async () => {
     (e) => failure("gateway_unreachable")(e) && (e as IpdpError).retryable);
 });
 
+test("a device's record goes alone in its own POST", async () => {
+  const study = await fetchStudy(gateway.url, OPEN_ID, KEY);
+  const { prepareRecord, sendRecord } = await import("../src/index.js");
+  const before = gateway.posted.length;
+  const record = prepareRecord(study, x, 1).bytes;
+  assert.equal(await sendRecord(gateway.url, OPEN_ID, record), 1);
+  assert.equal(gateway.posted.length, before + 1);
+  assert.deepEqual(new Uint8Array(gateway.posted[before]!.body), record);
+});
+
 test("several records go in one POST and all must be accepted", async () => {
   const study = await fetchStudy(gateway.url, OPEN_ID, KEY);
   const { prepareRecord } = await import("../src/index.js");
