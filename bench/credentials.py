@@ -1,7 +1,7 @@
 """What device credentials cost: per request at the gateway, per record at the aggregator.
 
-    python -m bench.credentials [--requests 2000] [--records 20000] [--http 2000]
-    (or: ipdp bench credentials …)
+    python -m bench.credentials [--requests 2000] [--records 20000] [--http SECONDS]
+        [--connections 64] [--threads 2] [--repeat 1]        (or: ipdp bench credentials …)
 
 Times, on this machine and in this process, one Ed25519 verification; the gateway's admission of
 a request (``gateway.credentials.DeviceCredentials``: parse the Authorization header, verify or
@@ -9,10 +9,13 @@ find the cached credential, check the record ids against its slots) for a creden
 the first time and for one already verified; and the aggregator's stateless validation of a
 poll (``aggregator.validate.Validator``) of one-record messages and of gateway containers, with
 and without credentials. Figures are CPU time of this process (time.process_time). With
-``--http N``, also N one-record requests over HTTP to an ``ipdp gateway`` child process on the
-embedded broker, alternating a study without credentials and one that requires them (each
-request a new device, so every credential is verified once): requests/s and the gateway's CPU
-per request. Prints markdown tables; nothing is asserted.
+``--http SECONDS``, also wrk (as in ``ipdp bench devices``) posting one record per request for
+SECONDS to a bare Starlette endpoint, then to one ``ipdp gateway`` worker for a study without
+credentials and for one that requires them, each request a new device with its own credential
+(so every credential is verified once), on the embedded broker with an aggregator folding
+beside: requests/s against the bare endpoint, latency and the server's CPU per request; then
+what the aggregator folded and dead-lettered of the credential study. Prints markdown tables;
+nothing is asserted.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from aggregator.credentials import CredentialCheck
 from aggregator.validate import NOT_IN_CONTAINER, Polled, Validator, split_containers
+from bench.devices import _LUA as DEVICES_LUA
+from bench.devices import _lua_bytes
 from gateway.checks import first_rejection
 from gateway.credentials import DeviceCredentials
 from ipdp.credentials import (
@@ -49,11 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Requests (distinct credentials) timed at the gateway (default 2000).")
     p.add_argument("--records", type=int, default=20_000,
                    help="Records (one credential each) in the aggregator's poll (default 20000).")
-    p.add_argument("--http", type=int, default=0, metavar="N",
-                   help="Also post N one-record requests per study and run over HTTP to a "
-                   "gateway child process (default 0: skip).")
-    p.add_argument("--connections", type=int, default=8,
-                   help="Client threads (keep-alive connections) for --http (default 8).")
+    p.add_argument("--http", type=float, default=0, metavar="SECONDS",
+                   help="Also drive, with wrk, a bare Starlette endpoint and a gateway for "
+                   "SECONDS each (one-record requests; default 0: skip).")
+    p.add_argument("--connections", type=int, default=64,
+                   help="wrk's connections for --http (default 64).")
+    p.add_argument("--threads", type=int, default=2, help="wrk's threads for --http (default 2).")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="Repetitions of the --http set (default 1).")
 
 
 def _per_call_us(fn, calls: int) -> float:
@@ -163,91 +171,133 @@ def aggregator_rows(records: int) -> list[tuple[str, float]]:
     return rows
 
 
-def http_rows(requests: int, connections: int, runs: int = 2) -> list[tuple[str, float, float]]:
-    """(study, requests/s, gateway CPU µs per request) of one-record POSTs, alternating a study
-    without credentials and one that requires them, ``runs`` times each."""
+# A pool of (Authorization header, record id) pairs, one per device; wrk thread t sends entries
+# t, t + threads, t + 2·threads, … so no two requests of a run share a credential.
+_LUA = """
+local prefix, suffix = "%(prefix)s", "%(suffix)s"
+local pool = {%(pool)s}
+local threads, started, at = %(threads)d, 0, 0
+wrk.method = "POST"
+function setup(thread)
+  thread:set("first", started)
+  started = started + 1
+end
+function init(args)
+  at = first
+end
+function request()
+  local entry = pool[(at %% #pool) + 1]
+  at = at + threads
+  return wrk.format(nil, nil, {["Content-Type"] = "application/octet-stream",
+                               ["Authorization"] = entry[1]}, prefix .. entry[2] .. suffix)
+end
+"""
+
+
+def credential_script(study: Study, tokens: list[bytes], threads: int) -> str:
+    """The wrk script posting one record per request, each in its own credential's slot 0."""
+    record = _records(study, tokens[:1], time.time_ns() // 1_000_000)[0]
+    pool = ",".join(
+        f'{{"{AUTH_SCHEME} {token_text(t)}", "{_lua_bytes(slot_record_ids(t[CREDENTIAL_ID], 1).tobytes())}"}}'
+        for t in tokens)
+    done = DEVICES_LUA[DEVICES_LUA.index("function done"):]
+    return (_LUA + done) % {"prefix": _lua_bytes(record[:24]), "suffix": _lua_bytes(record[40:]),
+                            "pool": pool, "threads": threads}
+
+
+def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> dict:
+    """wrk against a bare Starlette endpoint, then one ``ipdp gateway`` worker posting to a study
+    without credentials and to one that requires them (a new device per request), with an
+    aggregator folding beside, ``repeat`` times; the runs and the credential study's records."""
     import os
     import subprocess
     import sys
     import tempfile
-    import threading
+    from pathlib import Path
 
+    from bench.devices import _stop, _wait_http, _wrk, wrk_script
     from bench.gateway_load import _cpu_seconds
-    from ipdp import registry
+    from ipdp import registry, state
     from ipdp.embedded import EmbeddedRuntime
     from ipdp.embedded.children import free_port
     from ipdp.kafka_io import ensure_topics, kafka_producer
     from ipdp.redis_io import redis_client
     from ipdp.settings import TopicSettings
     from ipdp.signing import generate_key_files
-    from producer.gateway_client import GatewayClient
 
+    runs = []
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRuntime() as rt:
         key = generate_key_files(f"{tmp}/issuer")
         kafka = rt.kafka_settings()
         topics = TopicSettings(records="bench.cred.records", models="bench.cred.models",
                                dead_letter="bench.cred.dlq", studies="bench.cred.studies")
         ensure_topics(kafka, topics)
-        plain = Study(study_id="bench-plain", **PARAMS)
-        study = Study(study_id="bench-cred", require_credentials=True, **PARAMS)
+        plain = Study(study_id="bench-plain", **{**PARAMS, "n": 10**8})
+        study = Study(study_id="bench-cred", require_credentials=True, **{**PARAMS, "n": 10**8})
+        r = redis_client(rt.redis_settings())
         producer = kafka_producer(kafka)
         for s_ in (plain, study):
-            registry.create_study(redis_client(rt.redis_settings()), producer, topics, s_)
+            registry.create_study(r, producer, topics, s_)
         producer.close()
         now_ms = time.time_ns() // 1_000_000
-        port = free_port()
+        # More credentials than one run can use at this machine's rates: no run reuses one.
+        tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
+                  for _ in range(int(seconds * 2_000) * repeat)]
+        scripts = {"plain": Path(tmp) / "plain.lua", "cred": Path(tmp) / "cred.lua"}
+        scripts["plain"].write_text(wrk_script(plain))
         env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
                "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
                "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter, "IPDP_TOPIC_STUDIES": topics.studies,
-               "IPDP_GATEWAY_HOST": "127.0.0.1", "IPDP_GATEWAY_PORT": str(port),
                "IPDP_GATEWAY_RATE_LIMIT_PER_S": "0",
                "IPDP_TRUSTED_CREDENTIAL_KEYS": key.public_b64}
-        gw = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway"], env=env)
-        rows = []
+        aggregator = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"],
+                                      env=env)
+        accepted = 0
         try:
-            url = f"http://127.0.0.1:{port}"
-            with GatewayClient(url, timeout_s=5) as c:
-                c.wait_ready(60, alive=lambda: gw.poll() is None)
-                for s_ in (plain, study):
-                    while c.study(s_.study_id) is None:
-                        time.sleep(0.1)
-            for _ in range(runs):
-                for s_ in (plain, study):
-                    tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
-                              for _ in range(requests)]
-                    bodies = _records(s_, tokens, now_ms)
-                    creds = [token_text(t) if s_.require_credentials else None for t in tokens]
-                    refused: list[int] = []
+            for rep in range(repeat):
+                per_run = len(tokens) // repeat
+                scripts["cred"].write_text(credential_script(
+                    study, tokens[rep * per_run:(rep + 1) * per_run], threads))
+                for server in ("bare", "gateway"):
+                    port = free_port()
+                    url = f"http://127.0.0.1:{port}"
+                    cmd = ([sys.executable, "-m", "uvicorn", "bench.devices:bare_app", "--host",
+                            "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level",
+                            "warning", "--no-server-header"] if server == "bare" else
+                           [sys.executable, "-m", "ipdp.cli", "gateway", "--host", "127.0.0.1",
+                            "--port", str(port), "--workers", "1"])
+                    proc = subprocess.Popen(cmd, env=env)
+                    try:
+                        _wait_http(url, proc, "/healthz" if server == "bare" else "/readyz")
+                        _wrk(f"{url}/studies/bench-plain/records", scripts["plain"], 1.0,
+                             connections, threads)  # warm-up
+                        targets = [("bare", plain, "plain")] if server == "bare" else \
+                            [("no credentials", plain, "plain"),
+                             ("requires credentials", study, "cred")]
+                        for name, s_, script in targets:
+                            cpu0 = _cpu_seconds(proc.pid)
+                            figures = _wrk(f"{url}/studies/{s_.study_id}/records",
+                                           scripts[script], seconds, connections, threads)
+                            figures.update(repetition=rep + 1, server=name, cpu_us_per_request=(
+                                _cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
+                            runs.append(figures)
+                            if script == "cred":
+                                accepted += figures["accepted"]
+                    finally:
+                        _stop(proc)
 
-                    def client(lo: int, s_=s_, bodies=bodies, creds=creds, refused=refused):
-                        with GatewayClient(url) as c:
-                            for i in range(lo, requests, connections):
-                                answer = c.post_records(s_.study_id, bodies[i],
-                                                        credential=creds[i])
-                                if answer.status != 202:
-                                    refused.append(answer.status)
+            def count(field: str) -> int:
+                return int(r.hget(state.counts_key(study.study_id), field) or 0)
 
-                    threads = [threading.Thread(target=client, args=(lo,))
-                               for lo in range(connections)]
-                    cpu0, t0 = _cpu_seconds(gw.pid), time.perf_counter()
-                    for t in threads:
-                        t.start()
-                    for t in threads:
-                        t.join()
-                    seconds = time.perf_counter() - t0
-                    cpu = _cpu_seconds(gw.pid) - cpu0
-                    if refused:
-                        raise RuntimeError(f"the gateway refused {len(refused)} requests")
-                    rows.append(("requires credentials" if s_.require_credentials
-                                 else "no credentials", requests / seconds,
-                                 cpu / requests * 1e6))
+            deadline = time.monotonic() + 120
+            while count("folded") < accepted and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(2)
+            rejected = {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()}
+            folded = count("folded")
         finally:
-            gw.terminate()
-            try:
-                gw.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                gw.kill()
-    return rows
+            _stop(aggregator)
+    return {"runs": runs, "accepted": accepted, "folded": folded, "rejected": rejected}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -263,11 +313,25 @@ def run(args: argparse.Namespace) -> int:
     for name, us in aggregator_rows(args.records):
         print(f"| {name} | {us:.2f} |")
     if args.http:
-        print(f"\n#### Gateway over HTTP: {args.http} one-record requests per run, "
-              f"{args.connections} connections, 1 worker, d = 14; each request a new device\n")
-        print("| run | study | requests/s | gateway CPU µs per request |\n|---|---|---|---|")
-        for i, (name, rate, us) in enumerate(http_rows(args.http, args.connections)):
-            print(f"| {i + 1} | {name} | {rate:,.0f} | {us:.0f} |")
+        result = http_rows(args.http, args.connections, args.threads, args.repeat)
+        print(f"\n#### Over HTTP: wrk -t{args.threads} -c{args.connections} -d{args.http:g}s, one "
+              "d = 14 record per request, 1 gateway worker, an aggregator beside; with "
+              "credentials each request is a new device\n")
+        print("| run | server | requests/s | × bare | p50 ms | p99 ms | server CPU µs per "
+              "request | non-202 |\n|---|---|---|---|---|---|---|---|")
+        bare = {}
+        for x in result["runs"]:
+            if x["server"] == "bare":
+                bare[x["repetition"]] = x["requests_per_second"]
+            name = "bare Starlette + uvicorn" if x["server"] == "bare" else \
+                f"`ipdp gateway`, {x['server']}"
+            print(f"| {x['repetition']} | {name} | {x['requests_per_second']:,.0f} | "
+                  f"{x['requests_per_second'] / bare[x['repetition']]:.2f} | "
+                  f"{x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} | "
+                  f"{x['cpu_us_per_request']:.0f} | "
+                  f"{x['status_errors'] + x['socket_errors']} |")
+        print(f"\nThe credential study: {result['accepted']:,} requests answered 202, "
+              f"{result['folded']:,} records folded; dead letters: {result['rejected'] or 'none'}.")
     return 0
 
 
