@@ -101,20 +101,24 @@ class Credential:
         return {}
 
     def slot_set(self, records_per_device: int) -> frozenset[bytes]:
-        """The same ids as 16-byte strings, for a few lookups (cached)."""
+        """The same ids as 16-byte strings, for a few lookups (cached; no numpy: the gateway
+        builds one per new device)."""
         ids = self._slot_sets.get(records_per_device)
         if ids is None:
-            raw = self.slot_ids(records_per_device).tobytes()
             ids = self._slot_sets[records_per_device] = frozenset(
-                raw[i:i + 16] for i in range(0, len(raw), 16))
+                _slot_ids(self.credential_id, records_per_device))
         return ids
 
 
 def slot_record_ids(credential_id: bytes, records_per_device: int) -> np.ndarray:
     """Record ids of slots 0 … records_per_device − 1 of a credential, (m, 16) uint8."""
-    raw = b"".join(hashlib.sha256(RECORD_ID_TAG + credential_id + _RUN.pack(s)).digest()[:16]
-                   for s in range(records_per_device))
+    raw = b"".join(_slot_ids(credential_id, records_per_device))
     return np.frombuffer(raw, np.uint8).reshape(records_per_device, 16)
+
+
+def _slot_ids(credential_id: bytes, records_per_device: int) -> list[bytes]:
+    return [hashlib.sha256(RECORD_ID_TAG + credential_id + _RUN.pack(s)).digest()[:16]
+            for s in range(records_per_device)]
 
 
 def issue_credential(key: SigningKey, study_hash: bytes, issued_ms: int, expires_ms: int,
