@@ -30,7 +30,7 @@ from aggregator.validate import (
     split_containers,
 )
 from ipdp import metrics, registry, state
-from ipdp.errors import SignatureError
+from ipdp.errors import MalformedValue, SignatureError
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus
 from ipdp.wire import MalformedRecord, RejectReason
@@ -311,7 +311,7 @@ class Folder:
 
     def _study(self, key: bytes) -> Study | None:
         """The study with wire hash ``key`` (cached), None if unknown; a study whose signature
-        does not verify is refused (MalformedRecord ``untrusted_study``), re-checked after
+        does not verify, or whose stored definition cannot be read, is refused (MalformedRecord ``untrusted_study``), re-checked after
         REFUSAL_RETRY_S so that a study re-signed by its owner is taken up without a restart."""
         study = self._studies.get(key)
         if study is not None:
@@ -321,7 +321,7 @@ class Folder:
             raise MalformedRecord(RejectReason.UNTRUSTED_STUDY, refused[1])
         try:
             found = registry.study_by_hash(self.r, key, self.trusted)
-        except SignatureError as exc:
+        except (SignatureError, MalformedValue) as exc:
             metrics.STUDIES_REFUSED.labels("aggregator").inc()
             log.error("refusing records of study hash %s: %s", key.hex(), exc)
             self._refused[key] = (time.monotonic(), str(exc))

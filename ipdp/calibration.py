@@ -12,7 +12,8 @@ Privacy maps, next to the noise they justify:
 - both: each record on its own is a Gaussian mechanism; its local (ε_loc, δ) is computed exactly
   with the analytic Gaussian mechanism (Balle & Wang 2018).
 
-Only `math` and `statistics` are used, and results are cached: calibrate() runs on every process.
+calibrate() uses only `math` and `statistics`, and results are cached: it runs on every process.
+The record checks (record_norm_bounds) take scipy.stats' χ² laws, imported when first needed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from numbers import Integral, Real
 from statistics import NormalDist
 from typing import Literal
 
@@ -644,36 +646,131 @@ def calibrate(
     """
     common = {"epsilon": epsilon, "delta": delta, "n": n, "d": d, "lam": lam,
               "p_bound": p_bound, "eta": eta, "delta_in": delta_in}
+    _check_inputs(**common)
     try:
         if mode == "paper":
-            return calibrate_paper(**common)
-        return calibrate_rigorous(**common, log_det_share=log_det_share)
+            cal = calibrate_paper(**common)
+        else:
+            cal = calibrate_rigorous(**common, log_det_share=log_det_share)
     except OverflowError:
         raise CalibrationError(
             f"ε={epsilon} is beyond what the calibration evaluates in double precision (e^ε "
             "overflows); such an ε protects nothing anyway") from None
+    except CalibrationError:
+        raise
+    except (ArithmeticError, ValueError):  # ZeroDivisionError, a math domain error, inv_cdf(0)
+        raise CalibrationError(_beyond_double_precision(common)) from None
+    if not all(math.isfinite(v) for v in (cal.sigma_u2, cal.sigma_b2, cal.noise_std_q,
+                                          cal.noise_std_p)):
+        raise CalibrationError(_beyond_double_precision(common))
+    return cal
 
 
-#: Probability that an honest record is rejected by the norm check (union over q̃ and p̃).
-HONEST_REJECTION_PROBABILITY = 1e-9
+#: Where the calibration's double-precision evaluation is trusted. Far outside, the noise
+#: underflows, overflows or its searches stop converging; inside, every parameter a study can
+#: mean is covered (ε = 10⁻⁶ is a billion times more noise than ε = 1 needs).
+PARAMETER_RANGES: dict[str, tuple[float, float]] = {
+    "epsilon": (1e-6, 1e6), "delta": (1e-100, 1.0), "lam": (1e-12, 1e12),
+    "p_bound": (1e-12, 1e12), "eta": (1e-12, 1e12), "delta_in": (0.0, 1e12),
+    "n": (2, 10**15), "d": (1, 10**6),
+}
 
 
-def gaussian_norm_tail(std: float, d: int, probability: float) -> float:
-    """t with P(‖g‖ > t) ≤ probability for g ~ N(0, std²·I_d).
+def _check_inputs(**params) -> None:
+    """Refuse what the calibration cannot evaluate, before any arithmetic (a study read off the
+    topic, a flag): each parameter must be a finite number within PARAMETER_RANGES."""
+    for name, value in params.items():
+        lo, hi = PARAMETER_RANGES[name]
+        integral = name in ("n", "d")
+        kind = Integral if integral else Real
+        if (isinstance(value, bool) or not isinstance(value, kind)
+                or not (math.isfinite(value) and lo <= value <= hi)
+                or (name == "delta" and value >= 1.0)):
+            interval = f"[{lo:g}, {hi:g}{')' if name == 'delta' else ']'}"
+            raise CalibrationError(
+                f"{name}={value} must be {'an integer' if integral else 'a finite number'} in "
+                f"{interval}, where the calibration is evaluated reliably")
 
-    Laurent & Massart (2000, Lemma 1): P(χ²_d ≥ d + 2√(d·x) + 2x) ≤ e^{−x}; take x = log(1/prob).
+
+def _beyond_double_precision(params: dict) -> str:
+    shown = ", ".join(f"{k}={v:g}" for k, v in params.items())
+    return (f"the noise for {shown} is not a finite number in double precision (a tiny ε, δ "
+            "or extreme bounds): choose parameters within a few orders of magnitude of 1")
+
+
+REJECTION_DELTA_SHARE = 1e-3
+"""Share of δ the norm check may add to the deployed mechanism: each honest record is rejected
+with probability at most π = share·δ/((1 + e^ε)·n), so a round's n records add at most share·δ
+(docs/privacy.md, "The norm check")."""
+
+
+CLIPPING_ROUNDING = 1e-9
+"""Relative slack over a clipping bound for noise-free vectors: a row scaled to norm B by
+ipdp.losses.clip_rows can come out a few ulps above B."""
+
+
+@dataclass(frozen=True)
+class RecordNormBounds:
+    """The records the aggregator accepts: q_low ≤ ‖q̃‖ ≤ q_high and p_low ≤ ‖p̃‖ ≤ p_high."""
+
+    q_low: float
+    q_high: float
+    p_low: float
+    p_high: float
+    probability: float
+    """π: an honest record is rejected with probability ≤ π, whatever its clean (q, p)."""
+
+
+def honest_rejection_probability(cal: Calibration) -> float:
+    """π = REJECTION_DELTA_SHARE·δ/((1 + e^ε)·n): the per-record false-rejection budget."""
+    return REJECTION_DELTA_SHARE * cal.delta / ((1.0 + math.exp(min(cal.epsilon, 700.0))) * cal.n)
+
+
+def record_norm_bounds(cal: Calibration, probability: float | None = None) -> RecordNormBounds:
+    """The two-sided norm check of docs/privacy.md ("The norm check"), from the exact laws.
+
+    With s the noise std and c the clean vector (‖c‖ ≤ B: √λ for q, P for p), ‖c + g‖²/s² is
+    noncentral χ²_d(‖c‖²/s²), stochastically increasing in ‖c‖: the upper tail is largest at
+    ‖c‖ = B, the lower tail at c = 0. Each of the four tails gets π/4, so an honest record is
+    rejected with probability ≤ π (default: honest_rejection_probability).
     """
-    x = math.log(1.0 / probability)
-    return std * math.sqrt(d + 2.0 * math.sqrt(d * x) + 2.0 * x)
+    if probability is None:
+        probability = honest_rejection_probability(cal)
+    if not 0.0 < probability < 1.0:
+        raise CalibrationError(f"rejection probability {probability} must lie in (0, 1)")
+    return _record_norm_bounds(cal.noise_std_q, cal.noise_std_p, cal.d, math.sqrt(cal.lam),
+                               cal.p_bound, probability)
 
 
-def record_norm_bounds(
-    cal: Calibration, probability: float = HONEST_REJECTION_PROBABILITY
-) -> tuple[float, float]:
-    """Largest ‖q̃‖ and ‖p̃‖ an honest record can show, except with total probability ≤ `probability`.
+@lru_cache(maxsize=256)
+def _record_norm_bounds(std_q: float, std_p: float, d: int, q_bound: float, p_bound: float,
+                        probability: float) -> RecordNormBounds:
+    q_low, q_high = noisy_norm_interval(std_q, d, q_bound, probability / 4.0)
+    p_low, p_high = noisy_norm_interval(std_p, d, p_bound, probability / 4.0)
+    return RecordNormBounds(q_low, q_high, p_low, p_high, probability)
 
-    ‖q̃‖ ≤ ‖q‖ + ‖u‖ ≤ √λ + t_q and ‖p̃‖ ≤ P + t_r, each tail taken at probability/2.
-    """
-    t_q = gaussian_norm_tail(cal.noise_std_q, cal.d, probability / 2.0)
-    t_p = gaussian_norm_tail(cal.noise_std_p, cal.d, probability / 2.0)
-    return math.sqrt(cal.lam) + t_q, cal.p_bound + t_p
+
+def noisy_norm_interval(std: float, d: int, bound: float, tail: float) -> tuple[float, float]:
+    """[L, H] with P(‖c + g‖ < L) ≤ tail and P(‖c + g‖ > H) ≤ tail for every ‖c‖ ≤ bound,
+    g ~ N(0, std²·I_d): L = std·√(χ²_d quantile at tail), H = std·√(χ²_d(bound²/std²)
+    quantile at 1 − tail). Step "The norm check" of docs/privacy.md."""
+    if std == 0.0:
+        # No noise: ‖c‖ itself, which a device's clipping leaves a rounding error above bound.
+        return 0.0, bound * (1.0 + CLIPPING_ROUNDING)
+    # scipy.stats costs about a second to import and only the record checks need it.
+    from scipy.stats import chi2, ncx2
+
+    low = std * math.sqrt(chi2.ppf(tail, d))
+    high = std * math.sqrt(ncx2.isf(tail, d, (bound / std) ** 2))
+    return low, high
+
+
+def noisy_norm_rejection(std: float, d: int, clean_norm: float, low: float,
+                         high: float) -> float:
+    """P(‖c + g‖ ∉ [low, high]) for ‖c‖ = clean_norm, g ~ N(0, std²·I_d), exactly."""
+    if std == 0.0:
+        return float(not low <= clean_norm <= high)
+    from scipy.stats import ncx2
+
+    nc = (clean_norm / std) ** 2
+    return float(ncx2.cdf((low / std) ** 2, d, nc) + ncx2.sf((high / std) ** 2, d, nc))

@@ -10,7 +10,7 @@ definition. Contributors read the topic, so they need no Redis credentials.
 
 Readers that pin study-owner keys (the aggregator, the trainer) load a study *from its stored
 envelope*, verified: a study whose signature does not verify raises :class:`SignatureError` and
-is never used. The ``status`` field stays authoritative for open/closed in Redis (the aggregator
+is never used; one that cannot be read raises :class:`MalformedValue`. The ``status`` field stays authoritative for open/closed in Redis (the aggregator
 closes a study at max_rounds without the owner's key); the envelope's signed status is what
 devices see.
 
@@ -21,12 +21,12 @@ a lost topic can be repaired) when the parameters are identical.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import TYPE_CHECKING
 
 import redis
+from pydantic import ValidationError
 
 from ipdp.errors import ConfigurationError, SignatureError, StudyExists, UnknownStudy
 from ipdp.kafka_io import send_and_wait
@@ -34,6 +34,7 @@ from ipdp.settings import TopicSettings
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.state import STUDY_HASHES, published_key, study_key
 from ipdp.study import Study, StudyStatus, parse_study_message, study_message
+from ipdp.topic_values import invalid_fields, load_json_object
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "close_study",
     "create_study",
+    "envelope_signer",
     "list_studies",
     "load_study",
     "register_study",
@@ -66,11 +68,11 @@ def _publish(producer: KafkaProducer, topics: TopicSettings, study_id: str, enve
     send_and_wait(producer, topics.studies, study_id.encode("utf-8"), envelope, timeout_s)
 
 
-def _signer(envelope: bytes | None) -> str:
+def envelope_signer(envelope: bytes | None) -> str:
     """Key id of a stored envelope ("" when unsigned or absent)."""
     if envelope is None:
         return ""
-    return json.loads(envelope).get("key_id", "")
+    return str(load_json_object(envelope, "stored envelope").get("key_id", ""))
 
 
 def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None = None,
@@ -140,7 +142,10 @@ def _load_key(r: redis.Redis, study_id: str,
         return None
     status = StudyStatus(_text(raw[1]) or StudyStatus.OPEN)
     if not trusted:
-        return Study.model_validate_json(raw[0]), status
+        try:
+            return Study.model_validate_json(raw[0]), status
+        except ValidationError as exc:
+            raise invalid_fields(f"stored study {study_id!r}", exc) from None
     if raw[2] is None:
         raise SignatureError(f"study {study_id!r} has no signed envelope in Redis (no signature)")
     study, _ = parse_study_message(raw[2], trusted)
@@ -155,7 +160,8 @@ def load_study(r: redis.Redis, study_id: str,
     """(study, status) from Redis, or None if unknown.
 
     With ``trusted`` keys the study comes from its stored envelope, verified; raises
-    :class:`SignatureError` when that signature does not verify.
+    :class:`SignatureError` when that signature does not verify, :class:`MalformedValue` when
+    the stored study cannot be read.
     """
     return _load_key(r, study_id, trusted)
 
@@ -186,7 +192,7 @@ def close_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
                 if raw is None:
                     pipe.reset()
                     raise UnknownStudy(f"unknown study {study_id!r}")
-                signer = _signer(envelope)
+                signer = envelope_signer(envelope)
                 if signer and signing_key is None:
                     pipe.reset()
                     raise ConfigurationError(

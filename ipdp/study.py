@@ -36,8 +36,9 @@ from pydantic import (
 )
 
 from ipdp.calibration import Calibration, Mode, calibrate
-from ipdp.errors import CalibrationError, ConfigurationError
+from ipdp.errors import CalibrationError, ConfigurationError, MalformedValue
 from ipdp.signing import SigningKey, TrustedKeys
+from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
 from ipdp.wire import study_hash
 
 #: Format of the studies-topic value; the domain tag of its signed bytes.
@@ -249,36 +250,42 @@ def study_message(study: Study, status: StudyStatus | str,
 
 
 def parse_study_message(value: bytes, trusted: TrustedKeys | None = None,
-                        ) -> tuple[Study, StudyStatus]:
+                        max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> tuple[Study, StudyStatus]:
     """Inverse of :func:`study_message`, verified against ``trusted`` when it holds any key.
 
     Raises :class:`SignatureError` when keys are pinned and the value is unsigned, signed by
-    another key, or altered; :class:`ConfigurationError` when it is malformed, or when its study
-    text is not exactly the canonical text of the parameters it holds (noise stds that are not
-    the calibration's). Without pinned keys the signature is not checked: the caller must say so.
+    another key, or altered; :class:`MalformedValue` (a ConfigurationError) when it is malformed
+    (ipdp.topic_values: over ``max_bytes``, not UTF-8 JSON, too deep, not an object, invalid
+    fields), or when its study text is not exactly the canonical text of the parameters it holds
+    (noise stds that are not the calibration's). Only the envelope is parsed before the
+    signature verifies; the study text is parsed after. Without pinned keys the signature is not
+    checked: the caller must say so.
     """
-    try:
-        env = json.loads(value)
-        if env.get("format") != STUDY_MESSAGE_FORMAT:
-            raise ValueError(f"format {env.get('format')!r}, supported: {STUDY_MESSAGE_FORMAT}")
-        text, status = env["study"], _status(env["status"])
-        if not isinstance(text, str):
-            raise TypeError("study is not a string")
-    except (ValueError, KeyError, TypeError, AttributeError, ConfigurationError) as exc:
-        raise ConfigurationError(f"malformed studies-topic message: {exc}") from None
+    env = load_json_object(value, "studies-topic value", max_bytes)
+    if env.get("format") != STUDY_MESSAGE_FORMAT:
+        raise MalformedValue("invalid", f"studies-topic value: format is not "
+                             f"{STUDY_MESSAGE_FORMAT}")
+    text, status, kid, signature = (env.get(k) for k in ("study", "status", "key_id",
+                                                         "signature"))
+    if not isinstance(text, str) or status not in [s.value for s in StudyStatus]:
+        raise MalformedValue("invalid", "studies-topic value: 'study' is not a string or "
+                             "'status' is not open/closed")
+    status = StudyStatus(status)
     if trusted:
-        trusted.verify(env.get("key_id", ""), env.get("signature", ""),
+        trusted.verify(kid or "", signature if isinstance(signature, str) else "",
                        signed_bytes(status, text), f"study message for status {status.value}")
+    fields = load_json_object(text, "study text", max_bytes)
+    fields.pop("noise", None)
     try:
-        fields = json.loads(text)
-        fields.pop("noise", None)
         study = Study.model_validate(fields)
-    except (ValueError, TypeError, AttributeError, ValidationError) as exc:
-        raise ConfigurationError(f"malformed study text: {exc}") from None
+    except ValidationError as exc:
+        raise invalid_fields("study text", exc) from None
+    except (TypeError, ValueError, ArithmeticError) as exc:  # raised inside a validator
+        raise MalformedValue("invalid", f"study text: {type(exc).__name__}") from None
     if study.canonical_text() != text:
-        raise ConfigurationError(
-            f"study {study.study_id!r}: its text is not the canonical text of its parameters "
-            "(noise stds differ from this version's calibration)")
+        raise MalformedValue(
+            "invalid", f"study {study.study_id!r}: its text is not the canonical text of its "
+            "parameters (noise stds differ from this version's calibration)")
     return study, status
 
 
