@@ -32,6 +32,7 @@ from bench.devices import _LUA as DEVICES_LUA
 from bench.devices import _lua_bytes
 from gateway.checks import first_rejection
 from gateway.credentials import DeviceCredentials
+from ipdp.calibration import record_norm_bounds
 from ipdp.credentials import (
     AUTH_SCHEME,
     CREDENTIAL_ID,
@@ -42,7 +43,8 @@ from ipdp.credentials import (
 )
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.study import Study
-from ipdp.wire import encode_batch, encode_container, study_headers
+from ipdp.wire import encode_container, study_headers
+from producer.contributor import perturb_records
 
 PARAMS = {"d": 14, "n": 1_000, "epsilon": 1.0, "delta": 0.01}
 WINDOW_S, SKEW_S = 86_400, 300
@@ -72,12 +74,12 @@ def _per_call_us(fn, calls: int) -> float:
     return (time.process_time() - started) / calls * 1e6
 
 
-def _records(study: Study, tokens: list[bytes], now_ms: int) -> list[bytes]:
-    """One record per token, in the token's slot 0."""
+def _records(study: Study, tokens: list[bytes]) -> list[bytes]:
+    """One perturbed record per token (the device step, seeded noise), in the token's slot 0."""
     ids = np.concatenate([slot_record_ids(t[CREDENTIAL_ID], 1) for t in tokens])
     rng = np.random.default_rng(0)
-    q = rng.normal(size=(len(tokens), study.d)) * 0.05
-    return encode_batch(study.hash, ids, np.full(len(tokens), now_ms), q, q)
+    x = rng.normal(size=(len(tokens), study.d)) / np.sqrt(study.d)
+    return perturb_records(study, x, np.clip(x[:, 0], -1, 1), rng, ids)[1]
 
 
 def gateway_rows(requests: int) -> list[tuple[str, float]]:
@@ -89,7 +91,7 @@ def gateway_rows(requests: int) -> list[tuple[str, float]]:
     tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
               for _ in range(requests)]
     headers = [f"{AUTH_SCHEME} {token_text(t)}" for t in tokens]
-    bodies = _records(study, tokens, now_ms)
+    bodies = _records(study, tokens)
     message = b"x" * 57
     signature = key.private.sign(message)
     public = key.private.public_key()
@@ -127,8 +129,10 @@ def aggregator_rows(records: int) -> list[tuple[str, float]]:
     now_ms = time.time_ns() // 1_000_000
     tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
               for _ in range(records)]
-    values = _records(study, tokens, now_ms)
-    plain_values = _records(plain, tokens, now_ms)
+    values = _records(study, tokens)
+    plain_values = _records(plain, tokens)
+    for s_ in (plain, study):  # the norm bounds are computed once per study in service
+        record_norm_bounds(s_.calibration)
 
     def validator() -> Validator:
         by_hash = {plain.hash: plain, study.hash: study}
@@ -196,7 +200,7 @@ end
 
 def credential_script(study: Study, tokens: list[bytes], threads: int) -> str:
     """The wrk script posting one record per request, each in its own credential's slot 0."""
-    record = _records(study, tokens[:1], time.time_ns() // 1_000_000)[0]
+    record = _records(study, tokens[:1])[0]
     pool = ",".join(
         f'{{"{AUTH_SCHEME} {token_text(t)}", "{_lua_bytes(slot_record_ids(t[CREDENTIAL_ID], 1).tobytes())}"}}'
         for t in tokens)
