@@ -10,7 +10,10 @@ definition. Contributors read the topic, so they need no Redis credentials.
 
 Readers that pin study-owner keys (the aggregator, the trainer) load a study *from its stored
 envelope*, verified: a study whose signature does not verify raises :class:`SignatureError` and
-is never used; one that cannot be read raises :class:`MalformedValue`. The ``status`` field stays authoritative for open/closed in Redis (the aggregator
+is never used; one that cannot be read raises :class:`MalformedValue`. Readers that pin none
+read the same envelope's study text unverified: the text carries the noise the study was created
+with, which a later calibration rule must not change (ipdp.study; ``json`` is only the fallback
+of an entry without an envelope). The ``status`` field stays authoritative for open/closed in Redis (the aggregator
 closes a study at max_rounds without the owner's key); the envelope's signed status is what
 devices see.
 
@@ -60,7 +63,20 @@ def _text(v: bytes | str | None) -> str | None:
 
 
 def _same(a: Study, b: Study) -> bool:
-    return a.model_dump() == b.model_dump()
+    """Same parameters; the noise is the calibration's (or, read from a text, the text's)."""
+    return a.model_dump(exclude={"noise"}) == b.model_dump(exclude={"noise"})
+
+
+def _stored(study_id: str, raw_json: bytes, envelope: bytes | None) -> Study:
+    """The study as stored: its envelope's text, which carries the noise devices add, or its
+    JSON when it has no envelope. Signatures are checked by the callers that pin keys; a stored
+    study that cannot be read raises :class:`MalformedValue`."""
+    if envelope is not None:
+        return parse_study_message(envelope)[0]
+    try:
+        return Study.model_validate_json(raw_json)
+    except ValidationError as exc:
+        raise invalid_fields(f"stored study {study_id!r}", exc) from None
 
 
 def _publish(producer: KafkaProducer, topics: TopicSettings, study_id: str, envelope: bytes,
@@ -88,9 +104,9 @@ def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None 
         while True:
             try:
                 pipe.watch(key, STUDY_HASHES)
-                existing = pipe.hget(key, "json")
+                existing, envelope = pipe.hmget(key, ["json", "envelope"])
                 if existing is not None:
-                    old = Study.model_validate_json(existing)
+                    old = _stored(study.study_id, existing, envelope)
                     pipe.reset()
                     if not _same(old, study):
                         raise StudyExists(
@@ -142,10 +158,7 @@ def _load_key(r: redis.Redis, study_id: str,
         return None
     status = StudyStatus(_text(raw[1]) or StudyStatus.OPEN)
     if not trusted:
-        try:
-            return Study.model_validate_json(raw[0]), status
-        except ValidationError as exc:
-            raise invalid_fields(f"stored study {study_id!r}", exc) from None
+        return _stored(study_id, raw[0], raw[2]), status
     if raw[2] is None:
         raise SignatureError(f"study {study_id!r} has no signed envelope in Redis (no signature)")
     study, _ = parse_study_message(raw[2], trusted)
@@ -198,7 +211,7 @@ def close_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
                     raise ConfigurationError(
                         f"study {study_id!r} is signed by key {signer}: closing it needs that "
                         "signing key (--signing-key or IPDP_STUDY_SIGNING_KEY)")
-                study = Study.model_validate_json(raw)
+                study = _stored(study_id, raw, envelope)
                 closed = study_message(study, StudyStatus.CLOSED, signing_key)
                 pipe.multi()
                 pipe.hset(key, mapping={"status": StudyStatus.CLOSED.value, "envelope": closed})

@@ -90,6 +90,15 @@ def feature_bounds(loss: str, x_bound: float | None, y_bound: float | None) -> d
     return {"lam": x_bound**2, "p_bound": x_bound * y_bound}
 
 
+class StudyNoise(BaseModel):
+    """The per-coordinate noise stds a device adds, as a study's canonical text carries them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    std_q: float
+    std_p: float
+
+
 class Study(BaseModel):
     """Public parameters of one study (docs/privacy.md). Immutable once created."""
 
@@ -109,7 +118,8 @@ class Study(BaseModel):
     x_bound: float | None = Field(None, description="R: the feature bound ‖x‖ ≤ R; sets λ and P.")
     y_bound: float | None = Field(None, description="Y: the label bound |y| ≤ Y (squared loss).")
     delta_in: float | None = Field(
-        None, description="Δ_in ≥ 0, the trainer's ridge; default 0 (rigorous), 1e-6 (paper)."
+        None, description="Δ_in ≥ 0, the trainer's ridge; default: chosen by Step 8 (rigorous), "
+        "1e-6 (paper)."
     )
     mode: Mode = "rigorous"
     max_rounds: int | None = Field(None, ge=1, description="Close the study after this many.")
@@ -122,6 +132,9 @@ class Study(BaseModel):
     records_per_device: int = Field(
         1, ge=1, le=1024, description="Records one credential may contribute to the study "
         "(its slots); needs require_credentials.")
+    noise: StudyNoise | None = Field(
+        None, description="The noise stds devices add. Given (a study read from its text), "
+        "kept if proven for the parameters; else the calibration's choice (Step 8).")
 
     @model_validator(mode="before")
     @classmethod
@@ -168,9 +181,14 @@ class Study(BaseModel):
             if not (self.delta <= self.budget_delta < 1.0):
                 raise ValueError(f"budget_delta={self.budget_delta} must lie in [delta, 1)")
         try:
-            self.calibration  # noqa: B018 - computing it is the check
+            cal = self.calibration
         except CalibrationError as exc:
             raise ValueError(str(exc)) from None
+        if self.noise is None:
+            # Filled in once, here, so that a study carries its noise like every other parameter
+            # (and equals the same study read back from its text); the model is frozen after.
+            object.__setattr__(self, "noise", StudyNoise(std_q=cal.noise_std_q,
+                                                          std_p=cal.noise_std_p))
         return self
 
     @model_serializer(mode="wrap")
@@ -184,18 +202,23 @@ class Study(BaseModel):
         return data
 
     @property
-    def resolved_delta_in(self) -> float:
-        """Δ_in after applying the mode's default."""
-        if self.delta_in is not None:
+    def resolved_delta_in(self) -> float | None:
+        """Δ_in after applying the mode's default; None lets the calibration choose it."""
+        if self.delta_in is not None or self.mode != "paper":
             return self.delta_in
-        return PAPER_DEFAULT_DELTA_IN if self.mode == "paper" else 0.0
+        return PAPER_DEFAULT_DELTA_IN
 
     @cached_property
     def calibration(self) -> Calibration:
-        """σ_u², σ_b², Δ_in and the guarantees for these parameters (ipdp.calibration)."""
+        """σ_u², σ_b², Δ_in and the guarantees for these parameters (ipdp.calibration).
+
+        A study given its noise (read from its text) keeps it if it is proven: studies created
+        before a change of Step 8's rule keep their noise, hence their hash.
+        """
         return calibrate(
             mode=self.mode, epsilon=self.epsilon, delta=self.delta, n=self.n, d=self.d,
             lam=self.lam, p_bound=self.p_bound, eta=self.eta, delta_in=self.resolved_delta_in,
+            noise_std=None if self.noise is None else (self.noise.std_q, self.noise.std_p),
         )
 
     def canonical_text(self) -> str:
@@ -204,11 +227,8 @@ class Study(BaseModel):
 
     @cached_property
     def _canonical_text(self) -> str:
-        obj = self.model_dump(mode="json")
-        cal = self.calibration
-        obj["noise"] = {"std_q": cal.noise_std_q, "std_p": cal.noise_std_p}
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                          allow_nan=False)
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=True, allow_nan=False)
 
     @cached_property
     def round_limit(self) -> int | None:
@@ -256,10 +276,10 @@ def parse_study_message(value: bytes, trusted: TrustedKeys | None = None,
     Raises :class:`SignatureError` when keys are pinned and the value is unsigned, signed by
     another key, or altered; :class:`MalformedValue` (a ConfigurationError) when it is malformed
     (ipdp.topic_values: over ``max_bytes``, not UTF-8 JSON, too deep, not an object, invalid
-    fields), or when its study text is not exactly the canonical text of the parameters it holds
-    (noise stds that are not the calibration's). Only the envelope is parsed before the
-    signature verifies; the study text is parsed after. Without pinned keys the signature is not
-    checked: the caller must say so.
+    fields), when its noise is not proven for its parameters, or when its text is not exactly the
+    canonical text of what it holds. Only the envelope is parsed before the signature verifies;
+    the study text is parsed after. Without pinned keys the signature is not checked: the caller
+    must say so.
     """
     env = load_json_object(value, "studies-topic value", max_bytes)
     if env.get("format") != STUDY_MESSAGE_FORMAT:
@@ -275,7 +295,6 @@ def parse_study_message(value: bytes, trusted: TrustedKeys | None = None,
         trusted.verify(kid or "", signature if isinstance(signature, str) else "",
                        signed_bytes(status, text), f"study message for status {status.value}")
     fields = load_json_object(text, "study text", max_bytes)
-    fields.pop("noise", None)
     try:
         study = Study.model_validate(fields)
     except ValidationError as exc:
@@ -285,7 +304,7 @@ def parse_study_message(value: bytes, trusted: TrustedKeys | None = None,
     if study.canonical_text() != text:
         raise MalformedValue(
             "invalid", f"study {study.study_id!r}: its text is not the canonical text of its "
-            "parameters (noise stds differ from this version's calibration)")
+            "parameters (not the form this version writes)")
     return study, status
 
 

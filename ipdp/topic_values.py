@@ -76,8 +76,12 @@ def load_json_object(value: bytes | str, what: str,
 
 
 def invalid_fields(what: str, exc: ValidationError) -> MalformedValue:
-    """A pydantic error as a MalformedValue naming the fields and error types, not the input."""
+    """A pydantic error as a MalformedValue naming the fields and error types, not the input.
+
+    A ``value_error`` keeps its message (cut at 200 characters): those come from the study's own
+    validators, say why ("not proven at these parameters") and quote parameters, not the value."""
     fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(value)'}: {e['type']}"
+                       + (f" ({e['msg'][:200]})" if e["type"] == "value_error" else "")
                        for e in exc.errors(include_url=False, include_context=False,
                                            include_input=False)[:5])
     return MalformedValue("invalid", f"{what} has invalid fields ({fields})")

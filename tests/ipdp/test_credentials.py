@@ -48,10 +48,10 @@ def test_a_study_without_credentials_keeps_its_canonical_text_and_hash():
     # The canonical text of this study before credentials existed, byte for byte: a study created
     # then must keep verifying (its hash is on every record and its signature covers the text).
     study = Study(study_id="old", **PARAMS)
-    # Hashes computed by the code before credentials existed (the last commit without them).
-    assert study.hash.hex() == "d15723004aafb2f5c32649bd211f6188"
+    # Hashes computed by the code without credentials (main at 7277b0e, before they merged).
+    assert study.hash.hex() == "a7551dca5ce1c9dbfa325e14425f453d"
     budgeted = Study(study_id="old", budget_epsilon=2.0, budget_delta=0.02, max_rounds=3, **PARAMS)
-    assert budgeted.hash.hex() == "88ef005840a535a8af07e90938bfcddb"
+    assert budgeted.hash.hex() == "c2fb9ca841ef02748d48094b97da0957"
     assert "require_credentials" not in study.canonical_text()
     assert "records_per_device" not in study.canonical_text()
     assert study.hash.hex() == Study.model_validate_json(study.to_json()).hash.hex()
