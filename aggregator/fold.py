@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from aggregator.credentials import CredentialCheck
 from aggregator.replay import ReplayIds, id_prefixes
 from aggregator.validate import (
     Message,
@@ -93,6 +94,7 @@ class Folder:
         max_future_skew_s: int,
         max_message_bytes: int,
         trusted: TrustedKeys | None = None,
+        credential_keys: TrustedKeys | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.r = r
@@ -103,7 +105,11 @@ class Folder:
         self._studies: dict[bytes, Study] = {}
         self.validator = Validator(self._study, self._registered, replay_window_s=replay_window_s,
                                    max_future_skew_s=max_future_skew_s,
-                                   max_message_bytes=max_message_bytes)
+                                   max_message_bytes=max_message_bytes,
+                                   credentials=CredentialCheck(
+                                       credential_keys or TrustedKeys(),
+                                       replay_window_s=replay_window_s,
+                                       max_future_skew_s=max_future_skew_s))
         self.replay = ReplayIds(r, replay_window_s=replay_window_s,
                                 max_future_skew_s=max_future_skew_s)
         self._read = r.register_script(_READ_LUA)
@@ -240,9 +246,11 @@ class Folder:
         order = np.argsort(prefixes)  # one sort for both checks below
         fresh = _first_of_each_id(ids, prefixes, order)
         fresh &= ~self.replay.seen(pipe, sid, ids, order)
-        result.rejected += [rows.rejection(i, RejectReason.REPLAYED,
-                                           "record id already seen within the replay window")
-                            for i in row[~fresh].tolist()]
+        # With credentials a record id is a credential's slot: seeing it again is a reuse.
+        reused = (RejectReason.CREDENTIAL_REUSED, "the credential's slot was already folded") \
+            if study.require_credentials else \
+            (RejectReason.REPLAYED, "record id already seen within the replay window")
+        result.rejected += [rows.rejection(i, *reused) for i in row[~fresh].tolist()]
         if not fresh.all():
             q, p, ids, row = q[fresh], p[fresh], ids[fresh], row[fresh]
         keep_ids = ids

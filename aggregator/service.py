@@ -79,7 +79,8 @@ class Aggregator:
         self.kafka, self.topics, self.settings = kafka, topics, settings
         self.redis = redis_client(redis_settings)
         check_redis(self.redis)
-        trusted = (trust or TrustSettings()).study_keys()
+        trust = trust or TrustSettings()
+        trusted = trust.study_keys()
         if trusted:
             log.info("aggregator: studies must be signed by one of keys %s", trusted.ids)
         else:
@@ -91,6 +92,7 @@ class Aggregator:
             replay_window_s=settings.replay_window_s,
             max_future_skew_s=settings.max_future_skew_s,
             max_message_bytes=settings.max_message_bytes,
+            credential_keys=trust.credential_keys(),
         )
         self.logs = LogGuard(self.redis, kafka, group=settings.group, topic=topics.records)
         self.producer = kafka_producer(kafka)

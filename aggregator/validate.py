@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aggregator.credentials import CredentialCheck
 from aggregator.fetch import decode_headers
 from ipdp.calibration import record_norm_bounds
+from ipdp.signing import TrustedKeys
 from ipdp.study import Study
 from ipdp.wire import (
     CONTAINER_VERSION,
@@ -202,8 +204,11 @@ class Validator:
 
     def __init__(self, lookup: Callable[[bytes], Study | None],
                  registered: Callable[[str], bool], *, replay_window_s: int,
-                 max_future_skew_s: int, max_message_bytes: int) -> None:
+                 max_future_skew_s: int, max_message_bytes: int,
+                 credentials: CredentialCheck | None = None) -> None:
         self.lookup = lookup
+        self.credentials = credentials or CredentialCheck(
+            TrustedKeys(), replay_window_s=replay_window_s, max_future_skew_s=max_future_skew_s)
         self.registered = registered
         self.window_ms = replay_window_s * 1000
         self.skew_ms = max_future_skew_s * 1000
@@ -233,6 +238,8 @@ class Validator:
                     bad_rows += self._unmatched(rows, part.index.tolist(), bytes(key))
                     continue
                 part = self._check_rows(study, part, now_ms, bad_rows)
+                if study.require_credentials and len(part):
+                    part = self.credentials.admit(study, part, rows, now_ms, bad_rows)
                 if len(part):
                     valid.setdefault(study.study_id, [study]).append(part)
         out = []

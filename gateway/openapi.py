@@ -5,28 +5,31 @@ from __future__ import annotations
 
 import json
 
+from gateway.checks import HTTP_STATUS
+
 __all__ = ["REASONS", "openapi_document", "openapi_text"]
 
 #: Every machine reason an error answer may carry, by HTTP status.
 REASONS: dict[int, list[str]] = {
-    400: ["undecodable", "unsupported_version", "wrong_dimension", "non_finite",
-          "study_mismatch"],
-    404: ["unknown_study", "not_found"],
-    405: ["method_not_allowed"],
-    409: ["closed_study"],
-    413: ["too_large"],
-    415: ["unsupported_media_type"],
-    429: ["rate_limited"],
-    503: ["kafka_unavailable", "studies_unavailable", "not_ready"],
-}
+    status: [reason.value for reason, s in HTTP_STATUS.items() if s == status]
+    for status in sorted(set(HTTP_STATUS.values()))}
 
 _TEXT = {
     400: "A record is unusable; `error` names the first check it failed.",
+    401: "The study requires a device credential (`Authorization: IPDP-Credential <token>`, "
+         "docs/security.md) and the request has none, a malformed one, or one whose issuer key "
+         "the gateway does not pin (IPDP_TRUSTED_CREDENTIAL_KEYS).",
+    403: "The credential is expired or for another study, or a record id is not one of its "
+         "slots (or uses one twice).",
     404: "No study with this id on the studies topic.",
+    408: "The request head or body did not arrive within IPDP_GATEWAY_HEADER_TIMEOUT_S or "
+         "IPDP_GATEWAY_BODY_TIMEOUT_S; the connection is closed.",
     409: "The study is closed and accepts no more records.",
     413: "The body is longer than IPDP_GATEWAY_MAX_BODY_BYTES.",
     415: "Content-Type is neither application/octet-stream nor application/json.",
     429: "Too many requests from this client; retry after Retry-After seconds.",
+    431: "The request head is longer than IPDP_GATEWAY_MAX_HEADER_BYTES; the connection is "
+         "closed.",
     503: "Kafka did not acknowledge the records (or the gateway is not ready yet); nothing was "
          "accepted. Retry the same bytes: the record id makes a retry harmless.",
 }
@@ -50,13 +53,15 @@ def openapi_document() -> dict:
             "version": "1",
             "description": "HTTP ingest of perturbed records (docs/wire-format.md, version 1). "
                            "A 202 means Kafka acknowledged every record of the request with "
-                           "acks=all.",
+                           "acks=all (records of concurrent requests share Kafka messages).",
         },
         "paths": {
             "/studies/{study_id}/records": {"post": {
                 "operationId": "postRecords",
                 "summary": "Submit one or more perturbed records of one study.",
                 "parameters": [_STUDY_ID],
+                # Optional: only studies that require credentials ask for one.
+                "security": [{}, {"deviceCredential": []}],
                 "requestBody": {"required": True, "content": {
                     "application/octet-stream": {"schema": {
                         "type": "string", "format": "binary",
@@ -68,7 +73,8 @@ def openapi_document() -> dict:
                     "202": {"description": "Kafka acknowledged every record.",
                             "content": {"application/json": {"schema": {
                                 "$ref": "#/components/schemas/Accepted"}}}},
-                    **{str(s): _error(s) for s in (400, 404, 409, 413, 415, 429, 503)},
+                    **{str(s): _error(s) for s in (400, 401, 403, 404, 408, 409, 413, 415, 429,
+                                                          431, 503)},
                 },
             }},
             "/studies/{study_id}": {"get": {
@@ -108,7 +114,12 @@ def openapi_document() -> dict:
                     "application/json": {"schema": {"type": "object"}}}}},
             }},
         },
-        "components": {"schemas": {
+        "components": {"securitySchemes": {"deviceCredential": {
+            "type": "http", "scheme": "IPDP-Credential",
+            "description": "A device credential of the study (`ipdp credentials issue`, "
+                           "docs/wire-format.md): `Authorization: IPDP-Credential <token>`, the "
+                           "token unpadded base64url. Required by studies that require "
+                           "credentials; the records' ids must be its slots."}}, "schemas": {
             "Record": {
                 "type": "object", "additionalProperties": False,
                 "required": ["record_id", "created_ms", "q", "p"],

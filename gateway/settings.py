@@ -20,12 +20,42 @@ class GatewaySettings(BaseSettings):
         1 << 20, ge=64,
         description="Largest Kafka message the gateway writes; at most the aggregator's "
         "IPDP_AGGREGATOR_MAX_MESSAGE_BYTES. A request above it is split into several containers.")
+    linger_ms: float = Field(
+        2.0, ge=0, le=1000,
+        description="Group commit: how long the first record of a container waits for others "
+        "before the container is produced (it goes at once when full). Records of concurrent "
+        "requests share one Kafka message; each request is answered when its container is "
+        "acknowledged.")
     kafka_timeout_s: float = Field(
         10.0, gt=0, description="How long a request waits for Kafka's acknowledgement before 503.")
     rate_limit_per_s: float = Field(
-        0.0, ge=0, description="Requests per second per client address; 0 turns the limit off.")
+        10.0, ge=0,
+        description="Requests per second per client address (429 with Retry-After above it); "
+        "0 turns the limit off. A device sends one record per study.")
     rate_limit_burst: int = Field(
         20, ge=1, description="Requests a client may send at once before the rate applies.")
+    max_header_bytes: int = Field(
+        16 * 1024, ge=1024,
+        description="Largest request head (request line and headers); a longer one is answered "
+        "431 and the connection closed.")
+    header_timeout_s: float = Field(
+        10.0, gt=0,
+        description="How long a connection may take, from opening or from a request's first "
+        "byte, to send the whole request head; then it is closed.")
+    body_timeout_s: float = Field(
+        30.0, gt=0,
+        description="How long a request may take to send its body once its head is in; then "
+        "the connection is closed.")
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0, description="How long an idle keep-alive connection stays open.")
+    max_connections: int = Field(
+        4096, ge=1,
+        description="Open connections per worker; a connection above it is closed at once. "
+        "Keep it below the process's file descriptor limit (ulimit -n).")
+    max_connections_per_client: int = Field(
+        256, ge=1,
+        description="Open connections per client address and worker; a connection above it is "
+        "closed at once, so one client cannot take every connection.")
     web_dir: str | None = Field(
         None, description="Directory served at /web/ (the browser contributor's page). Unset: "
         "this checkout's producer/web/dist once built; empty: no page.")

@@ -68,8 +68,13 @@ GATEWAY_RECORDS_REJECTED = Counter(
     "Records in requests the gateway refused, by the request's reason.", ["reason"])
 GATEWAY_KAFKA_SECONDS = Histogram(
     "ipdp_gateway_kafka_produce_seconds",
-    "From handing a request's container(s) to the producer to Kafka's acks=all acknowledgement.",
+    "From handing a container to the producer to Kafka's acks=all acknowledgement.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+GATEWAY_CONTAINER_RECORDS = Histogram(
+    "ipdp_gateway_container_records",
+    "Records per Kafka message the gateway's group commit acknowledged (records of many "
+    "requests share one container).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096))
 STUDIES_REFUSED = Counter(
     "ipdp_studies_refused_total",
     "Study definitions refused because their signature does not verify under a trusted key.",

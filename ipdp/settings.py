@@ -107,12 +107,22 @@ class TrustSettings(BaseSettings):
         None, description="Trainer public keys that model subscribers accept.")
     study_signing_key: str | None = Field(
         None, description="PREFIX.key that `ipdp study create|close` signs with.")
+    trusted_credential_keys: str | None = Field(
+        None, description="Device-credential issuers' public keys that the gateway and the "
+        "aggregator accept (ipdp.credentials); none: every record of a study that requires "
+        "credentials is refused.")
 
     def study_keys(self) -> TrustedKeys:
         """The pinned study-owner keys (none: unsigned studies are accepted, with a warning)."""
         from ipdp.signing import parse_trusted_keys
 
         return parse_trusted_keys(self.trusted_study_keys)
+
+    def credential_keys(self) -> TrustedKeys:
+        """The pinned device-credential issuer keys."""
+        from ipdp.signing import parse_trusted_keys
+
+        return parse_trusted_keys(self.trusted_credential_keys)
 
     def model_keys(self) -> TrustedKeys:
         """The pinned trainer keys model subscribers accept."""

@@ -90,6 +90,10 @@ class TrustedKeys:
     def ids(self) -> list[str]:
         return sorted(self._by_id)
 
+    def key(self, kid: str) -> Ed25519PublicKey | None:
+        """The pinned key with id ``kid``, if any."""
+        return self._by_id.get(kid)
+
     def verify(self, kid: str, signature_b64: str, message: bytes, what: str) -> None:
         """Raise :class:`SignatureError` unless a pinned key with id ``kid`` signed ``message``."""
         key = self._by_id.get(kid) if isinstance(kid, str) else None

@@ -57,7 +57,10 @@ class StudyStatus(enum.StrEnum):
 #: Δ_in used in paper mode when none is given: Algorithm 2 needs Δ > 2λ/ε strictly, so Δ_in > 0;
 #: its size is a utility knob, and 1e-6 leaves the solution practically unregularised.
 PAPER_DEFAULT_DELTA_IN = 1e-6
-OPTIONAL_BUDGET_FIELDS = ("budget_epsilon", "budget_delta")
+#: Fields left out of the canonical text at their default, so that a study created before they
+#: existed keeps its text and hash: name → default.
+OPTIONAL_DEFAULTS = {"budget_epsilon": None, "budget_delta": None,
+                     "require_credentials": False, "records_per_device": 1}
 #: A budget is counted up to this many rounds (a few seconds of accounting); a budget that
 #: would allow more closes the study here, which spends less than the budget, never more.
 BUDGET_ROUNDS_COUNTED = 10_000
@@ -124,6 +127,11 @@ class Study(BaseModel):
         None, description="Total ε a device that contributes once per round may spend; with "
         "budget_delta, the study closes before a round that would exceed it (ipdp.accounting).")
     budget_delta: float | None = Field(None, description="Total δ of the budget.")
+    require_credentials: bool = Field(
+        False, description="Fold only records with a valid device credential (ipdp.credentials).")
+    records_per_device: int = Field(
+        1, ge=1, le=1024, description="Records one credential may contribute to the study "
+        "(its slots); needs require_credentials.")
     noise: StudyNoise | None = Field(
         None, description="The noise stds devices add. Given (a study read from its text), "
         "kept if proven for the parameters; else the calibration's choice (Step 8).")
@@ -163,6 +171,9 @@ class Study(BaseModel):
             raise ValueError(f"delta_in={self.delta_in} must be a finite number ≥ 0")
         if (self.budget_epsilon is None) != (self.budget_delta is None):
             raise ValueError("budget_epsilon and budget_delta go together: give both or neither")
+        if self.records_per_device != 1 and not self.require_credentials:
+            raise ValueError("records_per_device is enforced per credential: it needs "
+                             "require_credentials")
         if self.budget_epsilon is not None:
             if not (math.isfinite(self.budget_epsilon) and self.budget_epsilon >= self.epsilon):
                 raise ValueError(f"budget_epsilon={self.budget_epsilon} must be finite and ≥ "
@@ -181,12 +192,12 @@ class Study(BaseModel):
         return self
 
     @model_serializer(mode="wrap")
-    def _omit_unset_budget(self, handler):
-        # A study without a budget keeps the exact text it had before budgets existed (devices
-        # and stored studies compare it), so the budget appears only when it is set.
+    def _omit_defaults(self, handler):
+        # A study without a budget or credentials keeps the exact text it had before those
+        # existed (devices and stored studies compare it), so they appear only when set.
         data = handler(self)
-        for name in OPTIONAL_BUDGET_FIELDS:
-            if data.get(name, 0) is None:
+        for name, default in OPTIONAL_DEFAULTS.items():
+            if name in data and data[name] == default and type(data[name]) is type(default):
                 del data[name]
         return data
 

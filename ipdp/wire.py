@@ -40,7 +40,13 @@ _I64_MAX = 2**63 - 1
 
 
 class RejectReason(enum.StrEnum):
-    """Machine-readable reason a record is dead-lettered."""
+    """Machine-readable reason a record is dead-lettered, or a gateway request refused.
+
+    The one vocabulary of refusals: the aggregator's dead letters, the gateway's error answers
+    and the gateway's OpenAPI document all name these values. The members after ``CREDENTIAL_REUSED``
+    concern an HTTP request as a whole (the gateway maps each to its status in
+    ``gateway.checks.HTTP_STATUS``); the aggregator never dead-letters them.
+    """
 
     UNDECODABLE = "undecodable"
     UNSUPPORTED_VERSION = "unsupported_version"
@@ -55,6 +61,24 @@ class RejectReason(enum.StrEnum):
     STALE = "stale"
     FUTURE = "future"
     OVERSIZED = "oversized"
+    CREDENTIAL_MISSING = "credential_missing"
+    CREDENTIAL_INVALID = "credential_invalid"
+    CREDENTIAL_UNTRUSTED = "credential_untrusted"
+    CREDENTIAL_EXPIRED = "credential_expired"
+    CREDENTIAL_WRONG_STUDY = "credential_wrong_study"
+    CREDENTIAL_BAD_SLOT = "credential_bad_slot"
+    CREDENTIAL_REUSED = "credential_reused"
+    TOO_LARGE = "too_large"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    REQUEST_TIMEOUT = "request_timeout"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    RATE_LIMITED = "rate_limited"
+    KAFKA_UNAVAILABLE = "kafka_unavailable"
+    STUDIES_UNAVAILABLE = "studies_unavailable"
+    NOT_READY = "not_ready"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    BAD_REQUEST = "bad_request"
 
 
 class MalformedRecord(ValueError):

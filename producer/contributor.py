@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Self
 import numpy as np
 
 from ipdp.accounting import GroupPrivacy, group_privacy
+from ipdp.credentials import CREDENTIAL_ID, credentials_header, slot_record_ids, token_from_text
 from ipdp.errors import (
     ContributionError,
     SignatureError,
@@ -73,17 +74,18 @@ def split_ids(ids: np.ndarray) -> list[bytes]:
     return [raw[i : i + 16] for i in range(0, len(raw), 16)]
 
 
-def perturb_records(study: Study, x: np.ndarray, y: np.ndarray,
-                    noise: NoiseSource) -> tuple[np.ndarray, list[bytes]]:
+def perturb_records(study: Study, x: np.ndarray, y: np.ndarray, noise: NoiseSource,
+                    ids: np.ndarray | None = None) -> tuple[np.ndarray, list[bytes]]:
     """What k devices do before anything leaves them: encode → clip → perturb → wire-encode.
 
     x (k, d), y (k,) → (record ids (k, 16) uint8, k wire values). The one device step: the SDK
     (with :class:`SystemNoise`), the load generator and the benchmarks (with numpy's seeded
-    generator, for simulated devices) all call it, each naming its noise source.
+    generator, for simulated devices) all call it, each naming its noise source. ``ids``: the
+    record ids to use (a credential's slots), random ones when None.
     """
     q, p = prepare(study.loss, x, y, study.calibration, noise)
     k = x.shape[0]
-    ids = new_record_ids(k)
+    ids = new_record_ids(k) if ids is None else ids
     return ids, encode_batch(study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
 
 
@@ -125,14 +127,28 @@ class Contributor:
     :class:`TooManyRecords`. Allowing k > 1 costs that device group privacy, stated by
     :attr:`privacy`. For a later round, use a new Contributor.
 
+    A study that requires credentials takes a ``credential`` (the line `ipdp credentials issue`
+    printed, or its 121 bytes): the device's records then use the credential's slots as record
+    ids, in order, and carry it in their ``credentials`` header (ipdp.credentials); the limit is
+    the study's ``records_per_device``. A device that restarts must not reuse a slot: the
+    aggregator dead-letters a second record in a slot as ``credential_reused``.
+
     >>> c = Contributor.connect("my-study", KafkaSettings(), TopicSettings())
     >>> record_id = c.submit(x, y); c.flush()
     """
 
     def __init__(self, study: Study, producer: KafkaProducer, topic: str,
-                 noise: NoiseSource | None = None, *, records_per_device: int = 1):
+                 noise: NoiseSource | None = None, *, records_per_device: int | None = None,
+                 credential: str | bytes | None = None):
+        self.credential = token_from_text(credential) if isinstance(credential, str) \
+            else credential
+        if records_per_device is None:
+            records_per_device = study.records_per_device if self.credential else 1
         if records_per_device < 1:
             raise ValueError(f"records_per_device must be ≥ 1, got {records_per_device}")
+        if self.credential and records_per_device > study.records_per_device:
+            raise ValueError(f"a credential holds {study.records_per_device} slot(s) for study "
+                             f"{study.study_id!r}, not {records_per_device}")
         self.records_per_device = records_per_device
         self.submitted = 0
         self.study = study
@@ -148,7 +164,8 @@ class Contributor:
     def connect(cls, study_id: str, kafka: KafkaSettings, topics: TopicSettings,
                 noise: NoiseSource | None = None, timeout_s: float = 10.0,
                 trusted_keys: TrustedKeys | str | Iterable[str] | None = None,
-                records_per_device: int = 1, **producer_overrides) -> Contributor:
+                records_per_device: int | None = None, credential: str | bytes | None = None,
+                **producer_overrides) -> Contributor:
         """Read the study from the studies topic and build a producer of our own.
 
         ``trusted_keys`` pins the study owner's public keys (base64 lines or ``.pub`` paths, or
@@ -163,7 +180,7 @@ class Contributor:
         trusted = trusted_study_keys(trusted_keys)
         study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s, trusted=trusted)
         c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, noise=noise,
-                records_per_device=records_per_device)
+                records_per_device=records_per_device, credential=credential)
         c._owns_producer = True
         return c
 
@@ -199,12 +216,16 @@ class Contributor:
                 f"{k} more would be {self.submitted + k}. The unit of privacy is one record per "
                 f"device per round; allow k records with Contributor(..., records_per_device=k), "
                 f"which costs the device (kε, k·e^(k−1)ε·δ) by group privacy")
+        ids = None if self.credential is None else slot_record_ids(
+            self.credential[CREDENTIAL_ID], self.submitted + k)[self.submitted:]
         self.submitted += k
-        return perturb_records(self.study, x, y, self.noise)
+        return perturb_records(self.study, x, y, self.noise, ids)
 
     def _send(self, ids: np.ndarray, values: list[bytes]) -> None:
         send, topic, d = self.producer.send, self.topic, self._delivery
         headers = study_headers(self.study.study_id)
+        if self.credential is not None:
+            headers.append(credentials_header([(self.credential, 1)]))
         for key, value in zip(split_ids(ids), values):
             send(topic, key=key, value=value, headers=headers).add_callback(
                 d.on_ok).add_errback(d.on_error)

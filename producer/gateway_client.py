@@ -1,13 +1,21 @@
-"""A device's HTTP client for the ingest gateway: stdlib ``http.client`` with keep-alive.
+"""A device's HTTP client for the ingest gateway, and the load generator's asyncio one.
 
 One :class:`GatewayClient` holds one persistent connection (not thread-safe: one per thread).
-The standard library is enough for what a device does here (POST bytes, GET a small JSON
-document, reconnect when the server closed the connection) and is the cheapest client per
-request in CPython; see docs/architecture.md, "The gateway".
+The standard library is enough for what a device does here (POST its record, GET a small JSON
+document, reconnect when the server closed the connection); see docs/architecture.md, "The
+gateway". A device sends its one record in its own request (:meth:`GatewayClient.send_record`);
+several records in one POST are for batch uploaders.
+
+:class:`AsyncGatewayConnection` is one keep-alive connection on asyncio streams, with h11 (the
+sans-I/O HTTP/1.1 library uvicorn itself is built on) for the protocol: the load generator plays
+many devices, one record per request, over many such connections from one thread, at a fraction
+of the CPU of a thread and an ``http.client`` connection per device.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import http.client
 import json
 import time
@@ -16,10 +24,13 @@ from dataclasses import dataclass
 from typing import Self
 from urllib.parse import quote, urlsplit
 
+import h11
+
+from ipdp.credentials import AUTH_SCHEME
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus, parse_study_message
 
-__all__ = ["GatewayAnswer", "GatewayClient"]
+__all__ = ["AsyncGatewayConnection", "GatewayAnswer", "GatewayClient", "records_path"]
 
 
 @dataclass(frozen=True)
@@ -35,25 +46,49 @@ class GatewayAnswer:
         """The machine reason of a refusal (``{"error": ...}``), if any."""
         return self.body.get("error") if isinstance(self.body, dict) else None
 
+    @classmethod
+    def of(cls, status: int, content_type: str, raw: bytes) -> GatewayAnswer:
+        """The answer with its body parsed when it is JSON."""
+        parsed = None
+        if content_type.startswith("application/json"):
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = None
+        return cls(status, parsed, raw)
+
+
+def records_path(study_id: str) -> str:
+    """The path devices POST a study's records to."""
+    return f"/studies/{quote(study_id, safe='')}/records"
+
+
+def _split_url(base_url: str) -> tuple[str, str, int | None, str]:
+    """(scheme, host, port, path prefix) of a gateway URL."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"gateway URL must be http(s)://HOST[:PORT], got {base_url!r}")
+    return parts.scheme, parts.hostname, parts.port, parts.path.rstrip("/")
+
 
 class GatewayClient:
     """Keep-alive HTTP/1.1 connection to one gateway at ``base_url`` (http://HOST:PORT)."""
 
     def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"gateway URL must be http(s)://HOST[:PORT], got {base_url!r}")
-        self._cls = (http.client.HTTPSConnection if parts.scheme == "https"
+        scheme, self._host, self._port, self._prefix = _split_url(base_url)
+        self._cls = (http.client.HTTPSConnection if scheme == "https"
                      else http.client.HTTPConnection)
-        self._host, self._port = parts.hostname, parts.port
-        self._prefix = parts.path.rstrip("/")
         self._timeout = timeout_s
         self._conn: http.client.HTTPConnection | None = None
 
     def request(self, method: str, path: str, body: bytes | None = None,
-                content_type: str | None = None) -> GatewayAnswer:
-        """Send one request; reconnects once if the kept-alive connection was closed."""
+                content_type: str | None = None,
+                credential: str | None = None) -> GatewayAnswer:
+        """Send one request; reconnects once if the kept-alive connection was closed.
+        ``credential``: a device credential's text form, sent as ``Authorization``."""
         headers = {"Content-Type": content_type} if content_type else {}
+        if credential is not None:
+            headers["Authorization"] = f"{AUTH_SCHEME} {credential}"
         for attempt in (0, 1):
             if self._conn is None:
                 self._conn = self._cls(self._host, self._port, timeout=self._timeout)
@@ -71,18 +106,20 @@ class GatewayClient:
                 raise
         if resp.will_close:
             self.close()
-        parsed = None
-        if resp.getheader("Content-Type", "").startswith("application/json"):
-            try:
-                parsed = json.loads(raw)
-            except ValueError:
-                parsed = None
-        return GatewayAnswer(resp.status, parsed, raw)
+        return GatewayAnswer.of(resp.status, resp.getheader("Content-Type", ""), raw)
+
+    def send_record(self, study_id: str, record: bytes) -> GatewayAnswer:
+        """POST a device's one version-1 record (202 once Kafka acknowledged it)."""
+        return self.post_records(study_id, record)
 
     def post_records(self, study_id: str, body: bytes,
-                     content_type: str = "application/octet-stream") -> GatewayAnswer:
-        """POST records (concatenated version-1 records, or the JSON form) for a study."""
-        return self.request("POST", f"/studies/{quote(study_id, safe='')}/records", body, content_type)
+                     content_type: str = "application/octet-stream",
+                     credential: str | None = None) -> GatewayAnswer:
+        """POST records (concatenated version-1 records, or the JSON form) for a study: one
+        record for a device, more for a batch uploader. A study that requires credentials needs
+        the device's ``credential`` (its text form), and record ids that are its slots
+        (ipdp.credentials.slot_record_ids)."""
+        return self.request("POST", records_path(study_id), body, content_type, credential)
 
     def study(self, study_id: str, trusted: TrustedKeys | None = None,
               ) -> tuple[Study, StudyStatus] | None:
@@ -129,3 +166,91 @@ class GatewayClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncGatewayConnection:
+    """One keep-alive HTTP/1.1 connection to a gateway, on asyncio streams (one task at a time).
+
+    Reconnects once when the kept-alive connection was closed before the answer began (the
+    server's keep-alive timeout); any other failure raises OSError.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        scheme, self._host, port, self._prefix = _split_url(base_url)
+        self._tls = scheme == "https"
+        self._port = port or (443 if self._tls else 80)
+        self._timeout = timeout_s
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._http: h11.Connection | None = None
+
+    async def request(self, method: str, path: str, body: bytes = b"",
+                      content_type: str | None = None) -> GatewayAnswer:
+        headers = [("Host", self._host), ("Content-Length", str(len(body)))]
+        if content_type:
+            headers.append(("Content-Type", content_type))
+        for attempt in (0, 1):
+            try:
+                return await asyncio.wait_for(
+                    self._exchange(h11.Request(method=method, target=self._prefix + path,
+                                               headers=headers), body), self._timeout)
+            except _StaleConnection:
+                await self.close()
+                if attempt:
+                    raise ConnectionResetError("the gateway closed the connection") from None
+            except (OSError, TimeoutError, h11.ProtocolError) as exc:
+                await self.close()
+                raise OSError(f"{method} {path}: {exc!r}") from exc
+        raise AssertionError("unreachable")
+
+    async def _exchange(self, request: h11.Request, body: bytes) -> GatewayAnswer:
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(
+                self._host, self._port, ssl=self._tls or None)
+            self._http = h11.Connection(h11.CLIENT)
+        http, answered = self._http, False
+        self._writer.write(http.send(request) + http.send(h11.Data(data=body))
+                           + http.send(h11.EndOfMessage()))
+        status, content_type, chunks = 0, "", []
+        while True:
+            event = http.next_event()
+            if event is h11.NEED_DATA:
+                data = await self._reader.read(65536)
+                if not data and not answered:
+                    raise _StaleConnection
+                http.receive_data(data)
+            elif isinstance(event, h11.Response):
+                answered, status = True, event.status_code
+                content_type = next((v.decode("latin-1") for k, v in event.headers
+                                     if k == b"content-type"), "")
+            elif isinstance(event, h11.Data):
+                chunks.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                break
+        if http.our_state is h11.DONE and http.their_state is h11.DONE:
+            http.start_next_cycle()
+        else:
+            await self.close()
+        return GatewayAnswer.of(status, content_type, b"".join(chunks))
+
+    async def post_records(self, study_id: str, body: bytes) -> GatewayAnswer:
+        """POST version-1 records (one for a device) for a study."""
+        return await self.request("POST", records_path(study_id), body,
+                                  "application/octet-stream")
+
+    async def close(self) -> None:
+        writer, self._reader, self._writer, self._http = self._writer, None, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _StaleConnection(Exception):
+    """The kept-alive connection was closed before the answer began: resend on a new one."""

@@ -25,6 +25,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from tqdm import tqdm
 
+from ipdp.credentials import CREDENTIAL_ID, credentials_header, slot_record_ids
 from ipdp.errors import BackendUnavailable
 from ipdp.metrics import LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS
 from ipdp.settings import KafkaSettings, TopicSettings
@@ -57,9 +58,11 @@ class LoadgenSettings(BaseSettings):
 
     batch: int = Field(2000, ge=1, description="Devices simulated per vectorised step.")
     connections: int = Field(
-        8, ge=1, description="With --via: concurrent keep-alive HTTP connections to the gateway.")
+        64, ge=1, description="With --via: concurrent keep-alive HTTP connections to the gateway "
+        "(requests in flight at once).")
     per_request: int = Field(
-        1000, ge=1, description="With --via: records per POST (one device batch, one container).")
+        1, ge=1, description="With --via: records per POST; 1 is a device sending its own "
+        "record, more is a batch uploader.")
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,13 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                         rate: float | None = None, progress: bool = True,
                         rng: np.random.Generator | None = None,
                         producer: KafkaProducer | None = None,
-                        batch: int = 2000) -> LoadgenResult:
-    """:func:`run_loadgen` over an iterable of (x, y) batches (no need to hold every row)."""
+                        batch: int = 2000,
+                        credentials: list[bytes] | None = None) -> LoadgenResult:
+    """:func:`run_loadgen` over an iterable of (x, y) batches (no need to hold every row).
+
+    ``credentials``: one device credential (121-byte token) per simulated device, in order, for
+    a study that requires them; device i's record is then its credential's slot 0 and carries
+    the credential in its ``credentials`` header (ipdp.credentials)."""
     from kafka.errors import KafkaError
 
     if rate is not None and not rate > 0:
@@ -163,12 +171,20 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         send = producer.send
         on_ok, on_error = delivery.on_ok, delivery.on_error
         headers = study_headers(study.study_id)
+        per_record: list | None = None
+        devices = 0
         try:
             for xb, yb in batches:
                 k = xb.shape[0]
                 if k == 0:
                     continue
-                ids, values = perturb_records(study, xb, yb, rng)
+                ids = None
+                if credentials is not None:
+                    tokens = credentials[devices:devices + k]
+                    ids = np.concatenate([slot_record_ids(t[CREDENTIAL_ID], 1) for t in tokens])
+                    per_record = [[*headers, credentials_header([(t, 1)])] for t in tokens]
+                devices += k
+                ids, values = perturb_records(study, xb, yb, rng, ids)
                 keys = split_ids(ids)
                 for lo, hi in _chunks(k, chunk):
                     if rate is not None:
@@ -178,7 +194,8 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                     for i in range(lo, hi):
                         try:
                             send(topic, key=keys[i], value=values[i],
-                                 headers=headers).add_callback(on_ok).add_errback(on_error)
+                                 headers=headers if per_record is None else per_record[i],
+                                 ).add_callback(on_ok).add_errback(on_error)
                             consecutive = 0
                         except KafkaError as exc:
                             sync_failures += 1
@@ -213,43 +230,67 @@ RETRYABLE_STATUSES = frozenset({429, 503})
 
 def run_loadgen_http(study: Study, base_url: str,
                      batches: Iterable[tuple[np.ndarray, np.ndarray]], total: int | None = None,
-                     connections: int = 8, per_request: int = 1000, rate: float | None = None,
+                     connections: int = 64, per_request: int = 1, rate: float | None = None,
                      progress: bool = True, rng: np.random.Generator | None = None,
                      max_attempts: int = 6) -> LoadgenResult:
     """:func:`run_loadgen_batches` through the HTTP gateway at ``base_url`` instead of Kafka.
 
-    The main thread perturbs each batch (the same device step) and cuts it into request bodies
-    of ``per_request`` concatenated records; ``connections`` threads, each with one keep-alive
-    connection, POST them. A 429 or 503 is retried with the same bytes (up to ``max_attempts``
-    tries, backing off); ``sent`` counts records the gateway answered 202 for, i.e. that Kafka
-    acknowledged.
+    Each batch is perturbed in one step (every row its own device), then cut into request bodies
+    of ``per_request`` concatenated records (one by default: each device sends its own record);
+    ``connections`` asyncio tasks, each with one keep-alive connection, POST them. A 429 or 503
+    is retried with the same bytes (up to ``max_attempts`` tries, backing off); ``sent`` counts
+    records the gateway answered 202 for, i.e. that Kafka acknowledged.
     """
-    import queue
-    import threading
-
-    from producer.gateway_client import GatewayClient
+    import asyncio
 
     if connections < 1 or per_request < 1:
         raise ValueError("connections and per_request must be ≥ 1")
     if rate is not None and not rate > 0:
         raise ValueError(f"rate must be > 0 records/s, got {rate}")
     rng = np.random.default_rng() if rng is None else rng
-    sent_metric = LOADGEN_RECORDS_SENT.labels(study.study_id)
-    error_metric = LOADGEN_SEND_ERRORS.labels(study.study_id)
-    bodies: queue.Queue[tuple[bytes, int] | None] = queue.Queue(maxsize=4 * connections)
-    lock = threading.Lock()
     totals = {"ok": 0, "failed": 0}
     reasons: dict[str, int] = {}
     bar = tqdm(total=total, unit="rec", unit_scale=True, file=sys.stderr, disable=not progress,
                desc=f"loadgen {study.study_id} via {base_url}", mininterval=0.5,
                dynamic_ncols=True)
+    start = time.monotonic()
+    interrupted = False
+    try:
+        asyncio.run(_post_all(study, base_url, batches, connections, per_request, rate, rng,
+                              max_attempts, totals, reasons, bar, start))
+    except KeyboardInterrupt:
+        interrupted = True
+        log.warning("interrupted: stopped with the requests in flight unanswered")
+    finally:
+        bar.close()
+    seconds = time.monotonic() - start
+    for reason, k in sorted(reasons.items()):
+        log.warning("gateway refused %d record(s): %s", k, reason)
+    ok, failed = totals["ok"], totals["failed"]
+    return LoadgenResult(sent=ok, errors=failed, seconds=seconds,
+                         rate=ok / seconds if seconds > 0 else 0.0, interrupted=interrupted)
 
-    def post(client: GatewayClient, body: bytes) -> str | None:
+
+async def _post_all(study: Study, base_url: str,
+                    batches: Iterable[tuple[np.ndarray, np.ndarray]], connections: int,
+                    per_request: int, rate: float | None, rng: np.random.Generator,
+                    max_attempts: int, totals: dict[str, int], reasons: dict[str, int], bar,
+                    start: float) -> None:
+    """Perturb and queue the bodies; ``connections`` tasks POST them, counting into totals."""
+    import asyncio
+
+    from producer.gateway_client import AsyncGatewayConnection
+
+    sent_metric = LOADGEN_RECORDS_SENT.labels(study.study_id)
+    error_metric = LOADGEN_SEND_ERRORS.labels(study.study_id)
+    bodies: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue(maxsize=4 * connections)
+
+    async def post(conn: AsyncGatewayConnection, body: bytes) -> str | None:
         """POST one body; None once accepted, else the last refusal's reason."""
         delay = 0.1
         for attempt in range(max_attempts):
             try:
-                answer = client.post_records(study.study_id, body)
+                answer = await conn.post_records(study.study_id, body)
             except OSError as exc:
                 reason = f"unreachable: {exc!r}"
             else:
@@ -259,58 +300,37 @@ def run_loadgen_http(study: Study, base_url: str,
                 if answer.status not in RETRYABLE_STATUSES:
                     return reason
             if attempt + 1 < max_attempts:
-                time.sleep(delay)
+                await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         return reason
 
-    def worker() -> None:
-        with GatewayClient(base_url) as client:
-            while (item := bodies.get()) is not None:
+    async def worker() -> None:
+        async with AsyncGatewayConnection(base_url) as conn:
+            while (item := await bodies.get()) is not None:
                 body, k = item
-                reason = post(client, body)
-                with lock:
-                    if reason is None:
-                        totals["ok"] += k
-                        sent_metric.inc(k)
-                    else:
-                        totals["failed"] += k
-                        error_metric.inc(k)
-                        reasons[reason] = reasons.get(reason, 0) + k
+                reason = await post(conn, body)
+                if reason is None:
+                    totals["ok"] += k
+                    sent_metric.inc(k)
+                else:
+                    totals["failed"] += k
+                    error_metric.inc(k)
+                    reasons[reason] = reasons.get(reason, 0) + k
                 bar.update(k)
 
-    threads = [threading.Thread(target=worker, name=f"loadgen-http-{i}", daemon=True)
-               for i in range(connections)]
-    for t in threads:
-        t.start()
-    start = time.monotonic()
+    workers = [asyncio.create_task(worker()) for _ in range(connections)]
     queued = 0
-    interrupted = False
-    try:
-        try:
-            for xb, yb in batches:
-                if xb.shape[0] == 0:
-                    continue
-                _, values = perturb_records(study, xb, yb, rng)
-                for lo, hi in _chunks(len(values), per_request):
-                    if rate is not None:
-                        wait = start + queued / rate - time.monotonic()
-                        if wait > 0:
-                            time.sleep(wait)
-                    bodies.put((b"".join(values[lo:hi]), hi - lo))
-                    queued += hi - lo
-        except KeyboardInterrupt:
-            interrupted = True
-            log.warning("interrupted: finishing the requests already queued")
-        finally:
-            for _ in threads:
-                bodies.put(None)
-            for t in threads:
-                t.join()
-        seconds = time.monotonic() - start
-    finally:
-        bar.close()
-    for reason, k in sorted(reasons.items()):
-        log.warning("gateway refused %d record(s): %s", k, reason)
-    ok, failed = totals["ok"], totals["failed"]
-    return LoadgenResult(sent=ok, errors=failed, seconds=seconds,
-                         rate=ok / seconds if seconds > 0 else 0.0, interrupted=interrupted)
+    for xb, yb in batches:
+        if xb.shape[0] == 0:
+            continue
+        _, values = perturb_records(study, xb, yb, rng)
+        for lo, hi in _chunks(len(values), per_request):
+            if rate is not None:
+                wait = start + queued / rate - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            await bodies.put((b"".join(values[lo:hi]), hi - lo))
+            queued += hi - lo
+    for _ in workers:
+        await bodies.put(None)
+    await asyncio.gather(*workers)

@@ -6,6 +6,8 @@
 #                            embedded runtime prefers a redis-server on PATH, so the suite runs on it
 #   chromium                 tests/producer/test_browser.py (the demo page in a real browser, driven
 #                            by playwright-core, which never downloads a browser of its own)
+#   wrk                      bench/devices.py (`ipdp bench devices`, tests/bench/test_devices.py):
+#                            the HTTP load generator that plays a population of devices
 # Idempotent: a tool already on PATH is left alone. Needs root (or sudo) for apt-get; without
 # either it says so and exits 0, and the tests then skip locally or fail under CI=true.
 set -euo pipefail
@@ -15,9 +17,10 @@ command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || 
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install-test-deps: prometheus, promtool, docker-compose, redis-server and chromium already installed"
+    echo "install-test-deps: prometheus, promtool, docker-compose, redis-server, chromium and wrk already installed"
     exit 0
 fi
 
@@ -46,4 +49,4 @@ if ! { "${SUDO[@]}" apt-get update -qq &&
 fi
 # Debian's package registers a prometheus service (not started in containers); the tests
 # start their own instances on free ports.
-command -v prometheus promtool docker-compose redis-server chromium
+command -v prometheus promtool docker-compose redis-server chromium wrk

@@ -124,6 +124,7 @@ def env_topics(topics, kafka_settings, redis_settings, monkeypatch):
         monkeypatch.setenv(f"IPDP_TOPIC_{name.upper()}", str(value))
     monkeypatch.setenv("IPDP_KAFKA_BOOTSTRAP", kafka_settings.bootstrap)
     monkeypatch.setenv("IPDP_REDIS_URL", redis_settings.url)
-    for name in ("IPDP_TRUSTED_STUDY_KEYS", "IPDP_TRUSTED_MODEL_KEYS", "IPDP_STUDY_SIGNING_KEY"):
+    for name in ("IPDP_TRUSTED_STUDY_KEYS", "IPDP_TRUSTED_MODEL_KEYS", "IPDP_STUDY_SIGNING_KEY",
+                 "IPDP_TRUSTED_CREDENTIAL_KEYS"):
         monkeypatch.delenv(name, raising=False)
     return topics

@@ -1,4 +1,4 @@
-"""`ipdp bench accuracy|throughput`, `ipdp soak` and `ipdp audit`: bench/, which prints tables."""
+"""`ipdp bench accuracy|throughput|devices`, `ipdp soak` and `ipdp audit`: bench/, which prints tables."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `bench`, `soak` and `audit` (bench/ is installed with ipdp)."""
-    from bench import accuracy, audit, soak, throughput
+    from bench import accuracy, audit, credentials, devices, soak, throughput
 
     bench = sub.add_parser("bench", help="Benchmarks that print tables (docs/benchmarks.md).")
     kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
@@ -17,6 +17,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("throughput", help="Fold path, end to end, trainer and memory.")
     throughput.add_arguments(p)
     p.set_defaults(func=throughput.run)
+    p = kinds.add_parser("credentials", help="What device credentials cost at the gateway and "
+                         "the aggregator.")
+    credentials.add_arguments(p)
+    p.set_defaults(func=credentials.run)
+    p = kinds.add_parser(
+        "devices", help="One record per request, driven by wrk: the gateway against a bare "
+        "Starlette endpoint.", description=devices.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    devices.add_arguments(p)
+    p.set_defaults(func=devices.run)
     p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times; check invariants.")
     soak.add_arguments(p)
     p.set_defaults(func=soak.run)

@@ -46,6 +46,13 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
                        "before a round that would exceed it (docs/accounting.md).")
         p.add_argument("--budget-delta", dest="budget_delta", type=float, default=None,
                        help="Total δ of the budget.")
+        p.add_argument("--require-credentials", dest="require_credentials",
+                       action="store_const", const=True, default=None,
+                       help="Fold only records carrying a valid device credential "
+                       "(`ipdp credentials issue`, docs/security.md).")
+        p.add_argument("--records-per-device", dest="records_per_device", type=int,
+                       default=None, help="Records one credential may contribute (default 1; "
+                       "needs --require-credentials).")
     p.add_argument("--epsilon", type=float, help="Central ε of each model.")
     p.add_argument("--delta", type=float, help="Central δ of each model.")
     p.add_argument("--n", type=int, help="Records per round.")
@@ -67,7 +74,7 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
 
 STUDY_FIELDS = ("study_id", "loss", "max_rounds", "budget_epsilon", "budget_delta", "epsilon",
                 "delta", "n", "d", "x_bound", "y_bound", "lam", "p_bound", "eta", "mode",
-                "delta_in")
+                "delta_in", "require_credentials", "records_per_device")
 
 
 def study_from_args(args: argparse.Namespace, base: dict | None = None):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import logging
+from pathlib import Path
 
 import numpy as np
 
 from ipdp.cli.common import UsageError, add_kafka_flag, add_redis_flag, kafka_settings, lazy
 from ipdp.settings import TopicSettings
 from ipdp.study import Study, StudyStatus
+
+log = logging.getLogger(__name__)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -39,17 +43,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="Send through the HTTP gateway at URL (http://HOST:PORT) instead of "
                    "Kafka; the study is then read from the gateway too.")
     p.add_argument("--connections", type=int, default=LoadgenSettings().connections, metavar="C",
-                   help="With --via: concurrent keep-alive connections "
-                   "(IPDP_LOADGEN_CONNECTIONS).")
+                   help="With --via: concurrent keep-alive connections, i.e. requests in "
+                   "flight (IPDP_LOADGEN_CONNECTIONS). The gateway's per-client limits apply to "
+                   "this one address: set IPDP_GATEWAY_RATE_LIMIT_PER_S=0 on a gateway it loads.")
     p.add_argument("--per-request", dest="per_request", type=int,
                    default=LoadgenSettings().per_request, metavar="K",
-                   help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST).")
+                   help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST); 1, a device "
+                   "sending its own record, by default; more for a batch uploader.")
     p.add_argument("--no-progress", dest="no_progress", action="store_true",
                    help="No progress bar.")
     p.add_argument("--trust", action="append", default=None, metavar="PREFIX.pub",
                    help="Pin a study owner's public key (.pub path or base64; repeatable). The "
                    "study is used only if its signature verifies. Default: "
                    "IPDP_TRUSTED_STUDY_KEYS; with no key the study is unverified.")
+    p.add_argument("--credentials", default=None, metavar="FILE",
+                   help="Device credentials, one line per simulated device as `ipdp credentials "
+                   "issue` prints them, for a study that requires them (straight to Kafka only; "
+                   "each device sends its slot 0).")
     add_kafka_flag(p)
     add_redis_flag(p, "Also look the study up in this Redis if the studies topic lacks it.")
     p.set_defaults(func=lazy("ipdp.cli.loadgen", "cmd_loadgen"))
@@ -108,6 +118,30 @@ def _study_via_gateway(args: argparse.Namespace) -> Study:
     return _open_study(found, args.study, f"the gateway {args.via} has no study {args.study!r}")
 
 
+def _credentials(args: argparse.Namespace, study: Study) -> list[bytes] | None:
+    """The devices' credentials from --credentials FILE (one line of `ipdp credentials issue`
+    per device), or None."""
+    from ipdp.credentials import CredentialRefused, token_from_text
+
+    if args.credentials is None:
+        if study.require_credentials:
+            log.warning("study %s requires credentials and none were given (--credentials): "
+                        "every record will be dead-lettered credential_missing", study.study_id)
+        return None
+    if args.via:
+        raise UsageError("--credentials sends straight to Kafka: over HTTP each request carries "
+                         "one device's credential (GatewayClient.post_records(credential=…))")
+    try:
+        lines = Path(args.credentials).read_text(encoding="ascii").split()
+        tokens = [token_from_text(line) for line in lines]
+    except (OSError, UnicodeDecodeError, CredentialRefused) as exc:
+        raise UsageError(f"--credentials {args.credentials}: {exc}") from None
+    if len(tokens) < args.devices:
+        raise UsageError(f"--credentials {args.credentials} holds {len(tokens)} credential(s) "
+                         f"for {args.devices} devices: one per device")
+    return tokens
+
+
 def cmd_loadgen(args: argparse.Namespace) -> int:
     """`ipdp loadgen`: simulate --devices devices contributing to --study."""
     from ipdp.metrics import serve
@@ -151,11 +185,13 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
     else:
         raise UsageError(f"--dataset must be 'synthetic' or 'csv:PATH', got {args.dataset!r}")
     common = {"rate": args.rate, "progress": not args.no_progress, "total": args.devices}
+    credentials = _credentials(args, study)
     if args.via:
         result = run_loadgen_http(study, args.via, batches, connections=args.connections,
                                   per_request=args.per_request, **common)
     else:
-        result = run_loadgen_batches(study, kafka, topics, batches, batch=args.batch, **common)
+        result = run_loadgen_batches(study, kafka, topics, batches, batch=args.batch,
+                                     credentials=credentials, **common)
     print(f"records sent  {result.sent}")
     print(f"errors        {result.errors}")
     print(f"elapsed       {result.seconds:.2f} s")

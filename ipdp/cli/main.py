@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from ipdp.cli import bench, demo, gateway, keys, loadgen, models, study, up
+from ipdp.cli import bench, credentials, demo, gateway, keys, loadgen, models, study, up
 from ipdp.cli.common import lazy
 from ipdp.errors import IpdpError
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     study.add_commands(sub)
     keys.add_commands(sub)
+    credentials.add_commands(sub)
     up.add_commands(sub)
     for role, text in (("aggregator", "Fold records into sufficient statistics in Redis."),
                        ("trainer", "Solve closed rounds and publish models.")):

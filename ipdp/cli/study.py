@@ -175,6 +175,8 @@ def cmd_study_show(args: argparse.Namespace) -> int:
         ("budget (ε, δ)", "none" if study.budget_epsilon is None else
          f"({fmt(study.budget_epsilon)}, {fmt(study.budget_delta)}): at most "
          f"{study.round_limit} rounds"),
+        ("credentials", f"required, {study.records_per_device} record(s) per credential"
+         if study.require_credentials else "not required"),
         ("rounds published", str(info["rounds_published"])),
         ("open round", "none yet" if o is None else f"{o['round']}: {o['count']}/{study.n}"),
         ("Δ_in given", "mode default" if study.delta_in is None else fmt(study.delta_in)),

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from tests.conftest import _require_binaries
+from tests.tooling import require_tool
 
 
 def ipdp(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -59,3 +60,20 @@ def test_ipdp_audit_json_reports_a_lower_bound_below_the_claim():
     assert {"claimed_epsilon", "epsilon_lower_bound", "delta", "trials"} <= result.keys()
     assert result["claimed_epsilon"] == 2 and result["trials"] == 20000
     assert 0 <= result["epsilon_lower_bound"] <= 2
+
+
+def test_bench_credentials_prints_the_gateway_and_aggregator_costs():
+    _require_binaries()
+    require_tool("wrk", "ipdp bench credentials --http")
+    out = ipdp("bench", "credentials", "--requests", "50", "--records", "200", "--http", "1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    for title in ("#### Gateway: µs per request", "#### Aggregator: µs per record",
+                  "#### Over HTTP"):
+        assert title in out.stdout
+    in_process = out.stdout.split("#### Over HTTP")[0]
+    figures = [float(x) for x in re.findall(r"\| ([\d.]+) \|$", in_process, re.MULTILINE)]
+    assert len(figures) == 4 + 5 and min(figures) > 0
+    rates = re.findall(r"^\| 1 \| [^|]+ \| ([\d,]+) \| ([\d.]+) \|", out.stdout, re.MULTILINE)
+    assert len(rates) == 3 and all(int(r.replace(",", "")) > 0 for r, _ in rates)
+    assert rates[0][1] == "1.00"  # the bare endpoint is the yardstick
+    assert "requests answered 202" in out.stdout

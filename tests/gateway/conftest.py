@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from gateway.app import create_app
+from gateway.service import uvicorn_options
 from gateway.settings import GatewaySettings
 from ipdp.embedded.children import free_port
 from ipdp.settings import KafkaSettings, TopicSettings
@@ -24,10 +25,11 @@ def running_gateway(kafka: KafkaSettings, topics: TopicSettings, ready: bool = T
     """
     import uvicorn
 
-    gs = GatewaySettings(host="127.0.0.1", port=free_port(), **settings)
+    # One client address plays every device here: no per-client rate unless a test sets one.
+    gs = GatewaySettings(host="127.0.0.1", port=free_port(),
+                         **{"rate_limit_per_s": 0.0, **settings})
     app = create_app(gs, kafka, topics)
-    server = uvicorn.Server(uvicorn.Config(app, host=gs.host, port=gs.port, log_level="warning",
-                                           access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(gs)))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{gs.port}"

@@ -22,8 +22,9 @@ def test_n_records_through_the_gateway_give_exactly_one_model_of_n(
     _, batches = synthetic_batches(n, study.d, study.loss, 500, seed=7)
     with running_gateway(kafka_settings, topics) as url, \
             services(kafka_settings, redis_settings, topics):
-        result = run_loadgen_http(study, url, batches, total=n, connections=3, per_request=150,
-                                  progress=False, rng=np.random.default_rng(3))
+        # The defaults: one record per request (each device its own), many connections.
+        result = run_loadgen_http(study, url, batches, total=n, progress=False,
+                                  rng=np.random.default_rng(3))
         assert (result.sent, result.errors) == (n, 0)
 
         def models():

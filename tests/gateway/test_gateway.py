@@ -9,7 +9,7 @@ import uuid
 import numpy as np
 import pytest
 
-from gateway.app import records_per_message
+from gateway.batcher import records_per_message
 from ipdp import registry
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ipdp.credentials import CREDENTIAL_ID, issue_credential, slot_record_ids, token_text
 from ipdp.losses import clip, encode
 from ipdp.signing import SigningKey
 from ipdp.study import Study, study_message
@@ -27,6 +28,8 @@ REGENERATE = "IPDP_WRITE_VECTORS=1 .venv/bin/python -m pytest tests/producer/tes
 #: Fixed Ed25519 seeds of the test study owner and of a stranger; never use them for real studies.
 OWNER_SEED = bytes(range(32))
 STRANGER_SEED = bytes(range(32, 64))
+#: Fixed Ed25519 seed of the test credential issuer.
+ISSUER_SEED = bytes(range(64, 96))
 
 
 def _study_hash(study_text: str) -> bytes:
@@ -142,6 +145,23 @@ def build_vectors() -> dict:
         _wire_case("created_ms 2^53 - 1", study_hash=sq_hash, record_id=bytes(range(16)),
                    created_ms=2**53 - 1, q_noisy=[0.1], p_noisy=[-0.1]),
     ]
+    issuer = SigningKey(Ed25519PrivateKey.from_private_bytes(ISSUER_SEED))
+    credentialed = Study(study_id="web-vectors-credentials", d=3, n=2_000, epsilon=1.0,
+                         delta=0.01, require_credentials=True, records_per_device=3)
+    token = issue_credential(issuer, credentialed.hash, 1_700_000_000_000, 1_700_003_600_000,
+                             credential_id=bytes(range(100, 116)))
+    credentials = {
+        "envelope": json.loads(study_message(credentialed, "open", owner)),
+        "study_hash": credentialed.hash.hex(),
+        "issuer_public_key": issuer.public_b64,
+        "credential": token_text(token),
+        "credential_id": token[CREDENTIAL_ID].hex(),
+        "issued_ms": 1_700_000_000_000,
+        "expires_ms": 1_700_003_600_000,
+        "records_per_device": credentialed.records_per_device,
+        "slot_record_ids": [row.tobytes().hex() for row in slot_record_ids(
+            token[CREDENTIAL_ID], credentialed.records_per_device)],
+    }
     return {
         "about": "Generated from ipdp's Python implementation by tests/producer/test_web_vectors"
                  f".py; do not edit. Regenerate: {REGENERATE}",
@@ -153,6 +173,7 @@ def build_vectors() -> dict:
         "studies": studies,
         "records": records,
         "wire": wire,
+        "credentials": credentials,
     }
 
 

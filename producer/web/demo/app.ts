@@ -7,7 +7,7 @@
  */
 
 import {
-  fetchStudy, IpdpError, prepareRecord, privacyReport, sendRecords, toHex,
+  fetchStudy, IpdpError, prepareRecord, privacyReport, sendRecord, toHex,
   type PreparedRecord, type VerifiedStudy,
 } from "../src/index.js";
 
@@ -28,8 +28,9 @@ interface ManyResult {
 interface ManyOptions {
   /** Examples to perturb, cycled; the example typed in the form when absent. */
   readonly examples?: readonly Example[];
-  /** Records per POST; 50 by default. */
-  readonly batch?: number;
+  /** Requests in flight at once, each one record (every simulated device sends its own); 6 by
+   * default, a browser's connections per host over HTTP/1.1. */
+  readonly concurrency?: number;
 }
 
 declare global {
@@ -144,7 +145,7 @@ async function sendPrepared() {
   button.disabled = true;
   say("send-status", "Sending…");
   try {
-    await sendRecords(gatewayUrl(), verified.study.studyId, [prepared.bytes]);
+    await sendRecord(gatewayUrl(), verified.study.studyId, prepared.bytes);
     say("send-status", `Accepted: record ${prepared.recordId} is on its way into the next model. ` +
       "This page sends one record per study; a second copy of the same example with fresh " +
       "noise would reveal more about it.", "ok");
@@ -156,20 +157,25 @@ async function sendPrepared() {
   }
 }
 
-/** Test hook: perturb and send k records (batched POSTs), as many simulated devices would. */
+/** Test hook: perturb and send k records, one per POST, as k simulated devices would. */
 async function contributeMany(k: number, options: ManyOptions = {}): Promise<ManyResult> {
   const study = verified ?? await loadStudy();
   const examples = options.examples ?? [typedExample()];
-  const batch = options.batch ?? 50;
   const records = Array.from({ length: k }, (_, i) => {
     const { x, y } = examples[i % examples.length]!;
     return prepareRecord(study, x, y);
   });
   let accepted = 0;
-  for (let at = 0; at < k; at += batch) {
-    const chunk = records.slice(at, at + batch).map((r) => r.bytes);
-    accepted += await sendRecords(gatewayUrl(), study.study.studyId, chunk);
-  }
+  let next = 0;
+  const device = async () => {
+    while (next < records.length) {
+      const record = records[next++]!;
+      // Awaited first: `accepted += await …` would read accepted before the other devices add.
+      const sent = await sendRecord(gatewayUrl(), study.study.studyId, record.bytes);
+      accepted += sent;
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(options.concurrency ?? 6, k) }, device));
   if (records.length > 0) showRecord(records[records.length - 1]!);
   say("send-status", `The test hook contributed ${accepted} records.`, "ok");
   return {

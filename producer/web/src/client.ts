@@ -1,11 +1,13 @@
 /**
  * Talk to the ipdp gateway: `GET /studies/{id}` for the signed study, `POST /studies/{id}/records`
- * with one or more concatenated v1 records. A refusal becomes an IpdpError carrying the gateway's
+ * with the device's one v1 record (`contribute`, `sendRecord`), or several concatenated for a
+ * batch uploader (`sendRecords`); the gateway's group commit makes one record per request cheap. A refusal becomes an IpdpError carrying the gateway's
  * machine reason; retryable failures (5xx, 429, network) are retried with the same bytes, which
  * the record id makes harmless (a duplicate is dead-lettered as `replayed`, never folded twice).
  */
 
 import { concatBytes } from "./bytes.js";
+import { AUTH_SCHEME, credentialRecordId } from "./credential.js";
 import { IpdpError, type FailureReason } from "./errors.js";
 import { prepareRecord, type PreparedRecord, type RecordOverrides } from "./record.js";
 import {
@@ -13,6 +15,8 @@ import {
 } from "./study.js";
 
 export interface GatewayOptions {
+  /** The device's credential (the line its issuer gave it), for a study that requires one. */
+  readonly credential?: string;
   /** The fetch to use; the global one by default. */
   readonly fetch?: typeof fetch;
   /** Further attempts after a retryable failure; 2 by default, 0 turns retrying off. */
@@ -39,9 +43,19 @@ const SHARED_REASONS: ReadonlySet<string> = new Set<FailureReason>(
 /** Longest wait a gateway's Retry-After may ask for before the SDK gives up waiting. */
 const MAX_RETRY_AFTER_MS = 30_000;
 
+export interface CredentialSlot {
+  /**
+   * Which of the credential's slots this record uses (0 by default): a study that requires
+   * credentials folds one record per slot, so a device sending several records numbers them.
+   */
+  readonly slot?: number;
+}
+
 /**
  * Contribute one example: fetch and verify the study, refuse it if closed, perturb (x, y) on the
  * device, send the record. Resolves once the gateway has accepted it (Kafka acknowledged).
+ * A study that requires credentials needs `options.credential`; the record id is then the
+ * credential's slot `options.slot` (0 by default).
  */
 export async function contribute(
   gatewayUrl: string,
@@ -49,12 +63,32 @@ export async function contribute(
   pinnedKeys: PinnedKeys,
   x: ArrayLike<unknown>,
   y: unknown,
-  options: GatewayOptions & RecordOverrides = {},
+  options: GatewayOptions & RecordOverrides & CredentialSlot = {},
 ): Promise<Contribution> {
   const study = requireOpen(await fetchStudy(gatewayUrl, studyId, pinnedKeys, options));
-  const record = prepareRecord(study, x, y, options);
-  await sendRecords(gatewayUrl, studyId, [record.bytes], options);
+  let overrides: RecordOverrides = options;
+  if (study.study.requireCredentials) {
+    if (options.credential === undefined) {
+      throw new IpdpError(
+        "credential_required", `study ${studyId} requires a device credential from its issuer`);
+    }
+    // The record's creation time is the device's "now" (fixed only by tests).
+    overrides = { ...options, recordId: await credentialRecordId(
+      study, options.credential, options.slot ?? 0, options.createdMs ?? Date.now()) };
+  }
+  const record = prepareRecord(study, x, y, overrides);
+  await sendRecord(gatewayUrl, studyId, record.bytes, options);
   return { recordId: record.recordId, record, study };
+}
+
+/** `POST /studies/{id}/records` with one device's record; resolves to 1 once it is accepted. */
+export async function sendRecord(
+  gatewayUrl: string,
+  studyId: string,
+  record: Uint8Array,
+  options: GatewayOptions = {},
+): Promise<number> {
+  return sendRecords(gatewayUrl, studyId, [record], options);
 }
 
 /** `GET /studies/{id}`, verified against the pinned keys; open and closed studies resolve. */
@@ -84,7 +118,10 @@ export async function fetchStudy(
   return verified;
 }
 
-/** `POST /studies/{id}/records` with the records concatenated; resolves to how many were accepted. */
+/**
+ * `POST /studies/{id}/records` with the records concatenated, for a batch uploader holding many
+ * devices' records; resolves to how many were accepted.
+ */
 export async function sendRecords(
   gatewayUrl: string,
   studyId: string,
@@ -97,7 +134,11 @@ export async function sendRecords(
   }
   const response = await request(studyUrl(gatewayUrl, studyId, "records"), {
     method: "POST",
-    headers: { "content-type": "application/octet-stream", accept: "application/json" },
+    headers: {
+      "content-type": "application/octet-stream", accept: "application/json",
+      ...(options.credential === undefined
+        ? {} : { authorization: `${AUTH_SCHEME} ${options.credential.trim()}` }),
+    },
     body: concatBytes(records),
   }, options);
   const answer: unknown = await response.json().catch(() => undefined);

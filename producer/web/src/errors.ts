@@ -21,6 +21,10 @@ export type FailureReason =
   | "invalid_example"
   /** This runtime lacks what the SDK needs (WebCrypto Ed25519, crypto.getRandomValues). */
   | "unsupported_runtime"
+  /** The study requires a device credential and none was given. */
+  | "credential_required"
+  /** The credential is malformed, for another study, expired, or has no such slot. */
+  | "bad_credential"
   /** The gateway refused the request for another reason; `gatewayReason` names it. */
   | "gateway_refused"
   /** The gateway could not be reached, or its answer could not be read. */

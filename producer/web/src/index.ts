@@ -1,7 +1,11 @@
 /** ipdp's browser contributor. See producer/web/README.md. */
 
-export { contribute, fetchStudy, sendRecords, studyUrl } from "./client.js";
-export type { Contribution, GatewayOptions, PinnedKeys } from "./client.js";
+export { contribute, fetchStudy, sendRecord, sendRecords, studyUrl } from "./client.js";
+export type { Contribution, CredentialSlot, GatewayOptions, PinnedKeys } from "./client.js";
+export {
+  AUTH_SCHEME, credentialRecordId, parseCredential, slotRecordId,
+} from "./credential.js";
+export type { Credential } from "./credential.js";
 export { addNoise, clipPair, clipRow, encodeExample, norm } from "./encode.js";
 export type { QuadraticPair } from "./encode.js";
 export { IpdpError } from "./errors.js";

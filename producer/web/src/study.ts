@@ -35,6 +35,10 @@ export interface Study {
   /** Calibration mode, "rigorous" (the default) or "paper". */
   readonly mode: string;
   readonly maxRounds: number | null;
+  /** Whether the gateway admits records only with a device credential (see credential.ts). */
+  readonly requireCredentials: boolean;
+  /** Records one credential may contribute: its slots 0 … recordsPerDevice − 1. */
+  readonly recordsPerDevice: number;
   /** Per-coordinate noise stds: u ~ N(0, stdQ² I) on q, r ~ N(0, stdP² I) on p. */
   readonly noise: { readonly stdQ: number; readonly stdP: number };
   /** Every field of the signed study text, including ones this SDK version does not know. */
@@ -190,9 +194,17 @@ export function parseStudyText(studyText: string): Study {
   if (maxRounds !== null && !(Number.isSafeInteger(maxRounds) && (maxRounds as number) >= 1)) {
     throw new IpdpError("bad_study", `max_rounds ${JSON.stringify(maxRounds)} is not an integer ≥ 1`);
   }
+  const requireCredentials = fields["require_credentials"] ?? false;
+  if (typeof requireCredentials !== "boolean") {
+    throw new IpdpError("bad_study", `require_credentials ${JSON.stringify(requireCredentials)} ` +
+      "is not a boolean");
+  }
   return {
     studyId,
     loss,
+    requireCredentials,
+    recordsPerDevice: "records_per_device" in fields
+      ? positiveInteger(fields, "records_per_device") : 1,
     d: positiveInteger(fields, "d"),
     n: positiveInteger(fields, "n"),
     epsilon: positiveNumber(fields, "epsilon"),
@@ -234,7 +246,7 @@ function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
-function webCrypto(): SubtleCrypto {
+export function webCrypto(): SubtleCrypto {
   const subtle = globalThis.crypto?.subtle;
   if (subtle === undefined) {
     throw new IpdpError(

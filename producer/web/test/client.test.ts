@@ -8,15 +8,19 @@ import { createServer, type IncomingMessage, type ServerResponse } from "node:ht
 import type { AddressInfo } from "node:net";
 import { after, before, beforeEach, test } from "node:test";
 
-import { contribute, fetchStudy, IpdpError, sendRecords, studyUrl } from "../src/index.js";
+import {
+  contribute, credentialRecordId, fetchStudy, IpdpError, parseCredential, sendRecords,
+  slotRecordId, studyUrl, toHex,
+} from "../src/index.js";
 import { closedStudy, openStudy, vectors, type Envelope } from "./vectors.js";
 
 const OPEN_ID: string = JSON.parse(openStudy.envelope.study).study_id;
 const CLOSED_ID: string = JSON.parse(closedStudy.envelope.study).study_id;
 const D: number = JSON.parse(openStudy.envelope.study).d;
 const KEY = vectors.keys.owner_public_key;
+const CREDENTIALED_ID: string = JSON.parse(vectors.credentials.envelope.study).study_id;
 
-interface Posted { contentType: string | undefined; body: Buffer }
+interface Posted { contentType: string | undefined; authorization: string | undefined; body: Buffer }
 
 /** What the stand-in gateway serves and what it has received. */
 const gateway = {
@@ -41,16 +45,18 @@ async function handle(req: IncomingMessage, res: ServerResponse) {
     return reply(res, 404, { error: "unknown_study", detail: "no such study" });
   }
   if (req.method === "GET" && !match[2]) return reply(res, 200, envelope);
-  gateway.posted.push({ contentType: req.headers["content-type"], body: Buffer.concat(chunks) });
+  gateway.posted.push({ contentType: req.headers["content-type"],
+    authorization: req.headers["authorization"], body: Buffer.concat(chunks) });
   const refusal = gateway.refusals.shift();
   if (refusal) {
     return reply(res, refusal.status, { error: refusal.error, detail: "stand-in refusal" },
       refusal.headers);
   }
   const body = Buffer.concat(chunks);
-  const size = 48 + 16 * D;
+  const d: number = JSON.parse(envelope.study).d;
+  const size = 48 + 16 * d;
   if (body.length === 0 || body.length % size) {
-    return reply(res, 400, { error: "wrong_dimension", detail: `records of d = ${D} expected` });
+    return reply(res, 400, { error: "wrong_dimension", detail: `records of d = ${d} expected` });
   }
   return reply(res, 202, { accepted: body.length / size });
 }
@@ -63,7 +69,8 @@ before(async () => {
 });
 after(() => new Promise<void>((resolve) => server.close(() => resolve())));
 beforeEach(() => {
-  gateway.studies = new Map([[OPEN_ID, openStudy.envelope], [CLOSED_ID, closedStudy.envelope]]);
+  gateway.studies = new Map([[OPEN_ID, openStudy.envelope], [CLOSED_ID, closedStudy.envelope],
+    [CREDENTIALED_ID, vectors.credentials.envelope]]);
   gateway.posted = [];
   gateway.refusals = [];
 });
@@ -169,6 +176,16 @@ test("an unreachable gateway is reported as gateway_unreachable", async () => {
     (e) => failure("gateway_unreachable")(e) && (e as IpdpError).retryable);
 });
 
+test("a device's record goes alone in its own POST", async () => {
+  const study = await fetchStudy(gateway.url, OPEN_ID, KEY);
+  const { prepareRecord, sendRecord } = await import("../src/index.js");
+  const before = gateway.posted.length;
+  const record = prepareRecord(study, x, 1).bytes;
+  assert.equal(await sendRecord(gateway.url, OPEN_ID, record), 1);
+  assert.equal(gateway.posted.length, before + 1);
+  assert.deepEqual(new Uint8Array(gateway.posted[before]!.body), record);
+});
+
 test("several records go in one POST and all must be accepted", async () => {
   const study = await fetchStudy(gateway.url, OPEN_ID, KEY);
   const { prepareRecord } = await import("../src/index.js");
@@ -182,4 +199,50 @@ test("study URLs work with and without a trailing slash and a path prefix", () =
   assert.equal(studyUrl("http://h:1", "a b"), "http://h:1/studies/a%20b");
   assert.equal(studyUrl("http://h:1/gw/", "s", "records"), "http://h:1/gw/studies/s/records");
   assert.equal(studyUrl("http://h:1/gw", "s", "records"), "http://h:1/gw/studies/s/records");
+});
+
+test("a study that requires credentials gets the credential and a record id in its slot", async () => {
+  const v = vectors.credentials;
+  const x3 = [0.1, -0.2, 0.3];
+  const c = await contribute(gateway.url, CREDENTIALED_ID, KEY, x3, 0.5,
+    { credential: v.credential, slot: 2, createdMs: v.issued_ms });
+  assert.equal(c.recordId, v.slot_record_ids[2]);
+  assert.equal(gateway.posted.length, 1);
+  assert.equal(gateway.posted[0]!.authorization, `IPDP-Credential ${v.credential}`);
+  assert.equal(gateway.posted[0]!.body.subarray(24, 40).toString("hex"), v.slot_record_ids[2]);
+});
+
+test("without a credential, or with one it cannot use, nothing is sent", async () => {
+  const v = vectors.credentials;
+  const x3 = [0.1, -0.2, 0.3];
+  await assert.rejects(contribute(gateway.url, CREDENTIALED_ID, KEY, x3, 0.5),
+    failure("credential_required"));
+  await assert.rejects(contribute(gateway.url, CREDENTIALED_ID, KEY, x3, 0.5,
+    { credential: v.credential, slot: v.records_per_device, createdMs: v.issued_ms }),
+    failure("bad_credential", "slot"));
+  await assert.rejects(contribute(gateway.url, CREDENTIALED_ID, KEY, x3, 0.5,
+    { credential: "not a credential" }), failure("bad_credential", "base64url"));
+  // Expired by now (issued for 2023), and a credential offered to another study.
+  const expired = contribute(gateway.url, CREDENTIALED_ID, KEY, x3, 0.5, { credential: v.credential });
+  await assert.rejects(expired, failure("bad_credential", "expired"));
+  const plain = await fetchStudy(gateway.url, OPEN_ID, KEY);
+  await assert.rejects(credentialRecordId(plain, v.credential, 0, v.issued_ms),
+    failure("bad_credential", "study hash"));
+  assert.equal(gateway.posted.length, 0);
+});
+
+test("a credential's fields and slots are the Python implementation's", async () => {
+  const v = vectors.credentials;
+  const credential = parseCredential(v.credential);
+  assert.equal(toHex(credential.credentialId), v.credential_id);
+  assert.equal(toHex(credential.studyHash), v.study_hash);
+  assert.equal(credential.issuedMs, v.issued_ms);
+  assert.equal(credential.expiresMs, v.expires_ms);
+  for (let slot = 0; slot < v.records_per_device; slot++) {
+    assert.equal(toHex(await slotRecordId(credential.credentialId, slot)), v.slot_record_ids[slot]);
+  }
+  const verified = await fetchStudy(gateway.url, CREDENTIALED_ID, KEY);
+  assert.equal(verified.study.requireCredentials, true);
+  assert.equal(verified.study.recordsPerDevice, v.records_per_device);
+  assert.equal((await fetchStudy(gateway.url, OPEN_ID, KEY)).study.requireCredentials, false);
 });

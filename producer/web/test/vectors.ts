@@ -21,11 +21,18 @@ export interface StudyVector {
   name: string; envelope: Envelope; signed_message: string; study_hash: string;
 }
 
+export interface CredentialVector {
+  envelope: Envelope; study_hash: string; issuer_public_key: string; credential: string;
+  credential_id: string; issued_ms: number; expires_ms: number; records_per_device: number;
+  slot_record_ids: string[];
+}
+
 export interface Vectors {
   keys: { owner_public_key: string; owner_key_id: string; stranger_public_key: string };
   studies: StudyVector[];
   records: RecordVector[];
   wire: WireVector[];
+  credentials: CredentialVector;
 }
 
 // Compiled to .test-build/test/, two levels below producer/web/.

@@ -1,0 +1,91 @@
+"""The aggregator's credential check: records of a study that requires credentials are folded
+only with a valid credential whose slots include their record id (ipdp.credentials).
+
+Runs after the stateless checks, on the rows of one study, and only for such studies. Each
+message's ``credentials`` header is read once (a container's records share it); each distinct
+token is verified once per process (ipdp.credentials.CredentialVerifier); the record ids of a
+credential are compared with its slots' ids in one numpy comparison. A slot used twice is
+refused by the fold's replay check (``credential_reused``), where the fold is exactly-once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aggregator.fetch import decode_headers
+from ipdp.credentials import CredentialRefused, CredentialVerifier, tokens_of_header
+from ipdp.signing import TrustedKeys
+from ipdp.study import Study
+from ipdp.wire import RecordBatch, RejectReason
+
+
+class CredentialCheck:
+    """Admits the rows of a credential-requiring study that carry a valid credential."""
+
+    def __init__(self, trusted: TrustedKeys, *, replay_window_s: int,
+                 max_future_skew_s: int) -> None:
+        # A credential valid longer than the replay window could be used again once the
+        # window has forgotten its slots, so the verifier refuses it.
+        self.verifier = CredentialVerifier(trusted, max_validity_ms=replay_window_s * 1000,
+                                           skew_ms=max_future_skew_s * 1000)
+
+    def admit(self, study: Study, batch: RecordBatch, polled, now_ms: int,
+              bad_rows: list) -> RecordBatch:
+        """The rows of ``batch`` (rows of ``polled``, a validate.Polled) whose credential admits
+        them; the others are appended to ``bad_rows`` as (row, reason, detail)."""
+        rows = batch.index.tolist()
+        m = study.records_per_device
+        distinct: dict[object, int] = {}
+        which = np.fromiter((distinct.setdefault(t, len(distinct))
+                             for t in self._tokens(polled, rows)), np.int64, len(rows))
+        slots, refused = [], {}
+        no_slots = bytes(16 * m)
+        for token, u in distinct.items():
+            try:
+                if isinstance(token, CredentialRefused):
+                    raise token
+                slots.append(self.verifier.check(token, study.hash, now_ms).slot_ids(m))
+            except CredentialRefused as refusal:
+                refused[u] = refusal
+                slots.append(no_slots)
+        ok = np.ones(len(rows), bool)
+        if refused:
+            for j in np.flatnonzero(np.isin(which, list(refused))).tolist():
+                refusal = refused[int(which[j])]
+                bad_rows.append((rows[j], refusal.reason, refusal.detail))
+                ok[j] = False
+        # Every row against its credential's slots at once: (rows, m, 16) comparisons.
+        expected = np.frombuffer(b"".join(
+            s if type(s) is bytes else s.tobytes() for s in slots), np.uint8).reshape(-1, m, 16)
+        in_slots = (batch.record_id[:, None, :] == expected[which]).all(axis=2).any(axis=1)
+        outside = ok & ~in_slots
+        if outside.any():
+            detail = f"record id is none of its credential's {m} slot id(s)"
+            bad_rows += [(rows[j], RejectReason.CREDENTIAL_BAD_SLOT, detail)
+                         for j in np.flatnonzero(outside).tolist()]
+            ok &= in_slots
+        return batch if ok.all() else batch.take(ok)
+
+    @staticmethod
+    def _tokens(polled, rows: list[int]) -> list:
+        """Per row its token, None (no header) or the CredentialRefused of its header."""
+        parsed: dict[int, list | CredentialRefused | None] = {}
+        out = []
+        for i in rows:
+            block = None if polled.headers is None else polled.headers[i]
+            tokens = parsed.get(id(block), parsed)
+            if tokens is parsed:
+                try:
+                    tokens = tokens_of_header(decode_headers(block))
+                except CredentialRefused as refusal:
+                    tokens = refusal
+                parsed[id(block)] = tokens
+            at = max(int(polled.index[i]), 0)
+            if tokens is None or isinstance(tokens, CredentialRefused):
+                out.append(tokens)
+            elif at < len(tokens):
+                out.append(tokens[at])
+            else:
+                out.append(CredentialRefused(RejectReason.CREDENTIAL_INVALID,
+                                             f"no credential for record {at} of its message"))
+        return out

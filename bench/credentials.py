@@ -1,0 +1,349 @@
+"""What device credentials cost: per request at the gateway, per record at the aggregator.
+
+    python -m bench.credentials [--requests 2000] [--records 20000] [--http SECONDS]
+        [--connections 64] [--threads 2] [--repeat 1]        (or: ipdp bench credentials …)
+
+Times, on this machine and in this process, one Ed25519 verification; the gateway's admission of
+a request (``gateway.credentials.DeviceCredentials``: parse the Authorization header, verify or
+find the cached credential, check the record ids against its slots) for a credential seen for
+the first time and for one already verified; and the aggregator's stateless validation of a
+poll (``aggregator.validate.Validator``) of one-record messages and of gateway containers, with
+and without credentials. Figures are CPU time of this process (time.process_time). With
+``--http SECONDS``, also wrk (as in ``ipdp bench devices``) posting one record per request for
+SECONDS to a bare Starlette endpoint, then to one ``ipdp gateway`` worker for a study without
+credentials and for one that requires them, each request a new device with its own credential
+(so every credential is verified once), on the embedded broker with an aggregator folding
+beside: requests/s against the bare endpoint, latency and the server's CPU per request; then
+what the aggregator folded and dead-lettered of the credential study. Prints markdown tables;
+nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from aggregator.credentials import CredentialCheck
+from aggregator.validate import NOT_IN_CONTAINER, Polled, Validator, split_containers
+from bench.devices import _LUA as DEVICES_LUA
+from bench.devices import _lua_bytes
+from gateway.checks import first_rejection
+from gateway.credentials import DeviceCredentials
+from ipdp.calibration import record_norm_bounds
+from ipdp.credentials import (
+    AUTH_SCHEME,
+    CREDENTIAL_ID,
+    credentials_header,
+    issue_credential,
+    slot_record_ids,
+    token_text,
+)
+from ipdp.signing import SigningKey, TrustedKeys
+from ipdp.study import Study
+from ipdp.wire import encode_container, study_headers
+from producer.contributor import perturb_records
+
+PARAMS = {"d": 14, "n": 1_000, "epsilon": 1.0, "delta": 0.01}
+WINDOW_S, SKEW_S = 86_400, 300
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `ipdp bench credentials`."""
+    p.add_argument("--requests", type=int, default=2_000,
+                   help="Requests (distinct credentials) timed at the gateway (default 2000).")
+    p.add_argument("--records", type=int, default=20_000,
+                   help="Records (one credential each) in the aggregator's poll (default 20000).")
+    p.add_argument("--http", type=float, default=0, metavar="SECONDS",
+                   help="Also drive, with wrk, a bare Starlette endpoint and a gateway for "
+                   "SECONDS each (one-record requests; default 0: skip).")
+    p.add_argument("--connections", type=int, default=64,
+                   help="wrk's connections for --http (default 64).")
+    p.add_argument("--threads", type=int, default=2, help="wrk's threads for --http (default 2).")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="Repetitions of the --http set (default 1).")
+
+
+def _per_call_us(fn, calls: int) -> float:
+    """CPU µs per call of ``fn()`` making ``calls`` calls (process time: other processes on a
+    shared machine do not inflate it)."""
+    started = time.process_time()
+    fn()
+    return (time.process_time() - started) / calls * 1e6
+
+
+def _records(study: Study, tokens: list[bytes]) -> list[bytes]:
+    """One perturbed record per token (the device step, seeded noise), in the token's slot 0."""
+    ids = np.concatenate([slot_record_ids(t[CREDENTIAL_ID], 1) for t in tokens])
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(len(tokens), study.d)) / np.sqrt(study.d)
+    return perturb_records(study, x, np.clip(x[:, 0], -1, 1), rng, ids)[1]
+
+
+def gateway_rows(requests: int) -> list[tuple[str, float]]:
+    """µs per request of each part of the gateway's admission, one record per request."""
+    key = SigningKey(Ed25519PrivateKey.generate())
+    trusted = TrustedKeys([key.private.public_key()])
+    study = Study(study_id="bench", require_credentials=True, **PARAMS)
+    now_ms = time.time_ns() // 1_000_000
+    tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
+              for _ in range(requests)]
+    headers = [f"{AUTH_SCHEME} {token_text(t)}" for t in tokens]
+    bodies = _records(study, tokens)
+    message = b"x" * 57
+    signature = key.private.sign(message)
+    public = key.private.public_key()
+
+    def verify() -> None:
+        for _ in range(requests):
+            public.verify(signature, message)
+
+    def admit(check: DeviceCredentials) -> None:
+        for header, body in zip(headers, bodies, strict=True):
+            _token, cred = check.admit(header, study)
+            check.check_slots(body, study, cred)
+
+    def records_check() -> None:
+        for body in bodies:
+            first_rejection(body, study)
+
+    cold = DeviceCredentials(trusted)
+    rows = [("one Ed25519 verification", _per_call_us(verify, requests)),
+            ("per-record checks of a 1-record request (no credential)",
+             _per_call_us(records_check, requests)),
+            ("credential admission, first request of a credential",
+             _per_call_us(lambda: admit(cold), requests)),
+            ("credential admission, credential already verified",
+             _per_call_us(lambda: admit(cold), requests))]
+    return rows
+
+
+def aggregator_rows(records: int) -> list[tuple[str, float]]:
+    """µs per record of the aggregator's stateless validation of one poll."""
+    key = SigningKey(Ed25519PrivateKey.generate())
+    trusted = TrustedKeys([key.private.public_key()])
+    plain = Study(study_id="plain", **PARAMS)
+    study = Study(study_id="bench", require_credentials=True, **PARAMS)
+    now_ms = time.time_ns() // 1_000_000
+    tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
+              for _ in range(records)]
+    values = _records(study, tokens)
+    plain_values = _records(plain, tokens)
+    for s_ in (plain, study):  # the norm bounds are computed once per study in service
+        record_norm_bounds(s_.calibration)
+
+    def validator() -> Validator:
+        by_hash = {plain.hash: plain, study.hash: study}
+        return Validator(by_hash.get, lambda sid: True, replay_window_s=WINDOW_S,
+                         max_future_skew_s=SKEW_S, max_message_bytes=1 << 20,
+                         credentials=CredentialCheck(trusted, replay_window_s=WINDOW_S,
+                                                     max_future_skew_s=SKEW_S))
+
+    def polled(vals: list[bytes], heads: list) -> Polled:
+        n = len(vals)
+        return Polled(np.zeros(n, np.int64), np.arange(n, dtype=np.int64), vals,
+                      np.full(n, NOT_IN_CONTAINER, np.int64), heads)
+
+    singles = polled(values, [[*study_headers("bench"), credentials_header([(t, 1)])]
+                              for t in tokens])
+    plain_singles = polled(plain_values, [study_headers("plain")] * records)
+    per = 1_000  # records per gateway container, one device (credential) per record
+    containers, heads = [], []
+    for lo in range(0, records, per):
+        containers.append(encode_container(values[lo:lo + per]))
+        heads.append([*study_headers("bench"),
+                      credentials_header([(t, 1) for t in tokens[lo:lo + per]])])
+    boxes = split_containers(polled(containers, heads))[0]
+
+    def run(v: Validator, p: Polled) -> float:
+        def validate() -> None:
+            rejects, valid = v.validate(p, now_ms)
+            if rejects or sum(len(x.row) for x in valid) != records:
+                raise RuntimeError("the benchmark's records did not all pass")
+        return _per_call_us(validate, records)
+
+    v = validator()
+    rows = [("no credentials (one-record messages)", run(v, plain_singles))]
+    rows.append(("credentials, one-record messages, first sight", run(v, singles)))
+    rows.append(("credentials, one-record messages, verified before", run(v, singles)))
+    v = validator()
+    rows.append((f"credentials, {per}-record gateway containers, first sight", run(v, boxes)))
+    rows.append((f"credentials, {per}-record gateway containers, verified before",
+                 run(v, boxes)))
+    return rows
+
+
+# A pool of (Authorization header, record id) pairs, one per device; wrk thread t sends entries
+# t, t + threads, t + 2·threads, … so no two requests of a run share a credential.
+_LUA = """
+local prefix, suffix = "%(prefix)s", "%(suffix)s"
+local pool = {%(pool)s}
+local threads, started, at = %(threads)d, 0, 0
+wrk.method = "POST"
+function setup(thread)
+  thread:set("first", started)
+  started = started + 1
+end
+function init(args)
+  at = first
+end
+function request()
+  local entry = pool[(at %% #pool) + 1]
+  at = at + threads
+  return wrk.format(nil, nil, {["Content-Type"] = "application/octet-stream",
+                               ["Authorization"] = entry[1]}, prefix .. entry[2] .. suffix)
+end
+"""
+
+
+def credential_script(study: Study, tokens: list[bytes], threads: int) -> str:
+    """The wrk script posting one record per request, each in its own credential's slot 0."""
+    record = _records(study, tokens[:1])[0]
+    pool = ",".join(
+        f'{{"{AUTH_SCHEME} {token_text(t)}", "{_lua_bytes(slot_record_ids(t[CREDENTIAL_ID], 1).tobytes())}"}}'
+        for t in tokens)
+    done = DEVICES_LUA[DEVICES_LUA.index("function done"):]
+    return (_LUA + done) % {"prefix": _lua_bytes(record[:24]), "suffix": _lua_bytes(record[40:]),
+                            "pool": pool, "threads": threads}
+
+
+def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> dict:
+    """wrk against a bare Starlette endpoint, then one ``ipdp gateway`` worker posting to a study
+    without credentials and to one that requires them (a new device per request), with an
+    aggregator folding beside, ``repeat`` times; the runs and the credential study's records."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from bench.devices import _stop, _wait_http, _wrk, wrk_script
+    from bench.gateway_load import _cpu_seconds
+    from ipdp import registry, state
+    from ipdp.embedded import EmbeddedRuntime
+    from ipdp.embedded.children import free_port
+    from ipdp.kafka_io import ensure_topics, kafka_producer
+    from ipdp.redis_io import redis_client
+    from ipdp.settings import TopicSettings
+    from ipdp.signing import generate_key_files
+
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRuntime() as rt:
+        key = generate_key_files(f"{tmp}/issuer")
+        kafka = rt.kafka_settings()
+        topics = TopicSettings(records="bench.cred.records", models="bench.cred.models",
+                               dead_letter="bench.cred.dlq", studies="bench.cred.studies")
+        ensure_topics(kafka, topics)
+        plain = Study(study_id="bench-plain", **{**PARAMS, "n": 10**8})
+        study = Study(study_id="bench-cred", require_credentials=True, **{**PARAMS, "n": 10**8})
+        r = redis_client(rt.redis_settings())
+        producer = kafka_producer(kafka)
+        for s_ in (plain, study):
+            registry.create_study(r, producer, topics, s_)
+        producer.close()
+        now_ms = time.time_ns() // 1_000_000
+        # More credentials than one run can use at this machine's rates: no run reuses one.
+        tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
+                  for _ in range(int(seconds * 2_000) * repeat)]
+        scripts = {"plain": Path(tmp) / "plain.lua", "cred": Path(tmp) / "cred.lua"}
+        scripts["plain"].write_text(wrk_script(plain))
+        env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
+               "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
+               "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter, "IPDP_TOPIC_STUDIES": topics.studies,
+               "IPDP_GATEWAY_RATE_LIMIT_PER_S": "0",
+               "IPDP_TRUSTED_CREDENTIAL_KEYS": key.public_b64}
+        aggregator = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"],
+                                      env=env)
+        accepted = 0
+        try:
+            for rep in range(repeat):
+                per_run = len(tokens) // repeat
+                scripts["cred"].write_text(credential_script(
+                    study, tokens[rep * per_run:(rep + 1) * per_run], threads))
+                for server in ("bare", "gateway"):
+                    port = free_port()
+                    url = f"http://127.0.0.1:{port}"
+                    cmd = ([sys.executable, "-m", "uvicorn", "bench.devices:bare_app", "--host",
+                            "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level",
+                            "warning", "--no-server-header"] if server == "bare" else
+                           [sys.executable, "-m", "ipdp.cli", "gateway", "--host", "127.0.0.1",
+                            "--port", str(port), "--workers", "1"])
+                    proc = subprocess.Popen(cmd, env=env)
+                    try:
+                        _wait_http(url, proc, "/healthz" if server == "bare" else "/readyz")
+                        _wrk(f"{url}/studies/bench-plain/records", scripts["plain"], 1.0,
+                             connections, threads)  # warm-up
+                        targets = [("bare", plain, "plain")] if server == "bare" else \
+                            [("no credentials", plain, "plain"),
+                             ("requires credentials", study, "cred")]
+                        for name, s_, script in targets:
+                            cpu0 = _cpu_seconds(proc.pid)
+                            figures = _wrk(f"{url}/studies/{s_.study_id}/records",
+                                           scripts[script], seconds, connections, threads)
+                            figures.update(repetition=rep + 1, server=name, cpu_us_per_request=(
+                                _cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
+                            runs.append(figures)
+                            if script == "cred":
+                                accepted += figures["accepted"]
+                    finally:
+                        _stop(proc)
+
+            def count(field: str) -> int:
+                return int(r.hget(state.counts_key(study.study_id), field) or 0)
+
+            deadline = time.monotonic() + 120
+            while count("folded") < accepted and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(2)
+            rejected = {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()}
+            folded = count("folded")
+        finally:
+            _stop(aggregator)
+    return {"runs": runs, "accepted": accepted, "folded": folded, "rejected": rejected}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of `ipdp bench credentials`."""
+    print(f"#### Gateway: µs per request, d = 14, {args.requests} requests of one record, "
+          "each with its own credential\n")
+    print("| step | µs per request |\n|---|---|")
+    for name, us in gateway_rows(args.requests):
+        print(f"| {name} | {us:.1f} |")
+    print(f"\n#### Aggregator: µs per record of the stateless validation, d = 14, {args.records} "
+          "records, each with its own credential\n")
+    print("| poll | µs per record |\n|---|---|")
+    for name, us in aggregator_rows(args.records):
+        print(f"| {name} | {us:.2f} |")
+    if args.http:
+        result = http_rows(args.http, args.connections, args.threads, args.repeat)
+        print(f"\n#### Over HTTP: wrk -t{args.threads} -c{args.connections} -d{args.http:g}s, one "
+              "d = 14 record per request, 1 gateway worker, an aggregator beside; with "
+              "credentials each request is a new device\n")
+        print("| run | server | requests/s | × bare | p50 ms | p99 ms | server CPU µs per "
+              "request | non-202 |\n|---|---|---|---|---|---|---|---|")
+        bare = {}
+        for x in result["runs"]:
+            if x["server"] == "bare":
+                bare[x["repetition"]] = x["requests_per_second"]
+            name = "bare Starlette + uvicorn" if x["server"] == "bare" else \
+                f"`ipdp gateway`, {x['server']}"
+            print(f"| {x['repetition']} | {name} | {x['requests_per_second']:,.0f} | "
+                  f"{x['requests_per_second'] / bare[x['repetition']]:.2f} | "
+                  f"{x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} | "
+                  f"{x['cpu_us_per_request']:.0f} | "
+                  f"{x['status_errors'] + x['socket_errors']} |")
+        print(f"\nThe credential study: {result['accepted']:,} requests answered 202, "
+              f"{result['folded']:,} records folded; dead letters: {result['rejected'] or 'none'}.")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

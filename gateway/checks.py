@@ -1,0 +1,158 @@
+"""The gateway's per-record checks, pure and vectorised, and the HTTP status of every reason.
+
+A POST goes through, in order: admission (rate limit, study open, the device credential of a
+study that requires one: gateway.credentials), :func:`check_records` on its records, the group commit
+(:class:`gateway.batcher.GroupCommit`), and the acknowledgement of the container holding them.
+:func:`check_records` takes the records of one request, or the coalesced records of many, and
+returns each record's verdict from the one vocabulary, ``ipdp.wire.RejectReason``; further
+per-record checks belong here, as more columns of the same pass.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import isfinite
+
+import numpy as np
+
+from ipdp.study import Study
+from ipdp.wire import WIRE_VERSION, RejectReason, record_size
+
+__all__ = ["HTTP_STATUS", "RECORD_OK", "check_records", "first_rejection", "reason_of"]
+
+#: The HTTP status of every reason the gateway answers with (the OpenAPI document lists them
+#: from here); a reason the gateway never gives (replayed, stale, …) is absent.
+HTTP_STATUS: dict[RejectReason, int] = {
+    RejectReason.UNDECODABLE: 400,
+    RejectReason.UNSUPPORTED_VERSION: 400,
+    RejectReason.WRONG_DIMENSION: 400,
+    RejectReason.NON_FINITE: 400,
+    RejectReason.STUDY_MISMATCH: 400,
+    RejectReason.BAD_REQUEST: 400,
+    RejectReason.UNKNOWN_STUDY: 404,
+    RejectReason.NOT_FOUND: 404,
+    RejectReason.METHOD_NOT_ALLOWED: 405,
+    RejectReason.CREDENTIAL_MISSING: 401,
+    RejectReason.CREDENTIAL_INVALID: 401,
+    RejectReason.CREDENTIAL_UNTRUSTED: 401,
+    RejectReason.CREDENTIAL_EXPIRED: 403,
+    RejectReason.CREDENTIAL_WRONG_STUDY: 403,
+    RejectReason.CREDENTIAL_BAD_SLOT: 403,
+    RejectReason.CREDENTIAL_REUSED: 403,
+    RejectReason.CLOSED_STUDY: 409,
+    RejectReason.REQUEST_TIMEOUT: 408,
+    RejectReason.TOO_LARGE: 413,
+    RejectReason.UNSUPPORTED_MEDIA_TYPE: 415,
+    RejectReason.RATE_LIMITED: 429,
+    RejectReason.HEADERS_TOO_LARGE: 431,
+    RejectReason.KAFKA_UNAVAILABLE: 503,
+    RejectReason.STUDIES_UNAVAILABLE: 503,
+    RejectReason.NOT_READY: 503,
+}
+
+#: The verdict of a record that passed every check (reason codes are 1 + the member's position).
+RECORD_OK = 0
+_REASONS = list(RejectReason)
+
+
+def reason_of(code: int) -> RejectReason:
+    """The reason a non-zero verdict of :func:`check_records` stands for."""
+    return _REASONS[code - 1]
+
+
+def _code(reason: RejectReason) -> int:
+    return _REASONS.index(reason) + 1
+
+
+_UNSUPPORTED_VERSION = _code(RejectReason.UNSUPPORTED_VERSION)
+_UNDECODABLE = _code(RejectReason.UNDECODABLE)
+_WRONG_DIMENSION = _code(RejectReason.WRONG_DIMENSION)
+_NON_FINITE = _code(RejectReason.NON_FINITE)
+_STUDY_MISMATCH = _code(RejectReason.STUDY_MISMATCH)
+
+
+def check_records(records: bytes, study: Study) -> np.ndarray:
+    """The verdict of each record of ``records`` (version-1 records of the study's size, back to
+    back): ``RECORD_OK`` or the code of its first failed check (:func:`reason_of`), uint8 (k,).
+
+    Checks, in order: version, reserved bytes, the header's d against the study's, finite q̃ and
+    p̃, the study hash. Every check is one comparison over all k rows of 64-bit words (the header
+    word holds version, reserved bytes and d), so one record or ten thousand cost a handful of
+    numpy calls. ``len(records)`` must be a multiple of the record size (see
+    :func:`first_rejection`, which says why a body is not).
+
+    A device's request holds one record, and for one record the numpy calls cost more than the
+    checks: :func:`first_rejection` accepts a single good record through the same checks on
+    Python scalars and comes here only to name a reason (tests/gateway/test_checks.py checks
+    that both agree). A check added here is added to that shortcut too.
+    """
+    d = study.d
+    size = record_size(d)
+    words = np.frombuffer(records, "<u8").reshape(-1, size // 8)
+    header = words[:, 0]
+    study_hash = np.frombuffer(study.hash, "<u8")
+    verdict = np.zeros(words.shape[0], np.uint8)
+    finite = np.isfinite(words[:, 6:].view("<f8")).all(axis=1)
+    # Assigned from the last check to the first, so each row keeps its first failure.
+    verdict[(words[:, 1] != study_hash[0]) | (words[:, 2] != study_hash[1])] = _STUDY_MISMATCH
+    verdict[~finite] = _NON_FINITE
+    verdict[(header >> np.uint64(32)) != d] = _WRONG_DIMENSION
+    verdict[(header & np.uint64(0xFFFFFF00)) != 0] = _UNDECODABLE
+    verdict[(header & np.uint64(0xFF)) != WIRE_VERSION] = _UNSUPPORTED_VERSION
+    return verdict
+
+
+def first_rejection(body: bytes, study: Study) -> tuple[RejectReason, str] | None:
+    """Why a request body of version-1 records is refused, or None if every record passes.
+
+    A body that is not a whole number of the study's records is refused as a whole
+    (``wrong_dimension`` if its first header names another d, else ``undecodable``); otherwise
+    the first record whose verdict is not OK names the reason.
+    """
+    size, n = record_size(study.d), len(body)
+    if n == size and body[:24] == _header(study.d, study.hash) \
+            and all(map(isfinite, _values(body))):
+        return None  # one record, every check passed: the scalar form of check_records' checks
+    if n == 0:
+        return RejectReason.UNDECODABLE, "the body holds no record"
+    if n % size:
+        if n >= 8 and body[0] == WIRE_VERSION:
+            d = int.from_bytes(body[4:8], "little")
+            if d != study.d:
+                return (RejectReason.WRONG_DIMENSION,
+                        f"record 0 has d={d}, study {study.study_id!r} has d={study.d}")
+        detail = f"body length {n} is not a multiple of the record size {size} (48 + 16·d, "
+        return RejectReason.UNDECODABLE, detail + f"d={study.d})"
+    verdict = check_records(body, study)
+    bad = np.flatnonzero(verdict)
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    reason = reason_of(int(verdict[i]))
+    return reason, f"record {i}: {_DETAIL[reason](body[i * size:(i + 1) * size], study)}"
+
+
+@lru_cache(maxsize=256)
+def _header(d: int, study_hash: bytes) -> bytes:
+    """The first 24 bytes every record of a study has: version, reserved zeros, d, hash."""
+    return bytes((WIRE_VERSION, 0, 0, 0)) + d.to_bytes(4, "little") + study_hash
+
+
+def _values(record: bytes) -> memoryview:
+    """q̃ and p̃ of one record, as float64 (native byte order is little-endian on every
+    platform the wire format's readers run on: numpy reads them as '<f8')."""
+    return memoryview(record)[48:].cast("d")
+
+
+def _header_d(record: bytes) -> int:
+    return int.from_bytes(record[4:8], "little")
+
+
+_DETAIL = {
+    RejectReason.UNSUPPORTED_VERSION: lambda r, s: f"version {r[0]}, supported: {WIRE_VERSION}",
+    RejectReason.UNDECODABLE: lambda r, s: f"reserved bytes {r[1:4].hex()} are not zero",
+    RejectReason.WRONG_DIMENSION:
+        lambda r, s: f"has d={_header_d(r)}, study {s.study_id!r} has d={s.d}",
+    RejectReason.NON_FINITE: lambda r, s: "q̃ or p̃ holds NaN or Inf",
+    RejectReason.STUDY_MISMATCH: lambda r, s: f"names another study than {s.study_id!r}",
+}

@@ -1,0 +1,75 @@
+"""The gateway's per-request credential check, for studies that require credentials.
+
+A device sends its credential as ``Authorization: IPDP-Credential <token>`` (ipdp.credentials).
+Admission verifies it once per token and process (cached by its bytes) before the body is read;
+the records' ids must then be slots of that credential, each once in the request. A credential
+used again in another request, another worker or after a restart is answered 202 here and
+dead-lettered ``credential_reused`` by the aggregator, where the fold is exactly-once: the
+gateway keeps no state that workers would have to share.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ipdp.credentials import (
+    AUTH_SCHEME,
+    Credential,
+    CredentialRefused,
+    CredentialVerifier,
+    token_from_text,
+)
+from ipdp.signing import TrustedKeys
+from ipdp.study import Study
+from ipdp.wire import RejectReason, record_size
+
+__all__ = ["DeviceCredentials"]
+
+#: Where a version-1 record holds its id.
+_RECORD_ID_OFFSET = 24
+
+
+class DeviceCredentials:
+    """Admits requests to credential-requiring studies; raises CredentialRefused otherwise."""
+
+    def __init__(self, trusted: TrustedKeys) -> None:
+        # The aggregator enforces the not-before time (with its clock-skew allowance) and the
+        # longest validity (its replay window); the gateway refuses what it can know: missing,
+        # malformed, unpinned, expired, another study's, slots not the credential's.
+        self.verifier = CredentialVerifier(trusted, skew_ms=None)
+
+    def admit(self, authorization: str | None, study: Study) -> tuple[bytes, Credential]:
+        """The token of the request's ``Authorization`` header and its credential."""
+        scheme, _, text = (authorization or "").partition(" ")
+        if not authorization:
+            raise CredentialRefused(RejectReason.CREDENTIAL_MISSING,
+                                    f"study {study.study_id!r} requires a device credential: "
+                                    f"Authorization: {AUTH_SCHEME} <credential>")
+        if scheme != AUTH_SCHEME:
+            raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
+                                    f"Authorization scheme must be {AUTH_SCHEME}")
+        token = token_from_text(text)
+        return token, self.verifier.check(token, study.hash, time.time_ns() // 1_000_000)
+
+    @staticmethod
+    def check_slots(records: bytes, study: Study, credential: Credential) -> None:
+        """Each record id of ``records`` (checked version-1 records, back to back) must be a
+        distinct slot of ``credential``."""
+        size = record_size(study.d)
+        k, m = len(records) // size, study.records_per_device
+        if k > m:
+            raise CredentialRefused(RejectReason.CREDENTIAL_REUSED,
+                                    f"{k} records, but a credential has {m} slot(s)")
+        slots = credential.slot_set(m)
+        seen: set[bytes] = set()
+        for i in range(k):  # k ≤ records_per_device: a few ids
+            at = i * size + _RECORD_ID_OFFSET
+            record_id = records[at:at + 16]
+            if record_id not in slots:
+                raise CredentialRefused(RejectReason.CREDENTIAL_BAD_SLOT,
+                                        f"record {i}: its id is none of the credential's {m} "
+                                        "slot id(s)")
+            if record_id in seen:
+                raise CredentialRefused(RejectReason.CREDENTIAL_REUSED,
+                                        f"record {i} uses the same slot as an earlier one")
+            seen.add(record_id)

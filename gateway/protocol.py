@@ -1,0 +1,152 @@
+"""uvicorn's httptools protocol with the limits a public ingest needs (docs/operations.md).
+
+uvicorn bounds the request head only in its pure-Python h11 protocol, has no timeout for a
+connection that sends nothing or sends its request slowly, and answers requests above
+``limit_concurrency`` with 503 while it keeps every connection open, so half-open connections
+exhaust the file descriptors. This subclass adds, per worker:
+
+- a largest request head (``max_header_bytes``): 431 ``headers_too_large``, connection closed;
+- a head deadline (``header_timeout_s``, from the connection's opening or a request's first
+  byte) and a body deadline (``body_timeout_s``, from the end of the head): 408
+  ``request_timeout`` if the request had begun, then the connection is closed;
+- a connection cap (``max_connections``) and a cap per client address
+  (``max_connections_per_client``): a connection above either is closed as soon as it is
+  accepted, so one client's flood costs that client, not the other devices.
+
+The idle keep-alive timeout is uvicorn's own (``timeout_keep_alive``). The per-client request
+rate is the app's (``gateway.app.RateLimiter``), as it answers 429 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from collections import Counter
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.checks import HTTP_STATUS
+from gateway.settings import GatewaySettings
+from ipdp.wire import RejectReason
+
+__all__ = ["BoundedHttpToolsProtocol"]
+
+_PHRASES = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+#: Open connections per client address, per server (one uvicorn server per worker).
+_PER_CLIENT: weakref.WeakKeyDictionary[object, Counter[str]] = weakref.WeakKeyDictionary()
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a head above the limit."""
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's HttpToolsProtocol plus the limits of :class:`GatewaySettings` (``limits``)."""
+
+    def __init__(self, *args, limits: GatewaySettings, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._per_client = _PER_CLIENT.setdefault(self.server_state, Counter())
+        self._host: str | None = None
+        self._head_bytes = 0
+        self._in_head = False
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        host = self.client[0] if self.client else ""
+        if (len(self.connections) > self.limits.max_connections
+                or self._per_client[host] >= self.limits.max_connections_per_client):
+            transport.abort()
+            return
+        self._host = host
+        self._per_client[host] += 1
+        self._arm(self.limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._host is not None:
+            self._per_client[self._host] -= 1
+            if not self._per_client[self._host]:
+                del self._per_client[self._host]
+            self._host = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # The parser keeps a partial head to itself: count what arrived while the head is
+        # incomplete, so a head sent in many reads is refused before it grows.
+        if self._in_head and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_header_bytes:
+                self._refuse(RejectReason.HEADERS_TOO_LARGE, self._head_limit_detail())
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head_bytes = True, 0
+        if self._deadline is None:
+            self._arm(self.limits.header_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        # A head that arrived in one read was never counted: measure it exactly.
+        if self._head_too_large():
+            raise _HeadTooLarge
+        self._arm(self.limits.body_timeout_s)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn answers every parser error with 400; on_headers_complete's _HeadTooLarge
+        # (re-raised by the parser as a parser error) is a 431.
+        if self._head_too_large():
+            self._refuse(RejectReason.HEADERS_TOO_LARGE, self._head_limit_detail())
+            return
+        super().send_400_response(msg)
+
+    def _head_too_large(self) -> bool:
+        return (self.headers is not None and not self._in_head
+                and len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+                > self.limits.max_header_bytes)
+
+    def _head_limit_detail(self) -> str:
+        return f"the request head exceeds {self.limits.max_header_bytes} bytes"
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self._in_head:
+            self._refuse(RejectReason.REQUEST_TIMEOUT, "the request head did not arrive within "
+                         f"{self.limits.header_timeout_s:g} s")
+        elif self.cycle is None or self.cycle.response_started:
+            self.transport.close()  # nothing sent at all, or the app already answered
+        else:
+            self._refuse(RejectReason.REQUEST_TIMEOUT, "the request body did not arrive within "
+                         f"{self.limits.body_timeout_s:g} s")
+
+    def _refuse(self, reason: RejectReason, detail: str) -> None:
+        """Answer ``{"error": reason, "detail": detail}`` with the reason's status; close."""
+        status = HTTP_STATUS[reason]
+        body = json.dumps({"error": reason.value, "detail": detail}).encode()
+        self.transport.write(b"".join((
+            b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES[status]),
+            b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n", body)))
+        self.transport.close()
+        self._disarm()
+

@@ -1,0 +1,88 @@
+/**
+ * Device credentials (docs/wire-format.md, "Device credentials"): a study that requires them
+ * admits a device's records only with the credential its issuer gave it, sent as
+ * `Authorization: IPDP-Credential <credential>`, and only in the credential's slots: record ids
+ * SHA-256("ipdp-record-id-v1\n" ‖ credential id ‖ u32le(slot))[:16], slot < recordsPerDevice.
+ *
+ * The device does not verify the issuer's signature (the gateway and the aggregator do, against
+ * the issuer key they pin); it reads the fields to use the right slots and to refuse early a
+ * credential that cannot work.
+ */
+
+import { concatBytes, toHex, utf8 } from "./bytes.js";
+import { IpdpError } from "./errors.js";
+import { webCrypto, type VerifiedStudy } from "./study.js";
+
+export const AUTH_SCHEME = "IPDP-Credential";
+const TOKEN_SIZE = 121;
+const TOKEN_VERSION = 1;
+const BASE64URL = /^[A-Za-z0-9_-]*$/;
+
+export interface Credential {
+  /** The text form, as the issuer printed it (unpadded base64url). */
+  readonly text: string;
+  readonly studyHash: Uint8Array;
+  readonly credentialId: Uint8Array;
+  readonly issuedMs: number;
+  readonly expiresMs: number;
+}
+
+/** Read a credential's fields (not its signature: the gateway checks that). */
+export function parseCredential(text: string): Credential {
+  const trimmed = text.trim();
+  if (!BASE64URL.test(trimmed)) {
+    throw new IpdpError("bad_credential", "the credential is not unpadded base64url");
+  }
+  const binary = atob(trimmed.replace(/-/g, "+").replace(/_/g, "/") +
+    "=".repeat((4 - (trimmed.length % 4)) % 4));
+  const raw = Uint8Array.from(binary, (c) => c.charCodeAt(0));
+  if (raw.length !== TOKEN_SIZE || raw[0] !== TOKEN_VERSION) {
+    throw new IpdpError(
+      "bad_credential", `the credential has ${raw.length} bytes or version ${raw[0]}; ` +
+        `version ${TOKEN_VERSION} has ${TOKEN_SIZE}`);
+  }
+  const view = new DataView(raw.buffer);
+  return {
+    text: trimmed,
+    studyHash: raw.slice(1, 17),
+    credentialId: raw.slice(17, 33),
+    issuedMs: Number(view.getBigInt64(33, true)),
+    expiresMs: Number(view.getBigInt64(41, true)),
+  };
+}
+
+/** The record id of slot `slot` of a credential. */
+export async function slotRecordId(credentialId: Uint8Array, slot: number): Promise<Uint8Array> {
+  const index = new Uint8Array(4);
+  new DataView(index.buffer).setUint32(0, slot, true);
+  const message = concatBytes([utf8("ipdp-record-id-v1\n"), credentialId, index]);
+  return new Uint8Array(await webCrypto().digest("SHA-256", message), 0, 16);
+}
+
+/**
+ * The record id to use for slot `slot` of `credentialText` in a verified study; refuses a
+ * credential that is for another study, expired at `nowMs`, or has no such slot.
+ */
+export async function credentialRecordId(
+  verified: VerifiedStudy,
+  credentialText: string,
+  slot: number,
+  nowMs: number = Date.now(),
+): Promise<Uint8Array> {
+  const credential = parseCredential(credentialText);
+  if (toHex(credential.studyHash) !== toHex(verified.studyHash)) {
+    throw new IpdpError(
+      "bad_credential", `the credential is for study hash ${toHex(credential.studyHash)}, not ` +
+        `${verified.study.studyId}'s`);
+  }
+  if (nowMs > credential.expiresMs) {
+    throw new IpdpError("bad_credential", `the credential expired at ${credential.expiresMs} ms`);
+  }
+  const slots = verified.study.recordsPerDevice;
+  if (!(Number.isSafeInteger(slot) && slot >= 0 && slot < slots)) {
+    throw new IpdpError(
+      "bad_credential", `slot ${slot}: a credential of study ${verified.study.studyId} has ` +
+        `slots 0 … ${slots - 1}`);
+  }
+  return slotRecordId(credential.credentialId, slot);
+}

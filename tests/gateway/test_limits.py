@@ -1,0 +1,147 @@
+"""The gateway's HTTP limits, each against a real server over raw sockets: head size, head and
+body deadlines, keep-alive, connection caps (global and per client address) and the default
+rate limit."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from contextlib import ExitStack
+
+import pytest
+
+from gateway.settings import GatewaySettings
+from producer.gateway_client import GatewayClient
+from tests.gateway.conftest import running_gateway
+from tests.gateway.test_gateway import D, known, records
+from tests.pipeline import create
+
+
+def connect(url: str, source: str = "127.0.0.1") -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+    return sock
+
+
+def read_until_closed(sock: socket.socket, timeout_s: float = 10) -> bytes:
+    """Everything the server sends until it closes the connection (or the time is up)."""
+    sock.settimeout(timeout_s)
+    out = b""
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except ConnectionResetError:
+        pass
+    return out
+
+
+def status_and_error(raw: bytes) -> tuple[int, str | None]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1])
+    return status, json.loads(body).get("error") if body else None
+
+
+def closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    """True if the server closes (EOF or reset) within ``within_s`` seconds."""
+    sock.settimeout(within_s)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.fixture
+def limited(kafka_settings, redis_settings, topics):
+    """A gateway with small limits, so each is reached in a fraction of a second, and an open
+    study ``limits``."""
+    create(kafka_settings, redis_settings, topics, study_id="limits", d=D, n=1000, epsilon=1.0,
+           delta=0.01)
+    with running_gateway(kafka_settings, topics, max_header_bytes=4096, header_timeout_s=0.5,
+                         body_timeout_s=0.5, keep_alive_timeout_s=0.5, max_connections=8,
+                         max_connections_per_client=4) as url:
+        known(url, "limits")
+        yield url
+
+
+def test_a_head_above_the_limit_is_answered_431_whether_sent_at_once_or_in_pieces(limited):
+    at_once = connect(limited)
+    at_once.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000 + b"\r\n\r\n")
+    assert status_and_error(read_until_closed(at_once)) == (431, "headers_too_large")
+    # A 128 MiB header would be read whole; the gateway stops after the limit.
+    pieces = connect(limited)
+    pieces.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    sent = 0
+    with pytest.raises(OSError):  # the server closes while the header is still coming
+        while sent < 128 << 20:
+            pieces.sendall(b"a" * 4096)
+            sent += 4096
+            time.sleep(0.001)
+    assert sent < 1 << 20
+    small = connect(limited)
+    small.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status_and_error(read_until_closed(small))[0] == 200
+
+
+def test_a_silent_connection_is_closed_after_the_head_timeout(limited):
+    silent = connect(limited)
+    t0 = time.monotonic()
+    assert read_until_closed(silent) == b""
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_slow_head_or_body_is_answered_408_and_closed(limited):
+    slow_head = connect(limited)
+    slow_head.sendall(b"POST /studies/x/records HTTP/1.1\r\nHost: x\r\n")
+    assert status_and_error(read_until_closed(slow_head)) == (408, "request_timeout")
+    slow_body = connect(limited)
+    slow_body.sendall(b"POST /studies/limits/records HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n"
+                      b"0123456789")
+    assert status_and_error(read_until_closed(slow_body)) == (408, "request_timeout")
+
+
+def test_an_idle_keep_alive_connection_is_closed(limited):
+    sock = connect(limited)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.settimeout(10)
+    assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    assert closed_by_server(sock, within_s=5)
+
+
+def test_connections_above_the_caps_are_closed_and_cost_only_their_client(
+        kafka_settings, redis_settings, topics):
+    study = create(kafka_settings, redis_settings, topics, study_id="limits-caps", d=D,
+                   n=1000, epsilon=1.0, delta=0.01)
+    with running_gateway(kafka_settings, topics, max_connections=8,
+                         max_connections_per_client=4) as url, ExitStack() as held:
+        known(url, study.study_id)
+        # One client (127.0.0.2) opens more connections than it may: the fifth is closed.
+        flood = [held.enter_context(connect(url, "127.0.0.2")) for _ in range(5)]
+        assert not closed_by_server(flood[0], within_s=0.3)
+        assert closed_by_server(flood[4], within_s=5)
+        # Another client (127.0.0.1) is still served.
+        with GatewayClient(url) as c:
+            assert c.post_records(study.study_id, records(study, 1)[0]).status == 202
+        # The global cap: with 4 more from a third address, every connection above 8 is closed.
+        more = [held.enter_context(connect(url, "127.0.0.3")) for _ in range(4)]
+        assert not closed_by_server(more[0], within_s=0.3)
+        late = held.enter_context(connect(url, "127.0.0.4"))
+        assert closed_by_server(late, within_s=5)
+
+
+def test_the_rate_limit_is_on_by_default(kafka_settings, redis_settings, topics):
+    assert GatewaySettings().rate_limit_per_s > 0
+    study = create(kafka_settings, redis_settings, topics, study_id="limits-rate", d=D,
+                   n=1000, epsilon=1.0, delta=0.01)
+    defaults = GatewaySettings()
+    with running_gateway(kafka_settings, topics, rate_limit_per_s=defaults.rate_limit_per_s,
+                         rate_limit_burst=defaults.rate_limit_burst) as url:
+        known(url, study.study_id)
+        with GatewayClient(url) as c:
+            statuses = [c.post_records(study.study_id, r).status
+                        for r in records(study, defaults.rate_limit_burst + 5)]
+    assert statuses.count(202) >= defaults.rate_limit_burst
+    assert statuses[-1] == 429
