@@ -47,6 +47,7 @@ from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.settings import TopicSettings
 from ipdp.study import Study
+from ipdp.wire import study_headers
 from producer.contributor import perturb_records
 from producer.gateway_client import GatewayClient
 
@@ -144,7 +145,7 @@ def _stop(*procs: subprocess.Popen) -> None:
             p.wait()
 
 
-def _on_topic(kafka, topic: str, at_least: int) -> int:
+def _on_topic(kafka, topic: str, at_least: int, quiet_s: float = 5.0) -> int:
     """Records on the topic (the sum of its containers' counts), read by count until
     ``at_least`` arrived or nothing more came for 5 s (tansu's end offsets can stop short of
     the last record, so they are not the stop)."""
@@ -156,16 +157,21 @@ def _on_topic(kafka, topic: str, at_least: int) -> int:
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         got, quiet_since = 0, time.monotonic()
-        while time.monotonic() - quiet_since < 5 and got < at_least:
+        while time.monotonic() - quiet_since < quiet_s and got < at_least:
             for msgs in consumer.poll(timeout_ms=500).values():
-                got += sum(int.from_bytes(m.value[4:8], "little") for m in msgs)
+                got += sum(_count(m.value) for m in msgs)
                 quiet_since = time.monotonic()
         # Anything beyond at_least (a record folded twice would hide behind one missing).
         for msgs in consumer.poll(timeout_ms=1000).values():
-            got += sum(int.from_bytes(m.value[4:8], "little") for m in msgs)
+            got += sum(_count(m.value) for m in msgs)
         return got
     finally:
         consumer.close()
+
+
+def _count(value: bytes) -> int:
+    """Records in a message: a container's count, else one (a single record, a dead letter)."""
+    return int.from_bytes(value[4:8], "little") if value[:1] == b"\x02" else 1
 
 
 def _settled(read: Callable[[], int], at_least: int, quiet_s: float = 3.0,
@@ -217,8 +223,17 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
         def folded_now() -> int:
             return int(r.hget(key, "folded") or 0)
 
-        accepted_total = 0
         try:
+            # One record straight to Kafka, folded before anything is measured: the aggregator
+            # has joined its group and read the study before it is ever paused.
+            producer = kafka_producer(kafka)
+            primer = perturb_records(study, np.zeros((1, D)), np.zeros(1),
+                                     np.random.default_rng())[1][0]
+            producer.send(topics.records, value=primer,
+                          headers=study_headers(STUDY_ID)).get(timeout=30)
+            producer.close()
+            accepted_total = 1
+            _settled(folded_now, 1, quiet_s=0)
             for rep in range(repeat):
                 for server, n_workers in [("bare", 1), *(("gateway", w) for w in workers)]:
                     port = free_port()
@@ -258,16 +273,18 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
                             (_cpu_seconds(aggregator.pid) - agg0) / max(1, folded - folded0)
                             * 1e6)
                     runs.append(figures)
-            folded = _settled(folded_now, accepted_total)
+            on_topic = _on_topic(kafka, topics.records, accepted_total)
+            folded = _settled(folded_now, on_topic)
             if aggregator.poll() is not None:
                 raise RuntimeError("the aggregator exited early")
-            on_topic = _on_topic(kafka, topics.records, folded)
+            dead_letters = _on_topic(kafka, topics.dead_letter, 0, quiet_s=1)
         finally:
             _stop(aggregator)
     return {"runs": runs, "accepted": accepted_total, "on_topic": on_topic, "folded": folded,
+            "dead_letters": dead_letters,
             "connections": connections, "threads": threads, "seconds": seconds,
             "repeat": repeat, "workers": list(workers), "fold_while_loading": fold_while_loading,
-            "exactly_once": folded == on_topic and accepted_total <= on_topic
+            "exactly_once": folded == on_topic and dead_letters == 0 and accepted_total <= on_topic
             <= accepted_total + connections * len(runs) * (2 if warmup_s > 0 else 1)}
 
 
@@ -297,7 +314,8 @@ def summary(result: dict) -> dict:
         "gateway_cpu_us_per_request": med("gateway", first, "server_cpu_us_per_request"),
         "aggregator_cpu_us_per_record": med("gateway", first, "aggregator_cpu_us_per_record"),
         "accepted": result["accepted"], "on_topic": result["on_topic"],
-        "folded": result["folded"], "exactly_once": result["exactly_once"],
+        "folded": result["folded"], "dead_letters": result["dead_letters"],
+        "exactly_once": result["exactly_once"],
     }
     for w in result["workers"][1:]:
         out[f"device_requests_per_second_{w}_workers"] = med("gateway", w, "requests_per_second")
@@ -325,8 +343,10 @@ def print_table(result: dict) -> None:
               f"| {r['server_cpu_us_per_request']:.0f} "
               f"| {'—' if agg is None else f'{agg:.1f}'} "
               f"| {r['status_errors'] + r['socket_errors']} |")
-    print(f"\nRecords: {result['accepted']:,} answered 202 to wrk (warm-ups included), "
-          f"{result['on_topic']:,} on the records topic, {result['folded']:,} folded in Redis: "
+    print(f"\nRecords: {result['accepted']:,} acknowledged (the 202s wrk counted, warm-ups "
+          f"included, and one record produced directly to start the aggregator), "
+          f"{result['on_topic']:,} on the records topic, {result['folded']:,} folded in Redis, "
+          f"{result['dead_letters']:,} dead-lettered: "
           f"{'every record on the topic folded exactly once' if result['exactly_once'] else 'MISMATCH'}.")
 
 
