@@ -1,4 +1,4 @@
-"""Devices over HTTP, measured: device → gateway → Kafka → aggregator → Redis, on the embedded
+"""Batched uploads over HTTP, measured: uploader → gateway → Kafka → aggregator → Redis, on the embedded
 broker, with every service a real child process.
 
     python -m bench.gateway_load [--records 200000] [--connections 8] [--per-request 1000]
@@ -221,7 +221,7 @@ def hot_path(per_request: int = 1000, d: int = 14, repeat: int = 200) -> dict:
 
 def print_tables(e2e: dict, hot: list[dict]) -> None:
     """Markdown tables of :func:`gateway_e2e` and :func:`hot_path` results."""
-    print(f"### Devices over HTTP: gateway end to end, {e2e['records']:,} records, d = "
+    print(f"### Batched uploads over HTTP: gateway end to end, {e2e['records']:,} records, d = "
           f"{e2e['d']}, {e2e['per_request']} records per POST, {e2e['connections']} connections, "
           f"{e2e['gateway_workers']} gateway worker(s), {e2e['aggregators']} aggregator(s)\n")
     print("| what | figure |")

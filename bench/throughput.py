@@ -513,8 +513,8 @@ def _run(args: argparse.Namespace, figures: dict) -> None:
         e2e["lib_rate"] / e2e["bare_rate"], 3)
     gateway = gateway_e2e_records_per_second(k_e2e)
     figures["gateway_e2e_records_per_second"] = round(gateway)
-    print(f"\nThrough the HTTP gateway (device → gateway → Kafka → aggregator → Redis): "
-          f"{gateway:,.0f} records/s\n")
+    print(f"\nThrough the HTTP gateway in batched uploads (1,000 records per POST → gateway → "
+          f"Kafka → aggregator → Redis): {gateway:,.0f} records/s\n")
     print(f"### Scale-out: one study folded by k aggregator processes on one Redis, no broker "
           f"({k_scale:,} records each, batches of 5,000, d = 14)\n")
     _md(["processes", "records folded", "folds/s", "WATCH conflicts (retried folds)",

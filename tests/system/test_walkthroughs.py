@@ -33,6 +33,7 @@ RUN_ELSEWHERE = {
     "ipdp keys": "tests/system/test_cli.py",
     "ipdp bench accuracy": "tests/bench/test_bench_commands.py",
     "ipdp bench throughput": "tests/bench/test_bench_commands.py",
+    "ipdp bench devices": "tests/bench/test_devices.py",
     "ipdp soak": "tests/bench/test_bench_commands.py",
     "ipdp audit": "tests/bench/test_bench_commands.py",
 }
