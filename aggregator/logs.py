@@ -113,7 +113,7 @@ class LogGuard:
         with self.r.pipeline(transaction=False) as pipe:
             ids_raw, offsets_raw = pipe.hgetall(self.ids_key).hgetall(self.offsets_key).execute()
         return ({int(k): v.decode() for k, v in ids_raw.items()},
-                {int(k): int(v) for k, v in offsets_raw.items()})
+                {int(k): int(v) for k, v in offsets_raw.items() if b":" not in k})
 
     def check(self, partitions: list[int]) -> list[Pause]:
         """Pauses for `partitions`; records the current log id of those that pass and had none."""
@@ -199,7 +199,9 @@ def resume_partition(r: redis.Redis, kafka: KafkaSettings, *, group: str, topic:
     """Point `partition`'s stored offset at the current log: (offset, topic id) it now holds.
 
     ``from_offset=None`` means the beginning of the current log. Going below the stored offset
-    of the same, untruncated log is refused: those records are folded already.
+    of the same, untruncated log is refused: those records are folded already. Another log, or
+    a lower offset, starts a new epoch of the partition, so that no study's offsets of the old
+    log (aggregator/fold.py) skip a record of the new one.
     """
     tp = TopicPartition(topic, partition)
     current = topic_id(kafka, topic)
@@ -215,7 +217,7 @@ def resume_partition(r: redis.Redis, kafka: KafkaSettings, *, group: str, topic:
     if offset < 0:
         raise ConfigurationError(f"--from-offset must be ≥ 0, got {offset}")
     ids_key, offsets_key = state.log_ids_key(group, topic), state.offsets_key(group, topic)
-    with r.pipeline() as pipe:
+    with r.pipeline(transaction=True) as pipe:
         while True:
             try:
                 pipe.watch(ids_key, offsets_key)
@@ -228,8 +230,12 @@ def resume_partition(r: redis.Redis, kafka: KafkaSettings, *, group: str, topic:
                         f"partition {partition} of {topic}: records below offset "
                         f"{int(stored_offset)} of this log are folded already; resuming at "
                         f"{offset} would fold them twice")
+                moved_back = stored_offset is not None and offset < int(stored_offset)
                 pipe.multi()
                 pipe.hset(offsets_key, str(partition), offset)
+                if not same_log or moved_back:
+                    # Offsets of the old log: every study's offsets of this partition retire.
+                    pipe.hincrby(offsets_key, f"{partition}:epoch", 1)
                 if current is not None:
                     pipe.hset(ids_key, str(partition), current)
                 pipe.execute()

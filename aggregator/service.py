@@ -29,7 +29,7 @@ from aggregator.fold import Folder, FoldResult
 from aggregator.logs import LogGuard, Pause
 from aggregator.settings import AggregatorSettings
 from aggregator.validate import Polled, Rejection
-from ipdp import metrics
+from ipdp import metrics, state
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
 from ipdp.redis_io import check_redis, redis_client
@@ -92,6 +92,11 @@ class Aggregator:
             max_future_skew_s=settings.max_future_skew_s,
             max_message_bytes=settings.max_message_bytes,
         )
+        state.upgrade_layout(self.redis, settings.group, topics.records)
+        announced = self.folder.announce_pending()
+        if announced:
+            log.warning("announced %d closed rounds a crash had left off the trainer's stream",
+                        announced)
         self.logs = LogGuard(self.redis, kafka, group=settings.group, topic=topics.records)
         self.producer = kafka_producer(kafka)
         # No automatic reset: a vanished offset must pause its partition, never jump in the log.

@@ -57,6 +57,9 @@ class RedisSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IPDP_REDIS_", extra="ignore")
 
     url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// URL.")
+    cluster: bool = Field(
+        False, description="The URL names one node of a Redis Cluster: discover the others and "
+        "route every command to its slot's primary.")
     username: str | None = Field(None, description="ACL user (Redis 6+).")
     password: SecretStr | None = None
     socket_timeout_s: float = Field(10.0, gt=0)

@@ -139,7 +139,8 @@ def test_every_hostile_record_is_rejected_with_its_reason_and_leaves_the_statist
     values += good[len(hostile):]
     msgs = [Message(i % 2, i // 2, v) for i, v in enumerate(values)]
     sent = []
-    result = make_folder(redis_settings).fold(msgs, sent.extend)
+    folder = make_folder(redis_settings)
+    result = folder.fold(msgs, sent.extend)
     expected = {(m.partition, m.offset): reason for m, (reason, _) in
                 zip(msgs[1::2], hostile, strict=False)}
     got = {(x.message.partition, x.message.offset): x.reason for x in result.rejected}
@@ -148,7 +149,7 @@ def test_every_hostile_record_is_rejected_with_its_reason_and_leaves_the_statist
                                                     for x in result.rejected]
     assert result.folded == {"hostile": 20}
     r = redis_client(redis_settings)
-    counts = {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()}
+    counts = state.rejected_counts(r, folder.group, folder.topic)
     assert counts == {reason.value: sum(1 for x, _ in hostile if x is reason)
                       for reason in {x for x, _ in hostile}}
     a, b, count = total_stats(redis_settings, study)
@@ -330,7 +331,7 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
         expected[(m.partition, m.offset)] = (RejectReason.REPLAYED, good[7])
         wait_for(lambda: total_stats(redis_settings, study)[2] == 200, 30,
                  "200 honest records folded")
-        wait_for(lambda: sum(int(v) for v in r.hvals(state.REJECTED)) == len(expected), 30,
+        wait_for(lambda: sum(state.rejected_counts(r, f"agg-{topics.records}", topics.records).values()) == len(expected), 30,
                  "every rejection counted")
         assert worker.is_alive()
     finally:
@@ -355,7 +356,7 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
     by_reason: dict[str, int] = {}
     for reason, _ in expected.values():
         by_reason[reason.value] = by_reason.get(reason.value, 0) + 1
-    assert {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()} == by_reason
+    assert state.rejected_counts(r, f"agg-{topics.records}", topics.records) == by_reason
     assert {reason: _dead_lettered(reason) - before[reason] for reason in by_reason} == by_reason
     a, b, count = total_stats(redis_settings, study)
     assert count == 200

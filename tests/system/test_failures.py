@@ -150,7 +150,7 @@ def test_aggregator_sigkilled_at_random_moments_folds_every_record_exactly_once(
     # Exactly once: the statistics are one clean fold of every record produced, nothing was
     # rejected (a refold would show up as a replay), and every closed round holds exactly n.
     assert folded(r, study.study_id) == len(q)
-    assert r.hgetall(state.REJECTED) == {}
+    assert state.rejected_counts(r, f"agg-{topics.records}", topics.records) == {}
     assert_clean_fold(redis_settings, study, q, p)
     rounds = closed_rounds(r, study)
     assert sorted(rounds) == list(range(1, len(q) // study.n + 1))
@@ -185,7 +185,7 @@ def test_a_stale_batch_never_moves_the_offsets_back(redis_settings, kafka_settin
     assert folder.committed_offsets() == {0: 20}
     result = folder.fold(msgs[20:])
     assert result.reseek == {} and result.folded == {"zombie": 10}
-    assert redis_client(redis_settings).hgetall(state.REJECTED) == {}
+    assert state.rejected_counts(redis_client(redis_settings), folder.group, folder.topic) == {}
     assert_clean_fold(redis_settings, study, q, p)
 
 
@@ -319,7 +319,7 @@ def test_redis_killed_mid_load_loses_no_acknowledged_fold_and_the_aggregator_res
                  f"{len(q)} records folded")
         assert agg.thread.is_alive()
     assert sample("ipdp_backend_errors_total", backend="redis", operation="fold") > errors
-    assert r.hgetall(state.REJECTED) == {}
+    assert state.rejected_counts(r, f"agg-{topics.records}", topics.records) == {}
     assert_clean_fold(rs, study, q, p)
 
 
@@ -412,7 +412,7 @@ def test_broker_restarted_under_load_the_new_log_is_paused_not_skipped_then_fold
         assert sum(sample("ipdp_partition_pauses_total", reason=why)
                    for why in ("log_replaced", "offset_out_of_range", "log_truncated")) \
             >= pauses + topics.records_partitions
-        assert r.hgetall(state.REJECTED) == {}
+        assert state.rejected_counts(r, f"agg-{topics.records}", topics.records) == {}
         assert_clean_fold(rs, study, np.concatenate([q1, q2]), np.concatenate([p1, p2]))
     finally:
         rt.stop()
