@@ -41,6 +41,7 @@ from aggregator.validate import (
     Message,
     Polled,
     Rejection,
+    Resolved,
     Validator,
     ValidRows,
     in_order,
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 
 #: A study refused for its signature is looked up again after this many seconds.
 REFUSAL_RETRY_S = 30.0
+#: Most unknown study hashes (and ids) remembered at once.
+UNKNOWN_CACHE_LIMIT = 100_000
 
 #: One study's reads, in one round trip (redis-py costs ~60-90 µs of CPU per command).
 #: KEYS[1] = study hash, KEYS[2] = open round, KEYS[3] = the study's offsets; ARGV = offset
@@ -299,16 +302,21 @@ class Folder:
         max_future_skew_s: int,
         max_message_bytes: int,
         trusted: TrustedKeys | None = None,
+        unknown_study_ttl_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.r = r
+        self.unknown_ttl_s = unknown_study_ttl_s
+        self._unknown: dict[bytes, float] = {}
+        self._known_ids: set[str] = set()
+        self._unknown_ids: dict[str, float] = {}
         self.group, self.topic = group, topic
         self.trusted = trusted
         self._refused: dict[bytes, tuple[float, str]] = {}
         self.offsets_key = state.offsets_key(group, topic)
         self.clock = clock
         self._studies: dict[bytes, Study] = {}
-        self.validator = Validator(self._study, self._registered, replay_window_s=replay_window_s,
+        self.validator = Validator(replay_window_s=replay_window_s,
                                    max_future_skew_s=max_future_skew_s,
                                    max_message_bytes=max_message_bytes)
         self.replay = ReplayIds(r, replay_window_s=replay_window_s,
@@ -363,8 +371,11 @@ class Folder:
         result = FoldResult(skipped=int((~unread).sum()))
         if not unread.all():
             batch = batch.take(np.flatnonzero(unread))
-        rows, container_rejects = split_containers(batch)
-        stateless, valid = self.validator.validate(rows, now_ms)
+        rows, container_rejects = split_containers(batch, self.validator.max_message_bytes)
+        decoded = self.validator.decode(rows)
+        studies = self._resolve(decoded.study_hashes)
+        registered = self._registered(Validator.unmatched_headers(rows, decoded, studies))
+        stateless, valid = self.validator.validate(rows, decoded, studies, registered, now_ms)
         stateless = sorted(container_rejects + stateless,
                            key=lambda x: (x.message.partition, x.message.offset, x.index or 0))
         if dead_letter and stateless:
@@ -429,23 +440,39 @@ class Folder:
             {p: int(x) for p, x in zip(partitions, below, strict=True) if x is not None},
             self.replay.seen(pipe, sid, v.record_id))
 
-    def _study(self, key: bytes) -> Study | None:
-        """The study with wire hash ``key`` (cached), None if unknown; a study whose signature
-        does not verify is refused (MalformedRecord ``untrusted_study``), re-checked after
-        REFUSAL_RETRY_S so that a study re-signed by its owner is taken up without a restart."""
-        study = self._studies.get(key)
-        if study is not None:
-            return study
-        refused = self._refused.get(key)
-        if refused is not None and time.monotonic() - refused[0] < REFUSAL_RETRY_S:
-            raise MalformedRecord(RejectReason.UNTRUSTED_STUDY, refused[1])
+    def _resolve(self, hashes: list[bytes]) -> dict[bytes, Resolved]:
+        """Each study hash's study, refusal (a study whose signature does not verify, looked up
+        again after REFUSAL_RETRY_S so a study re-signed by its owner is taken up without a
+        restart) or None. Studies are cached for good (a study never changes); a hash no study
+        has is remembered as unknown for ``unknown_study_ttl_s``, so made-up hashes cost no
+        Redis lookup each; the hashes not cached are looked up in one HMGET."""
+        now = time.monotonic()
+        out: dict[bytes, Resolved] = {}
+        ask = []
+        for h in hashes:
+            if (study := self._studies.get(h)) is not None:
+                out[h] = study
+            elif (refused := self._refused.get(h)) and now - refused[0] < REFUSAL_RETRY_S:
+                out[h] = MalformedRecord(RejectReason.UNTRUSTED_STUDY, refused[1])
+            elif (since := self._unknown.get(h)) is not None and now - since < self.unknown_ttl_s:
+                out[h] = None
+            else:
+                ask.append(h)
+        if ask:
+            for h, sid in zip(ask, self.r.hmget(state.STUDY_HASHES, ask), strict=True):
+                out[h] = None if sid is None else self._load(h, sid.decode())
+                if out[h] is None:
+                    _remember(self._unknown, h, now, self.unknown_ttl_s)
+        return out
+
+    def _load(self, key: bytes, study_id: str) -> Resolved:
         try:
-            found = registry.study_by_hash(self.r, key, self.trusted)
+            found = registry.load_study(self.r, study_id, self.trusted)
         except SignatureError as exc:
             metrics.STUDIES_REFUSED.labels("aggregator").inc()
             log.error("refusing records of study hash %s: %s", key.hex(), exc)
             self._refused[key] = (time.monotonic(), str(exc))
-            raise MalformedRecord(RejectReason.UNTRUSTED_STUDY, str(exc)) from None
+            return MalformedRecord(RejectReason.UNTRUSTED_STUDY, str(exc))
         if found is None:
             return None
         self._refused.pop(key, None)
@@ -453,5 +480,33 @@ class Folder:
         study.round_limit  # noqa: B018 - the budget's accounting, once, outside any fold
         return study
 
-    def _registered(self, study_id: str) -> bool:
-        return bool(self.r.exists(state.study_key(study_id)))
+    def _registered(self, names: set[str]) -> dict[str, bool]:
+        """Whether each study id is registered (a registered one stays so; an unregistered one
+        is remembered as such for ``unknown_study_ttl_s``)."""
+        now = time.monotonic()
+        out = {x: True for x in names if x in self._known_ids}
+        ask = sorted(x for x in names if x not in out and not (
+            (since := self._unknown_ids.get(x)) is not None and now - since < self.unknown_ttl_s))
+        out.update((x, False) for x in names if x not in out and x not in ask)
+        if ask:
+            with self.r.pipeline(transaction=False) as pipe:
+                for x in ask:
+                    pipe.exists(state.study_key(x))
+                for x, exists in zip(ask, pipe.execute(), strict=True):
+                    out[x] = bool(exists)
+                    if exists:
+                        self._known_ids.add(x)
+                    else:
+                        _remember(self._unknown_ids, x, now, self.unknown_ttl_s)
+        return out
+
+
+def _remember(cache: dict, key, now: float, ttl_s: float) -> None:
+    """Note ``key`` as unknown at ``now``; past UNKNOWN_CACHE_LIMIT entries the expired ones
+    go first, then all (a flood of made-up hashes must not grow memory without bound)."""
+    if len(cache) >= UNKNOWN_CACHE_LIMIT:
+        for k in [k for k, t in cache.items() if now - t >= ttl_s]:
+            del cache[k]
+        if len(cache) >= UNKNOWN_CACHE_LIMIT:
+            cache.clear()
+    cache[key] = now

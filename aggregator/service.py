@@ -91,6 +91,7 @@ class Aggregator:
             replay_window_s=settings.replay_window_s,
             max_future_skew_s=settings.max_future_skew_s,
             max_message_bytes=settings.max_message_bytes,
+            unknown_study_ttl_s=settings.unknown_study_ttl_s,
         )
         state.upgrade_layout(self.redis, settings.group, topics.records)
         announced = self.folder.announce_pending()

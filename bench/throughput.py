@@ -105,7 +105,9 @@ def fold_path(k14: int, figures: dict | None = None) -> list[list[str]]:
                             max_future_skew_s=300, max_message_bytes=1 << 20)
             t0 = time.perf_counter()
             for s in range(0, k, 5000):
-                folder.validator.validate(_polled(values, s, 5000), int(time.time() * 1000))
+                polled = _polled(values, s, 5000)
+                folder.validator.validate(polled, folder.validator.decode(polled),
+                                          {study.hash: study}, {}, int(time.time() * 1000))
             rows.append([str(d), "5000", "decode + validate, no Redis",
                          f"{k / (time.perf_counter() - t0):,.0f}", "—"])
             for batch in (500, 2000, 5000, 20000):

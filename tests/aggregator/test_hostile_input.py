@@ -24,6 +24,7 @@ from ipdp.calibration import record_norm_bounds
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.losses import prepare
 from ipdp.redis_io import redis_client
+from ipdp.study import Study
 from ipdp.wire import (
     RejectReason,
     decode_record,
@@ -457,3 +458,43 @@ def test_dead_letters_of_a_container_name_the_record_inside_it(kafka_settings, r
     assert headers["reason"] == b"norm_out_of_bounds"
     assert headers["source"] == f"{topics.records}:0:0#1".encode()
     assert m.value == big
+
+
+def test_a_container_longer_than_the_message_size_limit_is_dead_lettered_as_oversized(
+        redis_settings, studies):
+    study, _ = studies
+    good, _, _ = honest(study, 2, seed=8)
+    record = len(good[0])
+    # Every record inside is small and valid; together they pass the limit.
+    filler, _, _ = honest(study, MAX_BYTES // record + 1, seed=9)
+    container = encode_container(filler)
+    assert len(container) > MAX_BYTES
+    sent = []
+    folder = make_folder(redis_settings)
+    result = folder.fold([Message(0, 0, container), Message(0, 1, encode_container(good))],
+                         sent.extend)
+    assert [(x.source, x.reason) for x in sent] == [("0:0", RejectReason.OVERSIZED)]
+    assert result.folded == {study.study_id: 2}
+    assert total_stats(redis_settings, study)[2] == 2
+    assert state.rejected_counts(redis_client(redis_settings), folder.group, folder.topic) == {
+        "oversized": 1}
+
+
+def test_an_unknown_study_hash_is_remembered_and_a_study_created_later_is_found_within_the_ttl(
+        redis_settings):
+    ttl_s = 1.0
+    study = Study(study_id=f"late-{uuid.uuid4().hex[:6]}", d=3, n=10**5, epsilon=1.0,
+                  delta=0.01)
+    values, _, _ = honest(study, 3, seed=10)
+    folder = make_folder(redis_settings, unknown_study_ttl_s=ttl_s)
+    first = folder.fold([Message(0, 0, values[0])])
+    assert [x.reason for x in first.rejected] == [RejectReason.UNKNOWN_STUDY]
+    registry.register_study(redis_client(redis_settings), study)
+    created = time.monotonic()
+    # Still remembered as unknown: no lookup per record while the TTL runs.
+    cached = folder.fold([Message(0, 1, values[1])])
+    if time.monotonic() - created < ttl_s:
+        assert [x.reason for x in cached.rejected] == [RejectReason.UNKNOWN_STUDY]
+    time.sleep(max(0.0, ttl_s - (time.monotonic() - created)))
+    found = folder.fold([Message(0, 2, values[2])])
+    assert found.folded == {study.study_id: 1} and found.rejected == []
