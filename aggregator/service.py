@@ -157,11 +157,11 @@ class Aggregator:
         The client learns a recreated topic's new id from its metadata, possibly before the
         rebalance that re-checks it; until then every assigned partition is paused.
         """
-        seen = self.consumer._client.cluster.topic_id(self.topics.records)  # ids: metadata only
+        seen = fetch.topic_id_seen(self.consumer, self.topics.records)
         if seen is not None and self.logs.verified_id is not None \
-                and str(seen) != self.logs.verified_id:
+                and seen != self.logs.verified_id:
             self._pause(self._with_retry(lambda: self.logs.replaced(
-                sorted(tp.partition for tp in self.consumer.assignment()), str(seen))))
+                sorted(tp.partition for tp in self.consumer.assignment()), seen)))
             return messages.take(np.zeros(0, np.int64))
         if not self.logs.paused:
             return messages

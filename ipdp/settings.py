@@ -31,6 +31,11 @@ class KafkaSettings(BaseSettings):
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     client_id: str = "ipdp"
+    end_offsets_exact: bool = Field(
+        True, description="The brokers answer ListOffsets(latest) with the log's end, as Apache "
+        "Kafka does. The embedded tansu broker answers the last batch's base offset + 1 (its "
+        "runtime sets false): the aggregator then fetches the record below a stored offset "
+        "before it calls a log truncated.")
 
     def client_kwargs(self) -> dict:
         """Keyword arguments shared by kafka-python's producer, consumer and admin client."""

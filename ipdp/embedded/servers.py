@@ -380,6 +380,7 @@ class EmbeddedBroker(ChildServer):
         # Explicit values, so IPDP_KAFKA_SASL_* / SSL_* in the environment cannot leak in.
         return KafkaSettings(
             bootstrap=self.bootstrap,
+            end_offsets_exact=False,
             security_protocol="PLAINTEXT",
             sasl_mechanism=None,
             sasl_username=None,
