@@ -200,14 +200,22 @@ def _first_of_each_id(ids: np.ndarray) -> np.ndarray:
     return first
 
 
+def _per_row(by_partition: dict[int, int], partition: np.ndarray) -> np.ndarray:
+    """``by_partition``'s offset for each row's partition (-1 where it has none)."""
+    if not by_partition:
+        return np.full(len(partition), -1, np.int64)
+    keys = np.array(sorted(by_partition), np.int64)
+    values = np.array([by_partition[k] for k in keys.tolist()], np.int64)
+    at = np.minimum(np.searchsorted(keys, partition), len(keys) - 1)
+    return np.where(keys[at] == partition, values[at], -1)
+
+
 def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
            checkpoint: Checkpoint) -> StudyFold:
     """The decide phase of one study (no Redis): which rows fold, into which rounds, and what
     is refused for the study's state."""
     study, sid = v.study, v.study.study_id
-    below = np.array([seen.folded_below.get(x, -1) for x in rows.partition[v.row].tolist()],
-                     np.int64)
-    todo = rows.offset[v.row] >= below  # rows past the study's offsets: not folded yet
+    todo = rows.offset[v.row] >= _per_row(seen.folded_below, rows.partition[v.row])
     row, ids, q, p = v.row[todo], v.record_id[todo], v.q[todo], v.p[todo]
     offsets = {checkpoint.field(x): spans.last[x] + 1
                for x in np.unique(rows.partition[row]).tolist()}
@@ -365,9 +373,7 @@ class Folder:
                                 p, spans.first[p], o)
             return FoldResult(reseek={p: checkpoint.offset.get(p, first)
                                       for p, first in spans.first.items()})
-        below = np.array([checkpoint.offset.get(p, -1) for p in batch.partition.tolist()],
-                         np.int64)
-        unread = batch.offset >= below
+        unread = batch.offset >= _per_row(checkpoint.offset, batch.partition)
         result = FoldResult(skipped=int((~unread).sum()))
         if not unread.all():
             batch = batch.take(np.flatnonzero(unread))
