@@ -380,7 +380,8 @@ class Folder:
         rows, container_rejects = split_containers(batch, self.validator.max_message_bytes)
         decoded = self.validator.decode(rows)
         studies = self._resolve(decoded.study_hashes)
-        registered = self._registered(Validator.unmatched_headers(rows, decoded, studies))
+        registered = self._registered(Validator.unmatched_headers(rows, decoded, studies)) \
+            if None in studies.values() else {}
         stateless, valid = self.validator.validate(rows, decoded, studies, registered, now_ms)
         stateless = sorted(container_rejects + stateless,
                            key=lambda x: (x.message.partition, x.message.offset, x.index or 0))

@@ -6,11 +6,13 @@ aggregator and the trainer in this process, every call into the project's code r
     python -m bench.record_path
 
 Only the per-record path is traced: the study, the clients and the services are set up
-first. The count is of distinct functions, not of calls (a loop calls one function many times).
+first. The count is of distinct functions (comprehensions not counted), not of calls (a loop
+calls one function many times).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import sys
 import tempfile
@@ -34,6 +36,7 @@ from trainer.settings import TrainerSettings
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("producer", "aggregator", "trainer", "ipdp")
 SKIP = ("ipdp/embedded/", "ipdp/cli/", "bench/")
+COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 
 
 def _where(code) -> str | None:
@@ -53,12 +56,16 @@ def _where(code) -> str | None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="Also name every function, per file.")
+    args = ap.parse_args()
     seen: dict[str, set[str]] = collections.defaultdict(set)
 
     def profile(frame, event, _arg):
         if event == "call":
             where = _where(frame.f_code)
-            if where is not None:
+            # Comprehensions are code objects of their own, not functions a reader follows.
+            if where is not None and not frame.f_code.co_name.endswith(COMPREHENSIONS):
                 seen[where].add(frame.f_code.co_qualname)
 
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRuntime(Path(tmp)) as rt:
@@ -91,6 +98,9 @@ def main() -> None:
     for where in sorted(seen):
         print(f"| {where} | {len(seen[where])} |")
     print(f"\n{len(seen)} files, {sum(len(v) for v in seen.values())} distinct functions")
+    if args.list:
+        for where in sorted(seen):
+            print(f"\n{where}: {', '.join(sorted(seen[where]))}")
 
 
 if __name__ == "__main__":

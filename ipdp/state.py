@@ -42,77 +42,69 @@ REJECTED_FIELD = "rejected:"
 """Prefix of a study's counts field holding the refusals of one reason."""
 
 
-def _study(study_id: str, what: str) -> str:
-    return f"{PREFIX}:{{{study_id}}}:{what}"
-
-
 def study_key(study_id: str) -> str:
     """Study definition and status."""
-    return _study(study_id, "study")
+    return f"{PREFIX}:{{{study_id}}}:study"
 
 
 def open_key(study_id: str) -> str:
     """The open round's running statistics."""
-    return _study(study_id, "open")
+    return f"{PREFIX}:{{{study_id}}}:open"
 
 
 def closed_key(study_id: str, round_no: int) -> str:
     """A closed round's statistics, kept until its model is published."""
-    return _study(study_id, f"closed:{round_no}")
+    return f"{PREFIX}:{{{study_id}}}:closed:{round_no}"
 
 
 def unannounced_key(study_id: str) -> str:
     """Closed rounds whose entry on ROUNDS_STREAM is not written yet."""
-    return _study(study_id, "unannounced")
+    return f"{PREFIX}:{{{study_id}}}:unannounced"
 
 
 def published_key(study_id: str) -> str:
     """Which rounds have a published model."""
-    return _study(study_id, "published")
+    return f"{PREFIX}:{{{study_id}}}:published"
 
 
 def study_offsets_key(study_id: str, group: str, topic: str) -> str:
     """Per partition (and epoch), the offset below which this study's records are folded."""
-    return _study(study_id, f"offsets:{group}:{topic}")
+    return f"{PREFIX}:{{{study_id}}}:offsets:{group}:{topic}"
 
 
 def seen_key(study_id: str) -> str:
     """The replay set of earlier versions (a sorted set): read until its ids expire, never written."""
-    return _study(study_id, "seen")
+    return f"{PREFIX}:{{{study_id}}}:seen"
 
 
 def replay_key(study_id: str) -> str:
     """The study's replay buckets: bucket end time (ms) → number of blobs appended to it."""
-    return _study(study_id, "replay")
+    return f"{PREFIX}:{{{study_id}}}:replay"
 
 
 def replay_bucket_key(study_id: str, end_ms: int) -> str:
     """One replay bucket: the truncated ids folded before ``end_ms``, one blob per fold."""
-    return _study(study_id, f"replay:{end_ms}")
+    return f"{PREFIX}:{{{study_id}}}:replay:{end_ms}"
 
 
 def counts_key(study_id: str) -> str:
     """Per-study counters kept exactly (updated in the fold transaction)."""
-    return _study(study_id, "counts")
-
-
-def _group(group: str, topic: str, what: str) -> str:
-    return f"{PREFIX}:{{{group}:{topic}}}:{what}"
+    return f"{PREFIX}:{{{study_id}}}:counts"
 
 
 def offsets_key(group: str, topic: str) -> str:
     """Next offset to read per partition, and each partition's epoch (moved by a resume)."""
-    return _group(group, topic, "offsets")
+    return f"{PREFIX}:{{{group}:{topic}}}:offsets"
 
 
 def log_ids_key(group: str, topic: str) -> str:
     """Per partition, the topic id of the log the stored offset is a position in."""
-    return _group(group, topic, "log-ids")
+    return f"{PREFIX}:{{{group}:{topic}}}:log-ids"
 
 
 def rejected_key(group: str, topic: str) -> str:
     """Refusals decided before any study's state is read, by reason."""
-    return _group(group, topic, "rejected")
+    return f"{PREFIX}:{{{group}:{topic}}}:rejected"
 
 
 def rejected_counts(r: redis.Redis, group: str, topic: str) -> dict[str, int]:
@@ -156,7 +148,7 @@ def _legacy_target(key: bytes) -> str | None:
     kind, sid, end = m.group(1).decode(), m.group(2).decode(), m.group(3)
     if end is not None:
         return replay_bucket_key(sid, int(end)) if kind == "replay" else None
-    return _study(sid, kind)
+    return f"{PREFIX}:{{{sid}}}:{kind}"
 
 
 def upgrade_layout(r: redis.Redis, group: str | None = None, topic: str | None = None) -> int:
