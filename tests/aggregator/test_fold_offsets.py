@@ -119,3 +119,21 @@ def test_a_deployment_with_the_old_layout_resumes_from_its_offsets(redis_setting
     # A replay of a record folded before the upgrade is still refused.
     again = folder.fold([Message(1, 0, values[0])])
     assert [x.reason.value for x in again.rejected] == ["replayed"]
+
+
+def test_a_round_closed_but_not_announced_before_a_crash_is_announced_at_the_next_start(
+        redis_settings):
+    study = study_in(redis_settings, n=200)
+    values, _, _ = honest(study, 200, seed=61)
+    r = redis_client(redis_settings)
+    assert folder_for(redis_settings).fold(
+        [Message(0, i, v) for i, v in enumerate(values)]).closed_rounds == [(study.study_id, 1)]
+    assert r.xlen(state.ROUNDS_STREAM) == 1
+    # The state a crash after the fold's EXEC and before its XADD leaves behind.
+    r.delete(state.ROUNDS_STREAM)
+    r.sadd(state.unannounced_key(study.study_id), 1)
+    assert folder_for(redis_settings).announce_pending() == 1
+    assert [(e[b"study"], e[b"round"]) for _, e in r.xrange(state.ROUNDS_STREAM)] == [
+        (study.study_id.encode(), b"1")]
+    assert not r.exists(state.unannounced_key(study.study_id))
+    assert r.exists(state.closed_key(study.study_id, 1))
