@@ -34,8 +34,9 @@ class KafkaSettings(BaseSettings):
     end_offsets_exact: bool = Field(
         True, description="The brokers answer ListOffsets(latest) with the log's end, as Apache "
         "Kafka does. The embedded tansu broker answers the last batch's base offset + 1 (its "
-        "runtime sets false): the aggregator then fetches the record below a stored offset "
-        "before it calls a log truncated.")
+        "runtime sets false): readers of a topic to its end then wait for one quiet poll, and "
+        "the aggregator fetches the record below a stored offset before it calls a log "
+        "truncated.")
 
     def client_kwargs(self) -> dict:
         """Keyword arguments shared by kafka-python's producer, consumer and admin client."""
