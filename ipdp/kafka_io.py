@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 __all__ = [
     "CONSUMER_DEFAULTS",
     "PRODUCER_DEFAULTS",
-    "Consumer",
     "assign_all",
     "ensure_topics",
     "kafka_admin",
@@ -67,23 +66,16 @@ def kafka_producer(s: KafkaSettings, **overrides: Any) -> KafkaProducer:
     return KafkaProducer(**{**s.client_kwargs(), **PRODUCER_DEFAULTS, **overrides})
 
 
-class Consumer(KafkaConsumer):
-    """A KafkaConsumer that knows whether its brokers' end offsets are the logs' ends
-    (``KafkaSettings.end_offsets_exact``), for :func:`read_to_end`."""
-
-    def __init__(self, *topics: str, end_offsets_exact: bool, **configs: Any) -> None:
-        super().__init__(*topics, **configs)
-        self.end_offsets_exact = end_offsets_exact
-
-
-def kafka_consumer(s: KafkaSettings, *topics: str, **overrides: Any) -> Consumer:
+def kafka_consumer(s: KafkaSettings, *topics: str, **overrides: Any) -> KafkaConsumer:
     """A consumer with :data:`CONSUMER_DEFAULTS` (manual commits, earliest, fast group joins).
 
     Pass ``group_id=...`` for a consumer group; topics may be given positionally or subscribed
-    later.
+    later. It carries ``ipdp_end_offsets_exact`` (``KafkaSettings.end_offsets_exact``) for
+    :func:`read_to_end`.
     """
-    return Consumer(*topics, end_offsets_exact=s.end_offsets_exact,
-                    **{**s.client_kwargs(), **CONSUMER_DEFAULTS, **overrides})
+    consumer = KafkaConsumer(*topics, **{**s.client_kwargs(), **CONSUMER_DEFAULTS, **overrides})
+    consumer.ipdp_end_offsets_exact = s.end_offsets_exact
+    return consumer
 
 
 def kafka_admin(s: KafkaSettings, **overrides: Any) -> KafkaAdminClient:
@@ -128,13 +120,14 @@ def read_to_end(consumer, tps, *, timeout_s: float | None = None, quiet_ms: int 
     """Yield every record of the assigned partitions ``tps`` from the current positions to the end.
 
     Stops once every position has reached the end offsets taken at the start. Unless the
-    consumer says its brokers' end offsets are exact (:class:`Consumer`, from
-    ``KafkaSettings.end_offsets_exact``), a poll of ``quiet_ms`` must then return nothing too:
-    the embedded tansu broker's ListOffsets(latest) answers the last batch's base offset + 1, not
-    the last offset + 1, so after a multi-record batch ``end_offsets`` stops short of records
-    that fetches do return. Raises TimeoutError after ``timeout_s`` (None: no limit).
+    consumer says its brokers' end offsets are exact (``ipdp_end_offsets_exact``, set by
+    :func:`kafka_consumer` from ``KafkaSettings.end_offsets_exact``), a poll of ``quiet_ms``
+    must then return nothing too: the embedded tansu broker's ListOffsets(latest) answers the
+    last batch's base offset + 1, not the last offset + 1, so after a multi-record batch
+    ``end_offsets`` stops short of records that fetches do return. Raises TimeoutError after
+    ``timeout_s`` (None: no limit).
     """
-    if getattr(consumer, "end_offsets_exact", False):
+    if getattr(consumer, "ipdp_end_offsets_exact", False):
         quiet_ms = 0
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     end = consumer.end_offsets(tps)
