@@ -48,7 +48,7 @@ from aggregator.validate import (
     split_containers,
 )
 from ipdp import metrics, registry, state
-from ipdp.errors import SignatureError
+from ipdp.errors import MalformedValue, SignatureError
 from ipdp.redis_io import run_script
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus
@@ -448,9 +448,9 @@ class Folder:
             self.replay.seen(pipe, sid, v.record_id))
 
     def _resolve(self, hashes: list[bytes]) -> dict[bytes, Resolved]:
-        """Each study hash's study, refusal (a study whose signature does not verify, looked up
-        again after REFUSAL_RETRY_S so a study re-signed by its owner is taken up without a
-        restart) or None. Studies are cached for good (a study never changes); a hash no study
+        """Each study hash's study, refusal (a study whose signature does not verify, or whose
+        stored definition cannot be read, looked up again after REFUSAL_RETRY_S so a study
+        re-signed by its owner is taken up without a restart) or None. Studies are cached for good (a study never changes); a hash no study
         has is remembered as unknown for ``unknown_study_ttl_s``, so made-up hashes cost no
         Redis lookup each; the hashes not cached are looked up in one HMGET."""
         now = time.monotonic()
@@ -475,7 +475,7 @@ class Folder:
     def _load(self, key: bytes, study_id: str) -> Resolved:
         try:
             found = registry.load_study(self.r, study_id, self.trusted)
-        except SignatureError as exc:
+        except (SignatureError, MalformedValue) as exc:
             metrics.STUDIES_REFUSED.labels("aggregator").inc()
             log.error("refusing records of study hash %s: %s", key.hex(), exc)
             self._refused[key] = (time.monotonic(), str(exc))

@@ -316,12 +316,18 @@ class Validator:
             detail = f"record has d={rows.d}, study {study.study_id} has d={study.d}"
             bad_rows += [(i, RejectReason.WRONG_DIMENSION, detail) for i in rows.index.tolist()]
             return rows.take(np.zeros(len(rows), bool))
-        max_q, max_p = record_norm_bounds(study.calibration)
+        bounds = record_norm_bounds(study.calibration)
         sq_q = rows.sq_q if rows.sq_q is not None else np.einsum("ij,ij->i", rows.q, rows.q)
         sq_p = rows.sq_p if rows.sq_p is not None else np.einsum("ij,ij->i", rows.p, rows.p)
         checks = [
-            (sq_q > max_q * max_q, RejectReason.NORM_OUT_OF_BOUNDS, f"‖q̃‖ exceeds {max_q:.4g}"),
-            (sq_p > max_p * max_p, RejectReason.NORM_OUT_OF_BOUNDS, f"‖p̃‖ exceeds {max_p:.4g}"),
+            (sq_q > bounds.q_high**2, RejectReason.NORM_OUT_OF_BOUNDS,
+             f"‖q̃‖ exceeds {bounds.q_high:.4g}"),
+            (sq_p > bounds.p_high**2, RejectReason.NORM_OUT_OF_BOUNDS,
+             f"‖p̃‖ exceeds {bounds.p_high:.4g}"),
+            (sq_q < bounds.q_low**2, RejectReason.NORM_OUT_OF_BOUNDS,
+             f"‖q̃‖ is below {bounds.q_low:.4g}: less noise than any honest device adds"),
+            (sq_p < bounds.p_low**2, RejectReason.NORM_OUT_OF_BOUNDS,
+             f"‖p̃‖ is below {bounds.p_low:.4g}: less noise than any honest device adds"),
             (rows.created_ms < now_ms - self.window_ms, RejectReason.STALE,
              "created before the replay window"),
             (rows.created_ms > now_ms + self.skew_ms, RejectReason.FUTURE,

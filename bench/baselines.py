@@ -31,6 +31,12 @@ guarantees (bench.accuracy_data).
   chosen by the exponential mechanism: see `pfw_step_epsilon`, `private_frank_wolfe`.
 - diffprivlib's LinearRegression and LogisticRegression, called as a user would: see
   `diffprivlib_linear`, `diffprivlib_logistic`.
+- Input perturbation as Kang et al. (2020) publish it, **no proven guarantee**: every record's
+  features get N(0, σ²I) once, labels stay in the clear, and T projected gradient steps run on the
+  perturbed data, σ² = c·G²·T·log(1/δ)/(n(n−1)√Δ·ε²) (`kang2020_sigma`, `kang2020_descent`).
+  For replace-one the released w is, on a simple pair of data sets, a Gaussian mechanism with
+  μ = 2√λ/σ (docs/benchmarks.md), so their claim needs c to grow like n²; `kang2020_proof_c`
+  gives the least c that pair allows.
 """
 
 from __future__ import annotations
@@ -255,6 +261,47 @@ def adassp_ridge(lam_min: float, z: float, cal: AdaSSP) -> float:
     """Steps 1–2 of AdaSSP: the ridge from λ̃_min = max(λ_min + σ_eig·z − shift, 0)."""
     noisy_min = max(lam_min + cal.sigma_eig * z - cal.eig_shift, 0.0)
     return max(0.0, cal.ridge_target - noisy_min)
+
+
+KANG_STEPS = 50
+"""T: projected gradient steps of the Kang et al. (2020) baseline."""
+
+
+def kang2020_sigma(*, c: float, lipschitz: float, steps: int, delta: float, n: int,
+                   strong_convexity: float, epsilon: float) -> float:
+    """σ of the feature noise, σ² = c·G²·T·log(1/δ)/(n(n−1)√Δ·ε²) (Kang et al. 2020), with
+    G the Lipschitz constant of the loss on the ball and Δ the strong convexity of the mean
+    objective (1/n)Σℓ + (Δ/2)‖w‖²."""
+    return math.sqrt(c * lipschitz**2 * steps * math.log(1.0 / delta)
+                     / (n * (n - 1) * math.sqrt(strong_convexity) * epsilon**2))
+
+
+def kang2020_proof_c(*, lam: float, lipschitz: float, steps: int, delta: float, n: int,
+                     strong_convexity: float, epsilon: float) -> float:
+    """The least c for which the pair "other labels 0, (√λe₁, +1) against (√λe₁, −1)" is
+    (ε, δ)-DP: the released w is a Gaussian mechanism with μ = 2√λ/σ, so σ ≥ 2√λ/μ*(ε, δ)."""
+    sigma = 2.0 * math.sqrt(lam) / analytic_gaussian_mu(epsilon, delta)
+    unit = kang2020_sigma(c=1.0, lipschitz=lipschitz, steps=steps, delta=delta, n=n,
+                          strong_convexity=strong_convexity, epsilon=epsilon)
+    return (sigma / unit) ** 2
+
+
+def kang2020_descent(h: np.ndarray, lin: np.ndarray, *, n: int, strong_convexity: float,
+                     eta: float, steps: int) -> np.ndarray:
+    """T projected gradient steps from w = 0 on (1/n)(½wᵀhw − linᵀw) + (Δ/2)‖w‖² over ‖w‖ ≤ η.
+
+    h, lin: (..., d, d) and (..., d), batched over leading axes; step 1/L with L the largest
+    eigenvalue of h/n + ΔI (per problem).
+    """
+    d = lin.shape[-1]
+    hessian = h / n + strong_convexity * np.eye(d)
+    step = 1.0 / np.linalg.eigvalsh(hessian)[..., -1:]
+    w = np.zeros_like(lin)
+    for _ in range(steps):
+        w = w - step * (np.einsum("...ij,...j->...i", hessian, w) - lin / n)
+        norm = np.linalg.norm(w, axis=-1, keepdims=True)
+        w = w * np.minimum(1.0, eta / np.maximum(norm, 1e-300))
+    return w
 
 
 def symmetric_normal(rng: np.random.Generator, d: int) -> np.ndarray:

@@ -12,14 +12,16 @@ Privacy maps, next to the noise they justify:
 - both: each record on its own is a Gaussian mechanism; its local (ε_loc, δ) is computed exactly
   with the analytic Gaussian mechanism (Balle & Wang 2018).
 
-Only `math` and `statistics` are used, and results are cached: calibrate() runs on every process.
+calibrate() uses only `math` and `statistics`, and results are cached: it runs on every process.
+The record checks (record_norm_bounds) take scipy.stats' χ² laws, imported when first needed.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from numbers import Integral, Real
 from statistics import NormalDist
 from typing import Literal
 
@@ -71,6 +73,8 @@ class Calibration(BaseModel):
     local_epsilon: float | None
     """ε of one record (q̃, p̃) as a Gaussian mechanism at `local_delta`; None means unbounded."""
     local_delta: float
+    predicted_error: float | None = None
+    """Step 8's predicted excess risk R of the released w (rigorous mode); it reads no data."""
 
     @property
     def noise_std_q(self) -> float:
@@ -100,7 +104,7 @@ def paper_min_n(delta: float) -> float:
 
 def calibrate_paper(
     *, epsilon: float, delta: float, n: int, d: int, lam: float, p_bound: float, eta: float,
-    delta_in: float,
+    delta_in: float | None,
 ) -> Calibration:
     """Algorithm 1 verbatim: γ = δ′ = δ/2, σ_u from Lemma 7's quadratic, σ_b from Kifer et al.
 
@@ -117,7 +121,7 @@ def calibrate_paper(
             f"n={n} is too small for paper mode: Theorem 2 assumes n ≥ 16·log(8/δ) = "
             f"{paper_min_n(delta):.1f}"
         )
-    if delta_in <= 0.0:
+    if delta_in is None or delta_in <= 0.0:
         raise CalibrationError(
             f"delta_in={delta_in} is not allowed in paper mode: Algorithm 2 needs Δ > 2λ/ε, "
             "i.e. Δ_in = Δ − 2λ/ε > 0"
@@ -226,8 +230,12 @@ def _chi3_hockey(c: float, alpha: float) -> float:
     x0 = max(0.0, c / alpha)
     y0 = x0 + alpha
     tail = 2.0 * (x0 * _phi(x0) + _q(x0))
-    shifted = 2.0 * ((y0 - 2.0 * alpha) * _phi(y0) + (1.0 + alpha * alpha) * _q(y0))
-    return max(0.0, tail - math.exp(c + 0.5 * alpha * alpha) * shifted)
+    # e^{c + α²/2}·φ(y₀) and e^{c + α²/2}·Q(y₀) with the exponents summed first: for a large c
+    # (ε₂ in the hundreds) e^{c + α²/2} alone overflows while the products are small.
+    lift = c + 0.5 * alpha * alpha
+    shifted = 2.0 * ((y0 - 2.0 * alpha) * math.exp(lift - 0.5 * y0 * y0) / _SQRT_2PI
+                     + (1.0 + alpha * alpha) * math.exp(lift + _log_ndtr(-y0)))
+    return max(0.0, tail - shifted)
 
 
 LINEAR_NODES = 24
@@ -249,22 +257,49 @@ def linear_term_delta(epsilon2: float, sigma: float, kappa: float, p_bound: floa
     return min(1.0, total + 0.5 * cells / LINEAR_NODES)
 
 
-def linear_term_sigma(epsilon2: float, delta_k: float, kappa: float, p_bound: float) -> float:
-    """Least σ (relative 1e-9, rounded up) with linear_term_delta ≤ δ_K: Step 6 (linear term)."""
+def linear_term_sigma(epsilon2: float, delta_k: float, kappa: float, p_bound: float,
+                      rel_tol: float = 1e-9) -> float:
+    """Least σ (to rel_tol, rounded up) with linear_term_delta ≤ δ_K: Step 6 (linear term).
+
+    A bracket [lo, hi] with linear_term_delta(lo) > δ_K ≥ linear_term_delta(hi) narrowed by
+    the Illinois variant of regula falsi on log δ against log σ (smooth, so a few steps do);
+    the returned hi always meets the bound.
+    """
+    log_target = math.log(delta_k)
+
+    def excess(log_sigma: float) -> float:
+        """log linear_term_delta − log δ_K: ≤ 0 when σ = e^log_sigma suffices."""
+        d = linear_term_delta(epsilon2, math.exp(log_sigma), kappa, p_bound)
+        return math.log(d) - log_target if d > 0.0 else -math.inf
+
     gamma = kappa + 2.0 * p_bound
-    hi = gamma * math.sqrt(2.0 * math.log(1.25 / delta_k)) / epsilon2
-    while linear_term_delta(epsilon2, hi, kappa, p_bound) > delta_k:
-        hi *= 2.0
-    lo = hi / 2.0
-    while linear_term_delta(epsilon2, lo, kappa, p_bound) <= delta_k:
-        lo, hi = lo / 2.0, lo
-    while hi / lo - 1.0 > 1e-9:
-        mid = math.sqrt(lo * hi)
-        if linear_term_delta(epsilon2, mid, kappa, p_bound) <= delta_k:
-            hi = mid
+    b = math.log(gamma * math.sqrt(2.0 * math.log(1.25 / delta_k)) / epsilon2)
+    fb = excess(b)
+    while fb > 0.0:
+        b += math.log(2.0)
+        fb = excess(b)
+    a = b - math.log(2.0)
+    fa = excess(a)
+    while fa <= 0.0:
+        a, b, fb = a - math.log(2.0), a, fa
+        fa = excess(a)
+    width, side = math.log1p(rel_tol), 0
+    while b - a > width:
+        c = 0.5 * (a + b) if math.isinf(fb) else b - fb * (b - a) / (fb - fa)
+        # Stay a little inside the bracket so that the step that ends the search straddles it.
+        c = min(max(c, a + 0.4 * width), b - 0.4 * width)
+        fc = excess(c)
+        if fc <= 0.0:
+            b, fb = c, fc
+            if side == -1:
+                fa *= 0.5
+            side = -1
         else:
-            lo = mid
-    return hi
+            a, fa = c, fc
+            if side == 1:
+                fb *= 0.5
+            side = 1
+    return math.exp(b)
 
 
 @dataclass(frozen=True)
@@ -351,13 +386,55 @@ def _noise_free_point(pr: _Problem) -> _Point | None:
     return _Point(eps1, 0.0, 0.0, 0.0, pr.lam) if eps1 < pr.epsilon else None
 
 
-def _golden(f, lo: float, hi: float, iterations: int = 14) -> float:
-    """Argmin of f on [lo, hi] by golden-section search (f unimodal; inf allowed)."""
+def _point_for_noise(pr: _Problem, sigma_u2: float, gamma1: float, gamma2: float) -> _Point | None:
+    """The split a given σ_u² allows: ε₁ = log(1 + λ′/β), the least Step 5 (log-det term) accepts."""
+    lp = noisy_smoothness(sigma_u2=sigma_u2, n=pr.n, d=pr.d, lam=pr.lam, gamma1=gamma1)
+    beta = pr.delta_in + eigenvalue_bound(sigma_u2, pr.n, pr.d, gamma2)
+    if beta <= 0.0:
+        return None
+    eps1 = log_det_epsilon(lp, beta)
+    return _Point(eps1, gamma1, gamma2, sigma_u2, lp) if eps1 < LOG_DET_SHARE_MAX * pr.epsilon \
+        else None
+
+
+def predicted_error(*, sigma_u2: float, sigma_b2: float, delta_in: float, n: int, d: int,
+                    lam: float, eta: float) -> float:
+    """R = μ(d·σ_b² + η²ρ²)/(nμ + ρ)², ρ = σ_u² + Δ_in, μ = λ/d: Step 8 (choice of the splits).
+
+    The excess risk (w − w*)ᵀ(nμ I)(w − w*)/n of the released w when the records' curvature is
+    isotropic, Σ qqᵀ ≈ nμ I, and ‖w*‖ = η: public parameters only, no data.
+    """
+    mu = lam / d
+    rho = sigma_u2 + delta_in
+    return mu * (d * sigma_b2 + eta * eta * rho * rho) / (n * mu + rho) ** 2
+
+
+LOG_DET_SHARE_MAX = 0.999
+"""ε₁ stays below this share of ε, so that ε₂ > 0 (Step 7)."""
+_GAMMA_SHARES = (math.log(1e-6), math.log(0.45))
+"""Search range of log(γ₁/δ) and log(γ₂/δ); each ≤ 0.45 δ keeps δ_K ≥ 0.1 δ."""
+_SPENT_SHARES = (math.log(1e-6), 0.0)
+"""Range of log(γ/δ) when checking a given noise: up to δ, the δ the split spends decides."""
+_STARTS = ((math.log(0.01), math.log(0.01)), (math.log(0.45), math.log(0.45)))
+"""Starting δ splits (γ₁/δ, γ₂/δ): a typical optimum, then the most generous, for small n."""
+_NOISE_SPAN = math.log(1e4)
+"""σ_u² is searched between the least one a δ split admits and 10⁴ times that."""
+_SEARCH_TOLERANCE = 1e-4
+"""Relative precision of σ_b while searching; the chosen split gets linear_term_sigma's 1e-9."""
+_SWEEPS, _ITERATIONS = 3, 20
+
+
+def _golden(f, lo: float, hi: float, iterations: int = _ITERATIONS) -> float:
+    """Argmin of f on [lo, hi] by golden-section search.
+
+    f is unimodal where finite and infinite only below some point of [lo, hi] (not enough noise
+    for a proof), so two infinite probes move the bracket up.
+    """
     r = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = lo + (1 - r) * (hi - lo), lo + r * (hi - lo)
     fa, fb = f(a), f(b)
     for _ in range(iterations):
-        if fa <= fb:
+        if fa <= fb and not math.isinf(fa):
             hi, b, fb = b, a, fa
             a = lo + (1 - r) * (hi - lo)
             fa = f(a)
@@ -368,144 +445,187 @@ def _golden(f, lo: float, hi: float, iterations: int = 14) -> float:
     return a if fa <= fb else b
 
 
-_LOG_GAMMA_RANGE = (math.log(1e-6), math.log(0.9))
+def _descend(cost, start: list[float], bounds, sweeps: int = _SWEEPS,
+             iterations: int = _ITERATIONS) -> list[float]:
+    """Coordinate descent: golden-section search on each coordinate in turn, `sweeps` times.
+
+    bounds[i](x) gives the range of coordinate i at the current point x.
+    """
+    x = list(start)
+    for _ in range(sweeps):
+        for i, bound in enumerate(bounds):
+            def along(v, i=i):
+                return cost([*x[:i], v, *x[i + 1:]])
+            x[i] = _golden(along, *bound(x), iterations)
+    return x
 
 
-def _gammas(pr: _Problem, lg1: float, lg2: float) -> tuple[float, float] | None:
-    g1, g2 = pr.delta * math.exp(lg1), pr.delta * math.exp(lg2)
-    return (g1, g2) if g1 + g2 < 0.98 * pr.delta else None
+def _gammas(pr: _Problem, lg1: float, lg2: float) -> tuple[float, float]:
+    return pr.delta * math.exp(lg1), pr.delta * math.exp(lg2)
 
 
-def _sigma_b2(pr: _Problem, pt: _Point) -> float:
-    return linear_term_sigma(pr.epsilon - pt.eps1, pt.delta_k(pr), pt.kappa(pr), pr.p_bound) ** 2
+def _sigma_b2(pr: _Problem, pt: _Point, rel_tol: float = 1e-9) -> float:
+    return linear_term_sigma(pr.epsilon - pt.eps1, pt.delta_k(pr), pt.kappa(pr), pr.p_bound,
+                             rel_tol) ** 2
 
 
-def _fits_reference(pr: _Problem, pt: _Point | None, sigma_b: float) -> bool:
-    return pt is not None and linear_term_delta(
-        pr.epsilon - pt.eps1, sigma_b, pt.kappa(pr), pr.p_bound) <= pt.delta_k(pr)
+def _error(pr: _Problem, pt: _Point | None) -> float:
+    """Step 8's predicted error at a point, σ_b to the search tolerance; inf without a proof."""
+    if pt is None:
+        return math.inf
+    return predicted_error(sigma_u2=pt.sigma_u2, sigma_b2=_sigma_b2(pr, pt, _SEARCH_TOLERANCE),
+                           delta_in=pr.delta_in, n=pr.n, d=pr.d, lam=pr.lam, eta=pr.eta)
 
 
-def _least_input_noise(pr: _Problem, reference_b2: float) -> _Point | None:
-    """Stage 1 of Step 8 (choice of the splits): least σ_u² with σ_b² at most the reference."""
-    sigma_b = math.sqrt(reference_b2)
-
-    def largest_eps1(g1: float, g2: float) -> _Point | None:
-        grid = [pr.epsilon * k / 32 for k in range(31, 0, -1)]
-        start = next((x for x in grid
-                      if _fits_reference(pr, _point(pr, x, g1, g2), sigma_b)), None)
-        if start is None:
-            return None
-        lo, hi = start, min(pr.epsilon, start + pr.epsilon / 32)
-        for _ in range(30):
-            mid = 0.5 * (lo + hi)
-            if _fits_reference(pr, _point(pr, mid, g1, g2), sigma_b):
-                lo = mid
-            else:
-                hi = mid
-        return _point(pr, lo, g1, g2)
-
-    def cost(lg1: float, lg2: float) -> float:
-        gs = _gammas(pr, lg1, lg2)
-        pt = largest_eps1(*gs) if gs else None
-        return math.inf if pt is None else pt.sigma_u2
-
-    lg1, lg2 = math.log(0.1), math.log(0.3)
-    if math.isinf(cost(lg1, lg2)):
-        return None
-    for _ in range(2):
-        lg1 = _golden(lambda v, lg2=lg2: cost(v, lg2), *_LOG_GAMMA_RANGE)
-        lg2 = _golden(lambda v, lg1=lg1: cost(lg1, v), *_LOG_GAMMA_RANGE)
-    return largest_eps1(*_gammas(pr, lg1, lg2))
+def _least_noise(pr: _Problem, lg1: float, lg2: float) -> float | None:
+    """log of the least σ_u² for which the δ split (γ₁, γ₂) admits a proof (ε₁ < ε), or None."""
+    sigma_u2 = _sigma_u2(pr, LOG_DET_SHARE_MAX * pr.epsilon, *_gammas(pr, lg1, lg2))
+    return None if sigma_u2 is None else math.log(sigma_u2) + 1e-9
 
 
-def _smallest_share(pr: _Problem, gamma1: float, gamma2: float) -> float | None:
-    """Least ε₁/ε (to 1e-9) for which Step 5 has a finite σ_u², or None."""
-    if _point(pr, 0.999 * pr.epsilon, gamma1, gamma2) is None:
-        return None
-    lo, hi = 0.0, 0.999
-    while hi - lo > 1e-9:
-        mid = 0.5 * (lo + hi)
-        if _point(pr, mid * pr.epsilon, gamma1, gamma2) is None:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+def _least_error(pr: _Problem) -> _Point | None:
+    """Stage 1 of Step 8 (choice of the splits): least predicted error over (σ_u², γ₁, γ₂).
+
+    ε₁ follows from the noise (`_point_for_noise`); coordinates x = (log σ_u², log γ₁/δ, log γ₂/δ).
+    """
+    def point(x: list[float]) -> _Point | None:
+        return _point_for_noise(pr, math.exp(x[0]), *_gammas(pr, x[1], x[2]))
+
+    def noise_range(x: list[float]) -> tuple[float, float]:
+        low = _least_noise(pr, x[1], x[2])
+        low = x[0] if low is None else low
+        return low, low + _NOISE_SPAN
+
+    for lg1, lg2 in _STARTS:
+        low = _least_noise(pr, lg1, lg2)
+        if low is not None:
+            best = point(_descend(lambda x: _error(pr, point(x)), [low + 1.0, lg1, lg2],
+                                  [noise_range, lambda x: _GAMMA_SHARES, lambda x: _GAMMA_SHARES]))
+            if best is not None:
+                return best
+    return None
 
 
-def _balanced(pr: _Problem, share: float | None) -> _Point | None:
-    """Stage 2 of Step 8 (choice of the splits): least σ_u²·σ_b² (ε₁ = share·ε if given)."""
+def _least_error_at_share(pr: _Problem, share: float) -> _Point | None:
+    """Step 8 with ε₁ = share·ε fixed: least predicted error over (γ₁, γ₂), least σ_u² each."""
+    def point(x: list[float]) -> _Point | None:
+        return _point(pr, share * pr.epsilon, *_gammas(pr, *x))
 
-    def cost(x: float, lg1: float, lg2: float) -> float:
-        gs = _gammas(pr, lg1, lg2)
-        pt = _point(pr, x * pr.epsilon, *gs) if gs else None
+    for start in _STARTS:
+        if point(list(start)) is not None:
+            best = point(_descend(lambda x: _error(pr, point(x)), list(start),
+                                  [lambda x: _GAMMA_SHARES] * 2))
+            if best is not None:
+                return best
+    return None
+
+
+def _least_error_ridge(pr: _Problem, floor: _Point) -> tuple[_Problem, _Point]:
+    """Stage 2 of Step 8 (choice of the splits), Δ_in left unset: least predicted error over
+    (Δ_in, γ₁, γ₂) with σ_u² kept at stage 1's choice, so the ridge never replaces noise."""
+    def problem(ridge: float) -> _Problem:
+        return replace(pr, delta_in=ridge)
+
+    def point(x: list[float]) -> _Point | None:
+        return _point_for_noise(problem(x[0]), floor.sigma_u2, *_gammas(pr, x[1], x[2]))
+
+    start = [0.0, math.log(floor.gamma1 / pr.delta), math.log(floor.gamma2 / pr.delta)]
+    ridge_range = (0.0, 2.0 * (floor.sigma_u2 + pr.lam / pr.epsilon))
+    x = _descend(lambda x: _error(problem(x[0]), point(x)), start,
+                 [lambda x: ridge_range, lambda x: _GAMMA_SHARES, lambda x: _GAMMA_SHARES])
+    best = point(x)
+    if best is None or _error(problem(x[0]), best) >= _error(pr, floor):
+        return pr, floor
+    return problem(x[0]), best
+
+
+def _proof_for_noise(pr: _Problem, sigma_u2: float, sigma_b: float) -> _Point | None:
+    """A split under which Steps 3–7 prove (ε, δ) for the given noise, or None.
+
+    Minimises the δ the split spends, γ₁ + γ₂ + linear_term_delta(ε − ε₁, σ_b), over (γ₁, γ₂)
+    with ε₁ the least the noise allows; a proof exists when that is at most δ. Without noise on q
+    the split is the ridge's alone (`_noise_free_point`).
+    """
+    if sigma_u2 == 0.0:
+        free = _noise_free_point(pr)
+        fits = free is not None and linear_term_delta(
+            pr.epsilon - free.eps1, sigma_b, free.kappa(pr), pr.p_bound) <= pr.delta
+        return free if fits else None
+
+    def spent(x: list[float]) -> float:
+        pt = _point_for_noise(pr, sigma_u2, *_gammas(pr, *x))
         if pt is None:
             return math.inf
-        return math.log(pt.sigma_u2) + math.log(_sigma_b2(pr, pt))
+        return pt.gamma1 + pt.gamma2 + linear_term_delta(pr.epsilon - pt.eps1, sigma_b,
+                                                         pt.kappa(pr), pr.p_bound)
 
-    lg1, lg2 = math.log(0.1), math.log(0.3)
-    if share is None:
-        lowest = _smallest_share(pr, *_gammas(pr, lg1, lg2))
-        if lowest is None:
-            return None
-        x = 0.5 * (lowest + 1.0)
-    else:
-        x = share
-    if math.isinf(cost(x, lg1, lg2)):
-        return None
-    for _ in range(2):
-        if share is None:
-            gs = _gammas(pr, lg1, lg2)
-            lowest = _smallest_share(pr, *gs) if gs else None
-            if lowest is not None:  # else keep x: it is still feasible at the current splits
-                x = _golden(lambda v, a=lg1, b=lg2: cost(v, a, b), lowest, 0.995)
-        lg1 = _golden(lambda v, x=x, b=lg2: cost(x, v, b), *_LOG_GAMMA_RANGE)
-        lg2 = _golden(lambda v, x=x, a=lg1: cost(x, a, v), *_LOG_GAMMA_RANGE)
-    gs = _gammas(pr, lg1, lg2)
-    return _point(pr, x * pr.epsilon, *gs) if gs else None
-
-
-def reference_sigma_b2(*, epsilon: float, delta: float, lam: float, p_bound: float,
-                       eta: float) -> float:
-    """σ_b² cap of Step 8 (choice of the splits): objective perturbation at Kifer's constant."""
-    return kifer_sigma_b2(lam * eta + p_bound, epsilon, delta)
+    for start in _STARTS:
+        if not math.isinf(spent(list(start))):
+            x = _descend(spent, list(start), [lambda x: _SPENT_SHARES] * 2, sweeps=6,
+                         iterations=48)
+            pt = _point_for_noise(pr, sigma_u2, *_gammas(pr, *x))
+            if pt is not None and pt.delta_k(pr) > 0.0 and linear_term_delta(
+                    pr.epsilon - pt.eps1, sigma_b, pt.kappa(pr), pr.p_bound) <= pt.delta_k(pr):
+                return pt
+    return None
 
 
 def calibrate_rigorous(
     *, epsilon: float, delta: float, n: int, d: int, lam: float, p_bound: float, eta: float,
-    delta_in: float, log_det_share: float | None = None,
+    delta_in: float | None, log_det_share: float | None = None,
+    noise_std: tuple[float, float] | None = None,
 ) -> Calibration:
     """The proven calibration of docs/privacy.md, Steps 1–8, with its free splits optimised.
 
     Step 2 (conditioning on the noise) and Step 7 (the budget): on the event of Steps 3–4 the
     conditional mechanism is (ε₁ + ε₂, δ_K)-DP, so the released w is (ε, δ_K + γ₁ + γ₂)-DP.
 
-    Step 8 (choice of the splits): the least σ_u² whose σ_b² does not exceed the noise of
-    objective perturbation with Kifer et al.'s published constant; where no split reaches that,
-    the least σ_u²·σ_b². `log_det_share` fixes ε₁ = share·ε (then the δ split minimises σ_u²·σ_b²).
+    Step 8 (choice of the splits): the split, and Δ_in when it is None, with the least
+    `predicted_error`. `log_det_share` fixes ε₁ = share·ε (then the δ split minimises it).
+    `noise_std` = (std_q, std_p) is the noise a study's text carries: when it is not this
+    version's choice, the calibration keeps it if Steps 3–7 prove (ε, δ) for it at Δ_in (0 if
+    None) under some split, and raises CalibrationError otherwise.
     """
-    if delta_in < 0.0:
+    if delta_in is not None and delta_in < 0.0:
         raise CalibrationError(f"delta_in={delta_in} must be ≥ 0")
     if log_det_share is not None and not 0.0 < log_det_share < 1.0:
         raise CalibrationError(f"log_det_share={log_det_share} must lie in (0, 1)")
-    return _calibrate_rigorous(_Problem(float(epsilon), float(delta), int(n), int(d), float(lam),
-                                        float(p_bound), float(eta), float(delta_in)),
-                               log_det_share)
+    pr = _Problem(float(epsilon), float(delta), int(n), int(d), float(lam), float(p_bound),
+                  float(eta), 0.0 if delta_in is None else float(delta_in))
+    cal = _calibrate_rigorous(pr, log_det_share, delta_in is None)
+    if noise_std is None or tuple(noise_std) == (cal.noise_std_q, cal.noise_std_p):
+        return cal
+    return _calibrate_for_noise(pr, float(noise_std[0]), float(noise_std[1]))
 
 
 @lru_cache(maxsize=256)
-def _calibrate_rigorous(pr: _Problem, share: float | None) -> Calibration:
-    pt = None
+def _calibrate_rigorous(pr: _Problem, share: float | None, choose_ridge: bool) -> Calibration:
     free = _noise_free_point(pr)
     if free is not None and (share is None or free.eps1 <= share * pr.epsilon):
         pt = free
     elif share is None:
-        pt = _least_input_noise(pr, reference_sigma_b2(
-            epsilon=pr.epsilon, delta=pr.delta, lam=pr.lam, p_bound=pr.p_bound, eta=pr.eta))
-    if pt is None:
-        pt = _balanced(pr, share)
+        pt = _least_error(pr)
+    else:
+        pt = _least_error_at_share(pr, share)
     if pt is None:
         _refuse(pr)
-    sigma_b2 = _sigma_b2(pr, pt)
+    if choose_ridge and share is None:
+        pr, pt = _least_error_ridge(pr, pt)
+    return _rigorous(pr, pt, _sigma_b2(pr, pt))
+
+
+@lru_cache(maxsize=256)
+def _calibrate_for_noise(pr: _Problem, std_q: float, std_p: float) -> Calibration:
+    sigma_u2, sigma_b2 = pr.n * std_q * std_q, pr.n * std_p * std_p
+    pt = _proof_for_noise(pr, sigma_u2, math.sqrt(sigma_b2))
+    if pt is None:
+        raise CalibrationError(
+            f"the noise std_q={std_q!r}, std_p={std_p!r} is not proven for these parameters: no "
+            "split of ε and δ meets Steps 3–7 with it (docs/privacy.md)")
+    return _rigorous(pr, pt, sigma_b2)
+
+
+def _rigorous(pr: _Problem, pt: _Point, sigma_b2: float) -> Calibration:
     lp = pt.lambda_prime
     return _finish(
         mode="rigorous", epsilon=pr.epsilon, delta=pr.delta, n=pr.n, d=pr.d, lam=pr.lam,
@@ -516,6 +636,9 @@ def _calibrate_rigorous(pr: _Problem, share: float | None) -> Calibration:
         epsilon_split={"log_det": pt.eps1, "linear": pr.epsilon - pt.eps1},
         delta_split={"delta_k": pt.delta_k(pr), "gamma_1": pt.gamma1, "gamma_2": pt.gamma2},
         proven=True,
+        predicted_error=predicted_error(sigma_u2=pt.sigma_u2, sigma_b2=sigma_b2,
+                                        delta_in=pr.delta_in, n=pr.n, d=pr.d, lam=pr.lam,
+                                        eta=pr.eta),
     )
 
 
@@ -636,44 +759,149 @@ def local_epsilon(*, sensitivity_over_sigma: float, delta: float) -> float | Non
 
 def calibrate(
     *, mode: Mode, epsilon: float, delta: float, n: int, d: int, lam: float, p_bound: float,
-    eta: float, delta_in: float, log_det_share: float | None = None,
+    eta: float, delta_in: float | None, log_det_share: float | None = None,
+    noise_std: tuple[float, float] | None = None,
 ) -> Calibration:
     """Dispatch on `mode`; raises CalibrationError naming the violated bound.
 
-    `log_det_share` (rigorous mode only) fixes ε₁/ε instead of letting Step 8 choose it.
+    Rigorous mode only: `delta_in=None` lets Step 8 choose Δ_in, `log_det_share` fixes ε₁/ε,
+    `noise_std` keeps a study's own proven noise (calibrate_rigorous). Paper mode needs Δ_in,
+    and its noise is Algorithm 1's.
     """
     common = {"epsilon": epsilon, "delta": delta, "n": n, "d": d, "lam": lam,
               "p_bound": p_bound, "eta": eta, "delta_in": delta_in}
+    _check_inputs(**common)
     try:
         if mode == "paper":
-            return calibrate_paper(**common)
-        return calibrate_rigorous(**common, log_det_share=log_det_share)
+            cal = calibrate_paper(**common)
+            if noise_std is not None and tuple(noise_std) != (cal.noise_std_q, cal.noise_std_p):
+                raise CalibrationError(
+                    f"the noise std_q={noise_std[0]!r}, std_p={noise_std[1]!r} is not paper "
+                    "mode's (Algorithm 1)")
+        else:
+            cal = calibrate_rigorous(**common, log_det_share=log_det_share, noise_std=noise_std)
     except OverflowError:
         raise CalibrationError(
             f"ε={epsilon} is beyond what the calibration evaluates in double precision (e^ε "
             "overflows); such an ε protects nothing anyway") from None
+    except CalibrationError:
+        raise
+    except (ArithmeticError, ValueError):  # ZeroDivisionError, a math domain error, inv_cdf(0)
+        raise CalibrationError(_beyond_double_precision(common)) from None
+    if not all(math.isfinite(v) for v in (cal.sigma_u2, cal.sigma_b2, cal.noise_std_q,
+                                          cal.noise_std_p)):
+        raise CalibrationError(_beyond_double_precision(common))
+    return cal
 
 
-#: Probability that an honest record is rejected by the norm check (union over q̃ and p̃).
-HONEST_REJECTION_PROBABILITY = 1e-9
+#: Where the calibration's double-precision evaluation is trusted. Far outside, the noise
+#: underflows, overflows or its searches stop converging; inside, every parameter a study can
+#: mean is covered (ε = 10⁻⁶ is a billion times more noise than ε = 1 needs).
+PARAMETER_RANGES: dict[str, tuple[float, float]] = {
+    "epsilon": (1e-6, 1e6), "delta": (1e-100, 1.0), "lam": (1e-12, 1e12),
+    "p_bound": (1e-12, 1e12), "eta": (1e-12, 1e12), "delta_in": (0.0, 1e12),
+    "n": (2, 10**15), "d": (1, 10**6),
+}
 
 
-def gaussian_norm_tail(std: float, d: int, probability: float) -> float:
-    """t with P(‖g‖ > t) ≤ probability for g ~ N(0, std²·I_d).
+def _check_inputs(**params) -> None:
+    """Refuse what the calibration cannot evaluate, before any arithmetic (a study read off the
+    topic, a flag): each parameter must be a finite number within PARAMETER_RANGES (Δ_in may
+    be None: Step 8 chooses it)."""
+    for name, value in params.items():
+        if name == "delta_in" and value is None:
+            continue
+        lo, hi = PARAMETER_RANGES[name]
+        integral = name in ("n", "d")
+        kind = Integral if integral else Real
+        if (isinstance(value, bool) or not isinstance(value, kind)
+                or not (math.isfinite(value) and lo <= value <= hi)
+                or (name == "delta" and value >= 1.0)):
+            interval = f"[{lo:g}, {hi:g}{')' if name == 'delta' else ']'}"
+            raise CalibrationError(
+                f"{name}={value} must be {'an integer' if integral else 'a finite number'} in "
+                f"{interval}, where the calibration is evaluated reliably")
 
-    Laurent & Massart (2000, Lemma 1): P(χ²_d ≥ d + 2√(d·x) + 2x) ≤ e^{−x}; take x = log(1/prob).
+
+def _beyond_double_precision(params: dict) -> str:
+    shown = ", ".join(f"{k}={v:g}" for k, v in params.items() if v is not None)
+    return (f"the noise for {shown} is not a finite number in double precision (a tiny ε, δ "
+            "or extreme bounds): choose parameters within a few orders of magnitude of 1")
+
+
+REJECTION_DELTA_SHARE = 1e-3
+"""Share of δ the norm check may add to the deployed mechanism: each honest record is rejected
+with probability at most π = share·δ/((1 + e^ε)·n), so a round's n records add at most share·δ
+(docs/privacy.md, "The norm check")."""
+
+
+CLIPPING_ROUNDING = 1e-9
+"""Relative slack over a clipping bound for noise-free vectors: a row scaled to norm B by
+ipdp.losses.clip_rows can come out a few ulps above B."""
+
+
+@dataclass(frozen=True)
+class RecordNormBounds:
+    """The records the aggregator accepts: q_low ≤ ‖q̃‖ ≤ q_high and p_low ≤ ‖p̃‖ ≤ p_high."""
+
+    q_low: float
+    q_high: float
+    p_low: float
+    p_high: float
+    probability: float
+    """π: an honest record is rejected with probability ≤ π, whatever its clean (q, p)."""
+
+
+def honest_rejection_probability(cal: Calibration) -> float:
+    """π = REJECTION_DELTA_SHARE·δ/((1 + e^ε)·n): the per-record false-rejection budget."""
+    return REJECTION_DELTA_SHARE * cal.delta / ((1.0 + math.exp(min(cal.epsilon, 700.0))) * cal.n)
+
+
+def record_norm_bounds(cal: Calibration, probability: float | None = None) -> RecordNormBounds:
+    """The two-sided norm check of docs/privacy.md ("The norm check"), from the exact laws.
+
+    With s the noise std and c the clean vector (‖c‖ ≤ B: √λ for q, P for p), ‖c + g‖²/s² is
+    noncentral χ²_d(‖c‖²/s²), stochastically increasing in ‖c‖: the upper tail is largest at
+    ‖c‖ = B, the lower tail at c = 0. Each of the four tails gets π/4, so an honest record is
+    rejected with probability ≤ π (default: honest_rejection_probability).
     """
-    x = math.log(1.0 / probability)
-    return std * math.sqrt(d + 2.0 * math.sqrt(d * x) + 2.0 * x)
+    if probability is None:
+        probability = honest_rejection_probability(cal)
+    if not 0.0 < probability < 1.0:
+        raise CalibrationError(f"rejection probability {probability} must lie in (0, 1)")
+    return _record_norm_bounds(cal.noise_std_q, cal.noise_std_p, cal.d, math.sqrt(cal.lam),
+                               cal.p_bound, probability)
 
 
-def record_norm_bounds(
-    cal: Calibration, probability: float = HONEST_REJECTION_PROBABILITY
-) -> tuple[float, float]:
-    """Largest ‖q̃‖ and ‖p̃‖ an honest record can show, except with total probability ≤ `probability`.
+@lru_cache(maxsize=256)
+def _record_norm_bounds(std_q: float, std_p: float, d: int, q_bound: float, p_bound: float,
+                        probability: float) -> RecordNormBounds:
+    q_low, q_high = noisy_norm_interval(std_q, d, q_bound, probability / 4.0)
+    p_low, p_high = noisy_norm_interval(std_p, d, p_bound, probability / 4.0)
+    return RecordNormBounds(q_low, q_high, p_low, p_high, probability)
 
-    ‖q̃‖ ≤ ‖q‖ + ‖u‖ ≤ √λ + t_q and ‖p̃‖ ≤ P + t_r, each tail taken at probability/2.
-    """
-    t_q = gaussian_norm_tail(cal.noise_std_q, cal.d, probability / 2.0)
-    t_p = gaussian_norm_tail(cal.noise_std_p, cal.d, probability / 2.0)
-    return math.sqrt(cal.lam) + t_q, cal.p_bound + t_p
+
+def noisy_norm_interval(std: float, d: int, bound: float, tail: float) -> tuple[float, float]:
+    """[L, H] with P(‖c + g‖ < L) ≤ tail and P(‖c + g‖ > H) ≤ tail for every ‖c‖ ≤ bound,
+    g ~ N(0, std²·I_d): L = std·√(χ²_d quantile at tail), H = std·√(χ²_d(bound²/std²)
+    quantile at 1 − tail). Step "The norm check" of docs/privacy.md."""
+    if std == 0.0:
+        # No noise: ‖c‖ itself, which a device's clipping leaves a rounding error above bound.
+        return 0.0, bound * (1.0 + CLIPPING_ROUNDING)
+    # scipy.stats costs about a second to import and only the record checks need it.
+    from scipy.stats import chi2, ncx2
+
+    low = std * math.sqrt(chi2.ppf(tail, d))
+    high = std * math.sqrt(ncx2.isf(tail, d, (bound / std) ** 2))
+    return low, high
+
+
+def noisy_norm_rejection(std: float, d: int, clean_norm: float, low: float,
+                         high: float) -> float:
+    """P(‖c + g‖ ∉ [low, high]) for ‖c‖ = clean_norm, g ~ N(0, std²·I_d), exactly."""
+    if std == 0.0:
+        return float(not low <= clean_norm <= high)
+    from scipy.stats import ncx2
+
+    nc = (clean_norm / std) ** 2
+    return float(ncx2.cdf((low / std) ** 2, d, nc) + ncx2.sf((high / std) ** 2, d, nc))

@@ -56,3 +56,14 @@ class ContributionError(IpdpError):
 
 class SignatureError(IpdpError):
     """A signed study or model whose signature is missing, not by a trusted key, or wrong."""
+
+
+class MalformedValue(ConfigurationError, ValueError):
+    """A studies-topic or models-topic value (or a stored envelope) that cannot be read.
+
+    ``reason`` is one word from a short fixed list (a metric label); the message never quotes
+    the value, which whoever can write the topic controls."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -77,6 +77,11 @@ STUDIES_REFUSED = Counter(
 MODELS_REFUSED = Counter(
     "ipdp_models_refused_total",
     "Model messages dropped because their signature does not verify under a trusted key.")
+TOPIC_VALUES_MALFORMED = Counter(
+    "ipdp_topic_values_malformed_total",
+    "Studies-topic or models-topic values skipped because they cannot be read (too large, not "
+    "UTF-8 JSON, nested too deeply, not an object, invalid fields or numbers).",
+    ["topic", "reader", "reason"])
 BACKEND_ERRORS = Counter(
     "ipdp_backend_errors_total", "Errors talking to Kafka or Redis.", ["backend", "operation"])
 BACKEND_RETRIES = Counter(

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import json
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ipdp.accounting import Composed
 from ipdp.calibration import Calibration
-from ipdp.errors import SignatureError
+from ipdp.errors import MalformedValue, SignatureError
 from ipdp.signing import SigningKey, TrustedKeys
+from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
 
 MODEL_ENVELOPE_FORMAT = 2
 MODEL_SIGNING_TAG = "ipdp-model-v2"
 
 MESSAGE_VERSION = 1
 UNIT = "one record of one device in one round (replace-one)"
+GUARANTEE = ("privacy, not robustness: (epsilon, delta) bounds what this model reveals about any "
+             "one record; it does not bound how far the round's accepted records, honest or "
+             "crafted, moved it (docs/security.md, Bounded influence)")
 
 
 class PrivacyReport(BaseModel):
@@ -51,6 +55,8 @@ class PrivacyReport(BaseModel):
     local_epsilon: float | None = Field(description="ε of one record on its own, at local_delta.")
     local_delta: float
     unit: str = Field(UNIT, description="What (ε, δ) protects (docs/accounting.md).")
+    guarantee: str = Field(GUARANTEE, description="What kind of guarantee (ε, δ) is: privacy, "
+                           "not robustness against poisoned records.")
     composed_epsilon: float | None = Field(
         None, description="ε of rounds 1 … rounds_composed together, for a device that "
         "contributed one record to each; None: no finite ε at composed_delta.")
@@ -107,18 +113,24 @@ def model_value(message: ModelMessage, signing_key: SigningKey | None = None) ->
                       separators=(",", ":")).encode()
 
 
-def parse_model_value(value: bytes, trusted: TrustedKeys | None = None) -> ModelMessage:
+def parse_model_value(value: bytes, trusted: TrustedKeys | None = None,
+                      max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> ModelMessage:
     """Inverse of :func:`model_value`. With ``trusted`` keys an unsigned or wrongly signed value
-    raises SignatureError; a malformed one raises ValueError (pydantic's ValidationError)."""
-    obj = json.loads(value)
-    if isinstance(obj, dict) and obj.get("format") == MODEL_ENVELOPE_FORMAT and "model" in obj:
+    raises SignatureError, and the model text is parsed only once its signature verifies; a
+    malformed value raises :class:`MalformedValue` (ipdp.topic_values)."""
+    obj = load_json_object(value, "models-topic value", max_bytes)
+    if obj.get("format") == MODEL_ENVELOPE_FORMAT and "model" in obj:
         text = obj["model"]
         if not isinstance(text, str):
-            raise ValueError("model envelope: 'model' is not a string")
+            raise MalformedValue("invalid", "model envelope: 'model' is not a string")
         if trusted:
-            trusted.verify(obj.get("key_id", ""), obj.get("signature", ""),
+            kid, signature = obj.get("key_id", ""), obj.get("signature", "")
+            trusted.verify(kid, signature if isinstance(signature, str) else "",
                            f"{MODEL_SIGNING_TAG}\n{text}".encode(), "model message")
-        return ModelMessage.model_validate_json(text)
-    if trusted:
+        obj = load_json_object(text, "model text", max_bytes)
+    elif trusted:
         raise SignatureError("model message has no signature, and trainer keys are pinned")
-    return ModelMessage.model_validate(obj)
+    try:
+        return ModelMessage.model_validate(obj)
+    except ValidationError as exc:
+        raise invalid_fields("model message", exc) from None

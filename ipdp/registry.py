@@ -10,7 +10,10 @@ definition. Contributors read the topic, so they need no Redis credentials.
 
 Readers that pin study-owner keys (the aggregator, the trainer) load a study *from its stored
 envelope*, verified: a study whose signature does not verify raises :class:`SignatureError` and
-is never used. The ``status`` field stays authoritative for open/closed in Redis (the aggregator
+is never used; one that cannot be read raises :class:`MalformedValue`. Readers that pin none
+read the same envelope's study text unverified: the text carries the noise the study was created
+with, which a later calibration rule must not change (ipdp.study; ``json`` is only the fallback
+of an entry without an envelope). The ``status`` field stays authoritative for open/closed in Redis (the aggregator
 closes a study at max_rounds without the owner's key); the envelope's signed status is what
 devices see.
 
@@ -21,12 +24,12 @@ a lost topic can be repaired) when the parameters are identical.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import TYPE_CHECKING
 
 import redis
+from pydantic import ValidationError
 
 from ipdp.errors import ConfigurationError, SignatureError, StudyExists, UnknownStudy
 from ipdp.kafka_io import send_and_wait
@@ -34,6 +37,7 @@ from ipdp.settings import TopicSettings
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.state import STUDY_HASHES, published_key, study_key
 from ipdp.study import Study, StudyStatus, parse_study_message, study_message
+from ipdp.topic_values import invalid_fields, load_json_object
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -43,6 +47,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "close_study",
     "create_study",
+    "envelope_signer",
     "list_studies",
     "load_study",
     "register_study",
@@ -58,7 +63,20 @@ def _text(v: bytes | str | None) -> str | None:
 
 
 def _same(a: Study, b: Study) -> bool:
-    return a.model_dump() == b.model_dump()
+    """Same parameters; the noise is the calibration's (or, read from a text, the text's)."""
+    return a.model_dump(exclude={"noise"}) == b.model_dump(exclude={"noise"})
+
+
+def _stored(study_id: str, raw_json: bytes, envelope: bytes | None) -> Study:
+    """The study as stored: its envelope's text, which carries the noise devices add, or its
+    JSON when it has no envelope. Signatures are checked by the callers that pin keys; a stored
+    study that cannot be read raises :class:`MalformedValue`."""
+    if envelope is not None:
+        return parse_study_message(envelope)[0]
+    try:
+        return Study.model_validate_json(raw_json)
+    except ValidationError as exc:
+        raise invalid_fields(f"stored study {study_id!r}", exc) from None
 
 
 def _publish(producer: KafkaProducer, topics: TopicSettings, study_id: str, envelope: bytes,
@@ -66,11 +84,11 @@ def _publish(producer: KafkaProducer, topics: TopicSettings, study_id: str, enve
     send_and_wait(producer, topics.studies, study_id.encode("utf-8"), envelope, timeout_s)
 
 
-def _signer(envelope: bytes | None) -> str:
+def envelope_signer(envelope: bytes | None) -> str:
     """Key id of a stored envelope ("" when unsigned or absent)."""
     if envelope is None:
         return ""
-    return json.loads(envelope).get("key_id", "")
+    return str(load_json_object(envelope, "stored envelope").get("key_id", ""))
 
 
 def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None = None,
@@ -86,9 +104,9 @@ def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None 
         while True:
             try:
                 pipe.watch(key)
-                existing = pipe.hget(key, "json")
+                existing, envelope = pipe.hmget(key, ["json", "envelope"])
                 if existing is not None:
-                    old = Study.model_validate_json(existing)
+                    old = _stored(study.study_id, existing, envelope)
                     pipe.reset()
                     if not _same(old, study):
                         raise StudyExists(
@@ -149,7 +167,7 @@ def _load_key(r: redis.Redis, study_id: str,
         return None
     status = StudyStatus(_text(raw[1]) or StudyStatus.OPEN)
     if not trusted:
-        return Study.model_validate_json(raw[0]), status
+        return _stored(study_id, raw[0], raw[2]), status
     if raw[2] is None:
         raise SignatureError(f"study {study_id!r} has no signed envelope in Redis (no signature)")
     study, _ = parse_study_message(raw[2], trusted)
@@ -164,7 +182,8 @@ def load_study(r: redis.Redis, study_id: str,
     """(study, status) from Redis, or None if unknown.
 
     With ``trusted`` keys the study comes from its stored envelope, verified; raises
-    :class:`SignatureError` when that signature does not verify.
+    :class:`SignatureError` when that signature does not verify, :class:`MalformedValue` when
+    the stored study cannot be read.
     """
     return _load_key(r, study_id, trusted)
 
@@ -195,13 +214,13 @@ def close_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
                 if raw is None:
                     pipe.reset()
                     raise UnknownStudy(f"unknown study {study_id!r}")
-                signer = _signer(envelope)
+                signer = envelope_signer(envelope)
                 if signer and signing_key is None:
                     pipe.reset()
                     raise ConfigurationError(
                         f"study {study_id!r} is signed by key {signer}: closing it needs that "
                         "signing key (--signing-key or IPDP_STUDY_SIGNING_KEY)")
-                study = Study.model_validate_json(raw)
+                study = _stored(study_id, raw, envelope)
                 closed = study_message(study, StudyStatus.CLOSED, signing_key)
                 pipe.multi()
                 pipe.hset(key, mapping={"status": StudyStatus.CLOSED.value, "envelope": closed})

@@ -87,6 +87,9 @@ class TopicSettings(BaseSettings):
     studies: str = "ipdp.studies"
     records_partitions: int = Field(4, ge=1)
     replication_factor: int = Field(1, ge=1)
+    max_value_bytes: int = Field(
+        1 << 20, ge=1024, description="Largest studies-topic or models-topic value a reader "
+        "parses; a larger one is skipped as malformed.")
 
 
 class MetricsSettings(BaseSettings):

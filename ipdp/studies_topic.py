@@ -15,12 +15,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ipdp.errors import ConfigurationError, SignatureError
+from ipdp.errors import MalformedValue, SignatureError
 from ipdp.kafka_io import assign_all, kafka_consumer, read_to_end
 from ipdp.metrics import STUDIES_REFUSED
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus, parse_study_message
+from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, skip_malformed
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,15 @@ class StudyEntry:
 
 def apply_study_message(entries: dict[str, StudyEntry], message,
                         trusted: TrustedKeys | None = None,
-                        refused: dict[str, SignatureError] | None = None) -> None:
+                        refused: dict[str, SignatureError] | None = None, *,
+                        reader: str = "device",
+                        max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> None:
     """Fold one studies-topic message into ``entries``: the last value per key decides.
 
-    A tombstone (null value) removes the key. So does a value that is malformed (logged), or
-    that does not verify against ``trusted`` keys (kept in ``refused``, logged and counted by the
-    reader).
+    A tombstone (null value) removes the key. So does a value that does not verify against
+    ``trusted`` keys (kept in ``refused``, logged and counted by the reader), and any value that
+    cannot be read at all, whatever the exception (skipped, counted and logged with its offset by
+    ipdp.topic_values.skip_malformed): no value can stop the reader.
     """
     if message.key is None:
         return
@@ -54,15 +58,16 @@ def apply_study_message(entries: dict[str, StudyEntry], message,
     if message.value is None:
         return
     try:
-        study, status = parse_study_message(message.value, trusted)
+        study, status = parse_study_message(message.value, trusted, max_bytes)
         if study.study_id != sid:
-            raise ConfigurationError(f"value holds study {study.study_id!r}")
+            raise MalformedValue("invalid", f"the value holds study {study.study_id!r}, "
+                                 f"not its key {sid!r}")
     except SignatureError as exc:
         if refused is not None:
             refused[sid] = exc
         return
-    except ConfigurationError as exc:
-        log.warning("skipping studies-topic offset %d: %s", message.offset, exc)
+    except Exception as exc:  # noqa: BLE001 - no value on the topic may stop the reader
+        skip_malformed("studies", reader, message, exc)
         return
     entries[sid] = StudyEntry(study, status, bytes(message.value))
 
@@ -96,7 +101,8 @@ def read_study_entries(kafka: KafkaSettings, topics: TopicSettings, timeout_s: f
         out: dict[str, StudyEntry] = {}
         refused: dict[str, SignatureError] = {}
         for m in read_to_end(consumer, tps, timeout_s=max(0.1, deadline - time.monotonic())):
-            apply_study_message(out, m, trusted, refused)
+            apply_study_message(out, m, trusted, refused, reader=reader,
+                                max_bytes=topics.max_value_bytes)
     finally:
         consumer.close()
     _say(reader, topics, out, refused, trusted)
@@ -154,6 +160,10 @@ class StudiesFollower:
                             exc, self._retry_s)
                 self._stop.wait(self._retry_s)
 
+    def _apply(self, entries: dict[str, StudyEntry], message, refused: dict) -> None:
+        apply_study_message(entries, message, self._trusted, refused, reader="gateway",
+                            max_bytes=self._topics.max_value_bytes)
+
     def _follow(self) -> None:
         consumer = kafka_consumer(self._kafka, group_id=None, enable_auto_commit=False)
         try:
@@ -162,7 +172,7 @@ class StudiesFollower:
             entries: dict[str, StudyEntry] = {}
             refused: dict[str, SignatureError] = {}
             for m in read_to_end(consumer, tps, stop=self._stop):
-                apply_study_message(entries, m, self._trusted, refused)
+                self._apply(entries, m, refused)
             _say("gateway", self._topics, entries, refused, self._trusted)
             self._entries = entries
             self.ready.set()
@@ -173,7 +183,7 @@ class StudiesFollower:
                     refused = {}
                     for msgs in batch.values():
                         for m in msgs:
-                            apply_study_message(updated, m, self._trusted, refused)
+                            self._apply(updated, m, refused)
                     _say("gateway", self._topics, {}, refused, self._trusted)
                     self._entries = updated
         finally:

@@ -36,8 +36,9 @@ from pydantic import (
 )
 
 from ipdp.calibration import Calibration, Mode, calibrate
-from ipdp.errors import CalibrationError, ConfigurationError
+from ipdp.errors import CalibrationError, ConfigurationError, MalformedValue
 from ipdp.signing import SigningKey, TrustedKeys
+from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
 from ipdp.wire import study_hash
 
 #: Format of the studies-topic value; the domain tag of its signed bytes.
@@ -86,6 +87,15 @@ def feature_bounds(loss: str, x_bound: float | None, y_bound: float | None) -> d
     return {"lam": x_bound**2, "p_bound": x_bound * y_bound}
 
 
+class StudyNoise(BaseModel):
+    """The per-coordinate noise stds a device adds, as a study's canonical text carries them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    std_q: float
+    std_p: float
+
+
 class Study(BaseModel):
     """Public parameters of one study (docs/privacy.md). Immutable once created."""
 
@@ -105,7 +115,8 @@ class Study(BaseModel):
     x_bound: float | None = Field(None, description="R: the feature bound ‖x‖ ≤ R; sets λ and P.")
     y_bound: float | None = Field(None, description="Y: the label bound |y| ≤ Y (squared loss).")
     delta_in: float | None = Field(
-        None, description="Δ_in ≥ 0, the trainer's ridge; default 0 (rigorous), 1e-6 (paper)."
+        None, description="Δ_in ≥ 0, the trainer's ridge; default: chosen by Step 8 (rigorous), "
+        "1e-6 (paper)."
     )
     mode: Mode = "rigorous"
     max_rounds: int | None = Field(None, ge=1, description="Close the study after this many.")
@@ -113,6 +124,9 @@ class Study(BaseModel):
         None, description="Total ε a device that contributes once per round may spend; with "
         "budget_delta, the study closes before a round that would exceed it (ipdp.accounting).")
     budget_delta: float | None = Field(None, description="Total δ of the budget.")
+    noise: StudyNoise | None = Field(
+        None, description="The noise stds devices add. Given (a study read from its text), "
+        "kept if proven for the parameters; else the calibration's choice (Step 8).")
 
     @model_validator(mode="before")
     @classmethod
@@ -156,9 +170,14 @@ class Study(BaseModel):
             if not (self.delta <= self.budget_delta < 1.0):
                 raise ValueError(f"budget_delta={self.budget_delta} must lie in [delta, 1)")
         try:
-            self.calibration  # noqa: B018 - computing it is the check
+            cal = self.calibration
         except CalibrationError as exc:
             raise ValueError(str(exc)) from None
+        if self.noise is None:
+            # Filled in once, here, so that a study carries its noise like every other parameter
+            # (and equals the same study read back from its text); the model is frozen after.
+            object.__setattr__(self, "noise", StudyNoise(std_q=cal.noise_std_q,
+                                                          std_p=cal.noise_std_p))
         return self
 
     @model_serializer(mode="wrap")
@@ -172,18 +191,23 @@ class Study(BaseModel):
         return data
 
     @property
-    def resolved_delta_in(self) -> float:
-        """Δ_in after applying the mode's default."""
-        if self.delta_in is not None:
+    def resolved_delta_in(self) -> float | None:
+        """Δ_in after applying the mode's default; None lets the calibration choose it."""
+        if self.delta_in is not None or self.mode != "paper":
             return self.delta_in
-        return PAPER_DEFAULT_DELTA_IN if self.mode == "paper" else 0.0
+        return PAPER_DEFAULT_DELTA_IN
 
     @cached_property
     def calibration(self) -> Calibration:
-        """σ_u², σ_b², Δ_in and the guarantees for these parameters (ipdp.calibration)."""
+        """σ_u², σ_b², Δ_in and the guarantees for these parameters (ipdp.calibration).
+
+        A study given its noise (read from its text) keeps it if it is proven: studies created
+        before a change of Step 8's rule keep their noise, hence their hash.
+        """
         return calibrate(
             mode=self.mode, epsilon=self.epsilon, delta=self.delta, n=self.n, d=self.d,
             lam=self.lam, p_bound=self.p_bound, eta=self.eta, delta_in=self.resolved_delta_in,
+            noise_std=None if self.noise is None else (self.noise.std_q, self.noise.std_p),
         )
 
     def canonical_text(self) -> str:
@@ -192,11 +216,8 @@ class Study(BaseModel):
 
     @cached_property
     def _canonical_text(self) -> str:
-        obj = self.model_dump(mode="json")
-        cal = self.calibration
-        obj["noise"] = {"std_q": cal.noise_std_q, "std_p": cal.noise_std_p}
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                          allow_nan=False)
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=True, allow_nan=False)
 
     @cached_property
     def round_limit(self) -> int | None:
@@ -238,36 +259,41 @@ def study_message(study: Study, status: StudyStatus | str,
 
 
 def parse_study_message(value: bytes, trusted: TrustedKeys | None = None,
-                        ) -> tuple[Study, StudyStatus]:
+                        max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> tuple[Study, StudyStatus]:
     """Inverse of :func:`study_message`, verified against ``trusted`` when it holds any key.
 
     Raises :class:`SignatureError` when keys are pinned and the value is unsigned, signed by
-    another key, or altered; :class:`ConfigurationError` when it is malformed, or when its study
-    text is not exactly the canonical text of the parameters it holds (noise stds that are not
-    the calibration's). Without pinned keys the signature is not checked: the caller must say so.
+    another key, or altered; :class:`MalformedValue` (a ConfigurationError) when it is malformed
+    (ipdp.topic_values: over ``max_bytes``, not UTF-8 JSON, too deep, not an object, invalid
+    fields), when its noise is not proven for its parameters, or when its text is not exactly the
+    canonical text of what it holds. Only the envelope is parsed before the signature verifies;
+    the study text is parsed after. Without pinned keys the signature is not checked: the caller
+    must say so.
     """
-    try:
-        env = json.loads(value)
-        if env.get("format") != STUDY_MESSAGE_FORMAT:
-            raise ValueError(f"format {env.get('format')!r}, supported: {STUDY_MESSAGE_FORMAT}")
-        text, status = env["study"], _status(env["status"])
-        if not isinstance(text, str):
-            raise TypeError("study is not a string")
-    except (ValueError, KeyError, TypeError, AttributeError, ConfigurationError) as exc:
-        raise ConfigurationError(f"malformed studies-topic message: {exc}") from None
+    env = load_json_object(value, "studies-topic value", max_bytes)
+    if env.get("format") != STUDY_MESSAGE_FORMAT:
+        raise MalformedValue("invalid", f"studies-topic value: format is not "
+                             f"{STUDY_MESSAGE_FORMAT}")
+    text, status, kid, signature = (env.get(k) for k in ("study", "status", "key_id",
+                                                         "signature"))
+    if not isinstance(text, str) or status not in [s.value for s in StudyStatus]:
+        raise MalformedValue("invalid", "studies-topic value: 'study' is not a string or "
+                             "'status' is not open/closed")
+    status = StudyStatus(status)
     if trusted:
-        trusted.verify(env.get("key_id", ""), env.get("signature", ""),
+        trusted.verify(kid or "", signature if isinstance(signature, str) else "",
                        signed_bytes(status, text), f"study message for status {status.value}")
+    fields = load_json_object(text, "study text", max_bytes)
     try:
-        fields = json.loads(text)
-        fields.pop("noise", None)
         study = Study.model_validate(fields)
-    except (ValueError, TypeError, AttributeError, ValidationError) as exc:
-        raise ConfigurationError(f"malformed study text: {exc}") from None
+    except ValidationError as exc:
+        raise invalid_fields("study text", exc) from None
+    except (TypeError, ValueError, ArithmeticError) as exc:  # raised inside a validator
+        raise MalformedValue("invalid", f"study text: {type(exc).__name__}") from None
     if study.canonical_text() != text:
-        raise ConfigurationError(
-            f"study {study.study_id!r}: its text is not the canonical text of its parameters "
-            "(noise stds differ from this version's calibration)")
+        raise MalformedValue(
+            "invalid", f"study {study.study_id!r}: its text is not the canonical text of its "
+            "parameters (not the form this version writes)")
     return study, status
 
 

@@ -22,6 +22,7 @@ from ipdp.metrics import MODELS_REFUSED
 from ipdp.model_message import ModelMessage, parse_model_value
 from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
 from ipdp.signing import TrustedKeys, parse_trusted_keys
+from ipdp.topic_values import skip_malformed
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,8 @@ class ModelSubscriber:
     (else at the end: only new models). ``follow=False`` stops at the end offsets taken when
     iteration starts; ``follow=True`` waits for new models until :meth:`stop` (or the iterator is
     closed); both yield models in topic order. ``.duplicates_dropped`` counts repeats of a (study, round) already yielded;
-    ``.invalid`` counts messages that are not a valid ModelMessage (skipped, logged).
+    ``.invalid`` counts values that cannot be read as a ModelMessage (skipped, logged with their
+    offset, counted in ``ipdp_topic_values_malformed_total``; ipdp.topic_values).
     ``trusted_keys`` pins trainer public keys (base64 lines, ``.pub`` paths or a TrustedKeys;
     None: IPDP_TRUSTED_MODEL_KEYS); ``.refused`` counts messages dropped for their signature.
     """
@@ -45,6 +47,7 @@ class ModelSubscriber:
                  trusted_keys: TrustedKeys | str | Iterable[str] | None = None):
         self.kafka = kafka
         self.topic = topics.models
+        self.max_value_bytes = topics.max_value_bytes
         self.study_id = study_id
         self.from_beginning = from_beginning
         self.follow = follow
@@ -100,19 +103,20 @@ class ModelSubscriber:
                 pass
         return consumer, tps
 
-    def _accept(self, value: bytes | None) -> ModelMessage | None:
-        if value is None:
+    def _accept(self, message) -> ModelMessage | None:
+        if message.value is None:
             return None
         try:
-            msg = parse_model_value(value, self.trusted)
+            msg = parse_model_value(message.value, self.trusted, self.max_value_bytes)
         except SignatureError as exc:
             self.refused += 1
             MODELS_REFUSED.inc()
-            log.error("dropping model message: %s", exc)
+            log.error("dropping model message at %s[%s] offset %s: %s", message.topic,
+                      message.partition, message.offset, exc)
             return None
-        except ValueError as exc:  # not JSON, or not a ModelMessage (pydantic's ValidationError)
+        except Exception as exc:  # noqa: BLE001 - no value on the topic may stop the reader
             self.invalid += 1
-            log.warning("skipping invalid model message: %s", str(exc)[:200])
+            skip_malformed("models", "subscriber", message, exc)
             return None
         if self.study_id is not None and msg.study_id != self.study_id:
             return None
@@ -138,7 +142,7 @@ class ModelSubscriber:
                 records = read_to_end(consumer, tps, poll_ms=self.poll_timeout_ms,
                                       stop=self._stop)
             for m in records:
-                msg = self._accept(m.value)
+                msg = self._accept(m)
                 if msg is not None:
                     yield msg
         finally:

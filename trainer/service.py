@@ -20,7 +20,7 @@ from kafka.errors import KafkaError
 
 from ipdp import accounting, metrics, registry, state
 from ipdp.accounting import compose
-from ipdp.errors import IpdpError, SignatureError, UnknownStudy
+from ipdp.errors import IpdpError, MalformedValue, SignatureError, UnknownStudy
 from ipdp.kafka_io import kafka_producer
 from ipdp.model_message import ModelMessage, PrivacyReport, model_key, model_value
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
@@ -166,7 +166,7 @@ class Trainer:
             return
         try:
             found = registry.load_study(self.redis, sid, self.trusted)
-        except SignatureError as exc:
+        except (SignatureError, MalformedValue) as exc:
             metrics.STUDIES_REFUSED.labels("trainer").inc()
             self._refuse(entry_id, sid, round_no, exc)
             return

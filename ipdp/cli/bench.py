@@ -25,7 +25,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description="Runs the mechanism as deployed (device noise, fold, constrained solve) on "
         "worst-case replace-one neighbours many times and prints a Clopper–Pearson lower bound "
         "ε̂ at δ. ε̂ > ε refutes the claim; ε̂ ≤ ε is what a correct calibration shows. "
-        "--noise-scale 0.3 under-noises on purpose, to show the audit can fail "
-        "(docs/privacy.md).")
+        "--noise-scale 0.5 under-noises on purpose, to show the audit can fail; --exact-fold "
+        "draws the fold from its exact law (any n); --mechanism kang2020 audits Kang et al. "
+        "(2020) as published (docs/privacy.md).")
     audit.add_arguments(p)
     p.set_defaults(func=audit.run)

@@ -61,7 +61,8 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
     p.add_argument("--eta", type=float, default=None, help="η: bound on ‖w‖ (default 1).")
     p.add_argument("--mode", choices=["rigorous", "paper"], default=None)
     p.add_argument("--delta-in", dest="delta_in", type=float, default=None,
-                   help="Δ_in ≥ 0, the trainer's ridge (paper mode: > 0).")
+                   help="Δ_in ≥ 0, the trainer's ridge (default: chosen by the calibration in "
+                        "rigorous mode, 1e-6 in paper mode, which needs > 0).")
 
 
 STUDY_FIELDS = ("study_id", "loss", "max_rounds", "budget_epsilon", "budget_delta", "epsilon",

@@ -135,7 +135,7 @@ def _int(v) -> int | None:
 
 
 def _study_info(r, study_id: str) -> dict:
-    from ipdp.registry import load_study, rounds_published
+    from ipdp.registry import envelope_signer, load_study, rounds_published
     from ipdp.state import open_key, study_key
 
     got = load_study(r, study_id)
@@ -148,7 +148,7 @@ def _study_info(r, study_id: str) -> dict:
         "study": study,
         "status": status,
         "created_ms": _int(created_ms),
-        "key_id": json.loads(envelope).get("key_id", "") if envelope else "",
+        "key_id": envelope_signer(envelope),
         "rounds_published": rounds_published(r, study_id),
         "open_round": None if rnd is None else {"round": int(rnd), "count": _int(count) or 0},
     }

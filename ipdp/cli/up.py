@@ -24,7 +24,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "up", help="Start the embedded Kafka-protocol broker and redis-server.",
         description="Starts tansu and redis-server on free loopback ports, creates the topics, "
         "prints the `export IPDP_...` lines and runs until SIGINT (Ctrl-C) or SIGTERM, which "
-        "stop both servers; exit status 0 after a clean stop, 1 if a server died.")
+        "stop both servers. A redis-server that dies is restarted on its port and data "
+        "directory (its append-only file holds every acknowledged write); exit status 0 after "
+        "a clean stop, 1 if the broker died or redis-server could not be restarted.")
     p.add_argument("--dir", dest="directory", default=None, metavar="PATH",
                    help="Keep logs and Redis's AOF here (default: a temporary directory, removed "
                    "at exit).")
@@ -56,8 +58,9 @@ def run_up(
 ) -> int:
     """``ipdp up``: start the runtime, print how to reach it, block until SIGINT/SIGTERM.
 
-    Returns 0 after a clean shutdown, 1 if the servers could not start or one died underneath
-    us. With ``wait_forever=False`` it shuts down right after printing (a smoke check).
+    Returns 0 after a clean shutdown, 1 if the servers could not start, the broker died
+    underneath us or a dead redis-server could not be restarted (a dead redis-server is
+    restarted on its port and data directory, the broker left running). With ``wait_forever=False`` it shuts down right after printing (a smoke check).
     """
     from ipdp.embedded.children import tail
     from ipdp.embedded.runtime import EmbeddedRuntime
@@ -107,16 +110,25 @@ def run_up(
         out.flush()
         if wait_forever:
             while not stop.wait(0.5):
-                if not (rt.broker.running and rt.redis.running):
-                    dead = rt.broker if not rt.broker.running else rt.redis
-                    print(
-                        f"# {dead.name} exited unexpectedly; last lines of {dead.log_path}:\n"
-                        + tail(dead.log_path),
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                if not rt.broker.running:
+                    # Memory storage: the log is gone, and a new broker would hand the aggregator
+                    # an empty one (it pauses every partition as log_replaced). Stop loudly.
+                    print(f"# {rt.broker.name} exited unexpectedly; last lines of "
+                          f"{rt.broker.log_path}:\n{tail(rt.broker.log_path)}",
+                          file=sys.stderr, flush=True)
                     rc = 1
                     break
+                try:
+                    status = rt.revive_redis()
+                except (IpdpError, RuntimeError) as exc:
+                    print(f"# redis-server could not be restarted: {exc}", file=sys.stderr,
+                          flush=True)
+                    rc = 1
+                    break
+                if status is not None:
+                    print(f"# redis-server exited unexpectedly (status {status}); restarted it "
+                          f"on {rt.redis.url} from {rt.redis.data_dir}, pid {rt.redis.pid}",
+                          file=sys.stderr, flush=True)
     finally:
         rt.stop()
         if env_file is not None:

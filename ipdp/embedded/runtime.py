@@ -110,6 +110,17 @@ class EmbeddedRuntime:
         """Restart Redis on the same port; the AOF brings every acknowledged write back."""
         self.redis.restart()
 
+    def revive_redis(self) -> int | None:
+        """If redis-server has exited, start it again on its port and data directory, leaving
+        the broker (whose memory-only log holds the records not yet folded) untouched; returns
+        the exit status of the server that died, None if it was running."""
+        with self._lock:
+            if not self._started or self.redis.running:
+                return None
+            status = self.redis.proc.returncode
+            self.redis.restart()
+            return status
+
     def __enter__(self) -> Self:
         return self.start()
 

@@ -67,7 +67,8 @@ def hostile_values(study, closed_study) -> list[tuple[RejectReason, bytes | None
     """One or more messages for every reason a record is refused, with the reason expected."""
     d = study.d
     good, q, p = honest(study, 3, seed=99)
-    max_q, max_p = record_norm_bounds(study.calibration)
+    bounds = record_norm_bounds(study.calibration)
+    max_q, max_p = bounds.q_high, bounds.p_high
     e1 = np.eye(d)[0]
     nan_q = q[0].copy()
     nan_q[1] = np.nan
@@ -95,6 +96,9 @@ def hostile_values(study, closed_study) -> list[tuple[RejectReason, bytes | None
         (RejectReason.NON_FINITE, one(study, q[0], inf_p)),
         (RejectReason.NORM_OUT_OF_BOUNDS, one(study, e1 * max_q * 1.001, p[0])),
         (RejectReason.NORM_OUT_OF_BOUNDS, one(study, q[0], -e1 * max_p * 1.001)),
+        # Less noise than any honest device adds: a record sent without its noise.
+        (RejectReason.NORM_OUT_OF_BOUNDS, one(study, e1 * bounds.q_low * 0.999, p[0])),
+        (RejectReason.NORM_OUT_OF_BOUNDS, one(study, q[0], e1 * bounds.p_low * 0.999)),
         (RejectReason.UNKNOWN_STUDY, one(study, q[0], p[0], sh=study_hash("no-such-study"))),
         (RejectReason.CLOSED_STUDY, one(closed_study, q[0][:closed_study.d],
                                         p[0][:closed_study.d])),
@@ -392,7 +396,7 @@ def test_a_container_folds_its_good_records_once_and_dead_letters_each_bad_one(
         redis_settings, studies):
     study, _ = studies
     good, q, p = honest(study, 6, seed=7)
-    max_q, _ = record_norm_bounds(study.calibration)
+    max_q = record_norm_bounds(study.calibration).q_high
     big = one(study, np.eye(study.d)[0] * max_q * 1.001, p[0])
     stale = one(study, q[0], p[0], created_ms=now_ms() - (WINDOW_S + 600) * 1000)
     nan_q = q[1].copy()
@@ -431,7 +435,7 @@ def test_dead_letters_of_a_container_name_the_record_inside_it(kafka_settings, r
                                                                topics, studies):
     study, _ = studies
     good, q, _ = honest(study, 2, seed=8)
-    max_q, _ = record_norm_bounds(study.calibration)
+    max_q = record_norm_bounds(study.calibration).q_high
     big = one(study, np.eye(study.d)[0] * max_q * 1.001, q[0] * 0)
     producer = kafka_producer(kafka_settings)
     producer.send(topics.records, value=encode_container([good[0], big, good[1]]),

@@ -7,8 +7,20 @@ import json
 
 import numpy as np
 import pytest
+from scipy.stats import ks_2samp
 
-from bench.audit import add_arguments, audit, clopper_pearson, run, worst_case_neighbours
+from bench.audit import (
+    Mechanism,
+    add_arguments,
+    audit,
+    clopper_pearson,
+    exact_fold,
+    label_flip_neighbours,
+    record_fold,
+    run,
+    worst_case_neighbours,
+)
+from bench.baselines import analytic_gaussian_mu, kang2020_descent, kang2020_proof_c, kang2020_sigma
 from trainer.solver import solve_constrained, solve_constrained_batch
 
 AUDIT = {"epsilon": 2.0, "delta": 0.01, "d": 2, "n": 512, "trials": 20_000}
@@ -42,8 +54,9 @@ def test_batched_solver_refuses_an_indefinite_hessian():
 
 
 def test_neighbours_differ_in_exactly_one_record_at_the_clipping_bounds():
-    for pair in worst_case_neighbours(64, 3, lam=1.0, p_bound=1.0, eta=1.0):
-        (q, p), (q2, p2) = pair.rows(False), pair.rows(True)
+    for pair in [*worst_case_neighbours(64, 3, lam=1.0, p_bound=1.0, eta=1.0),
+                 *label_flip_neighbours(64, 3, lam=1.0)]:
+        (q, p, _), (q2, p2, _) = pair.rows(False), pair.rows(True)
         differ = np.flatnonzero(np.any(q != q2, axis=1) | np.any(p != p2, axis=1))
         assert differ.tolist() == [63]
         assert np.all(np.sum(q**2, axis=1) <= 1.0 + 1e-12)
@@ -77,3 +90,56 @@ def test_audit_command_prints_one_json_line_with_the_documented_keys(capsys):
     result = json.loads(lines[0])
     assert {"claimed_epsilon", "epsilon_lower_bound", "delta", "trials"} <= result.keys()
     assert result["trials"] == 2000 and result["neighbouring"] == "replace-one"
+    assert {"pair", "region", "interval"} <= result.keys()
+    assert result["pair"]["name"] == result["scenario"]
+    assert 0.0 <= result["interval"]["p1_lower"] <= 1.0 and 0.0 < result["interval"]["p0_upper"]
+
+
+@pytest.mark.parametrize("name", ["ipdp", "kang2020"])
+@pytest.mark.parametrize("wrong", [False, True])
+def test_the_exact_fold_has_the_distribution_of_the_record_fold(name, wrong):
+    # A pair with three groups of equal records and the differing one: every entry of A and b
+    # from the exact law against n noisy records each; `wrong` drops a tenth of the feature noise.
+    n, d, k = 64, 2, 4000
+    pair = (label_flip_neighbours(n, d, 1.0) if name == "kang2020"
+            else worst_case_neighbours(n, d, 1.0, 1.0, 1.0))[0]
+    mech = Mechanism(name, 0.3, 0.2, 1.0, strong_convexity=0.01)
+    exact_mech = Mechanism(name, 0.3 * (0.9 if wrong else 1.0), 0.2, 1.0, strong_convexity=0.01)
+    a, b = record_fold(mech, *pair.rows(False), k, np.random.default_rng(5))
+    a2, b2 = exact_fold(exact_mech, *pair.rows(False), k, np.random.default_rng(6))
+    p_values = [ks_2samp(a[:, i, j], a2[:, i, j]).pvalue for i, j in ((0, 0), (0, 1), (1, 1))]
+    p_values += [ks_2samp(b[:, i], b2[:, i]).pvalue for i in range(d)]
+    assert (min(p_values) < 1e-3) == wrong, p_values
+
+
+EXACT = {"epsilon": 1.0, "delta": 0.01, "d": 2, "n": 8192, "trials": 20_000, "exact_fold": True}
+
+
+def test_exact_fold_audit_sees_the_guarantee_and_catches_under_noising():
+    fair = audit(**EXACT, seed=1)
+    assert 0.2 < fair.epsilon_lower_bound <= fair.claimed_epsilon
+    assert audit(**EXACT, noise_scale=0.4, seed=2).epsilon_lower_bound > 1.0
+
+
+def test_the_audit_refutes_kang_et_al_at_c_one_and_names_the_c_a_proof_needs():
+    result = audit(**EXACT, mechanism="kang2020", c=1.0, seed=4)
+    assert result.epsilon_lower_bound > result.claimed_epsilon
+    assert result.kang_proof_c > 1e4
+
+
+def test_kang_proof_c_makes_the_label_flip_a_gaussian_mechanism_at_the_claimed_epsilon():
+    params = {"lipschitz": 2.0, "steps": 50, "delta": 0.01, "n": 512, "strong_convexity": 0.01,
+              "epsilon": 1.0}
+    c = kang2020_proof_c(lam=0.25, **params)
+    sigma = kang2020_sigma(c=c, **params)
+    assert 2.0 * 0.5 / sigma == pytest.approx(analytic_gaussian_mu(1.0, 0.01), rel=1e-9)
+    assert kang2020_proof_c(lam=0.25, **{**params, "n": 1024}) == pytest.approx(
+        c * 1024 * 1023 / (512 * 511))  # grows like n²
+
+
+def test_kang_descent_reaches_the_constrained_minimiser():
+    h, b = _problems(np.random.default_rng(7), 50, 3, 1.0)
+    n, ridge = 10, 0.5
+    w = kang2020_descent(h, b, n=n, strong_convexity=ridge, eta=1.0, steps=3000)
+    exact = solve_constrained_batch(h / n + ridge * np.eye(3), b / n, 1.0)
+    np.testing.assert_allclose(w, exact, atol=1e-6)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -374,3 +375,26 @@ def test_a_signed_study_from_the_cli_verifies_and_closing_it_needs_its_key(
     assert _run(["study", "close", "cli-signed"]) == 0
     assert read_studies_topic(kafka_settings, env_topics, trusted=pinned)["cli-signed"][1] == \
         CLOSED
+
+
+def test_a_study_stored_before_the_error_rule_keeps_its_hash_and_noise_in_redis(r, producer,
+                                                                               topics):
+    # As the previous release stored it: its JSON without noise, its envelope with the noise
+    # devices have been adding, and its wire hash.
+    before = json.loads((Path(__file__).parent / "studies_before_error_rule.json").read_text())
+    stored = before["studies"][0]
+    text = json.loads(json.loads(stored["envelope"])["study"])
+    old_hash = bytes.fromhex(stored["study_hash"])
+    sid = text["study_id"]
+    params = {k: v for k, v in text.items() if k != "noise"}
+    r.hset(study_key(sid), mapping={"json": json.dumps(params), "status": "open",
+                                    "created_ms": 0, "envelope": stored["envelope"]})
+    r.hset(STUDY_HASHES, old_hash, sid)
+    for study, _ in (load_study(r, sid), study_by_hash(r, old_hash)):
+        assert study.hash == old_hash
+        assert study.calibration.sigma_u2 == pytest.approx(stored["sigma_u2"], rel=1e-12)
+    # Creating it again is the no-op it always was, and closing it keeps its text.
+    assert create_study(r, producer, topics, Study(**params)) is False
+    closed = close_study(r, producer, topics, sid)
+    assert closed.hash == old_hash
+    assert load_study(r, sid)[0].hash == old_hash

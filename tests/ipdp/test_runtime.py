@@ -313,13 +313,13 @@ def test_servers_die_with_a_sigkilled_parent(tmp_path):
 
 
 @pytest.mark.integration
-def test_run_up_exits_1_when_a_server_dies(tmp_path):
+def test_run_up_exits_1_when_the_broker_dies(tmp_path):
     proc, lines = _start_run_up(f"directory={str(tmp_path)!r}")
     try:
         _, _, pids = _addresses(lines)
-        os.kill(pids[-1], signal.SIGKILL)  # the redis-server
+        os.kill(pids[0], signal.SIGKILL)  # the broker: its memory-only log is gone
         assert proc.wait(timeout=20) == 1
-        assert "exited unexpectedly" in proc.stderr.read()
+        assert "tansu broker exited unexpectedly" in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

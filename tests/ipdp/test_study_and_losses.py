@@ -14,11 +14,14 @@ from ipdp.study import Study
 BASE = {"study_id": "s1", "d": 14, "n": 10_000, "epsilon": 1.0, "delta": 0.01}
 
 
-def test_default_study_is_rigorous_with_zero_ridge():
+def test_default_study_is_rigorous_with_the_ridge_of_least_predicted_error():
     s = Study(**BASE)
     assert s.mode == "rigorous"
-    assert s.resolved_delta_in == 0.0
-    assert s.calibration.sigma_u2 == pytest.approx(1.483, rel=0.01)
+    assert s.resolved_delta_in is None
+    zero_ridge = Study(**BASE, delta_in=0.0).calibration
+    assert s.calibration.sigma_u2 == zero_ridge.sigma_u2
+    assert 0.0 < s.calibration.delta_in and s.calibration.sigma_b2 < zero_ridge.sigma_b2
+    assert s.calibration.predicted_error < zero_ridge.predicted_error
     assert s.calibration.proven
     assert len(s.hash) == 16
 

@@ -18,7 +18,7 @@ def ipdp(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-@pytest.mark.parametrize(("mode", "sigma_u2"), [("rigorous", 1.483), ("paper", 2.537)])
+@pytest.mark.parametrize(("mode", "sigma_u2"), [("rigorous", 8.291), ("paper", 2.537)])
 def test_calibrate_json_has_the_documented_keys(mode, sigma_u2):
     out = ipdp(*CALIBRATE, "--mode", mode, "--json")
     assert out.returncode == 0, out.stderr
@@ -39,7 +39,7 @@ def test_calibrate_json_has_the_documented_keys(mode, sigma_u2):
 def test_calibrate_prints_a_readable_table():
     out = ipdp(*CALIBRATE)
     assert out.returncode == 0, out.stderr
-    assert "σ_u²" in out.stdout and "1.48298" in out.stdout
+    assert "σ_u²" in out.stdout and "8.29143" in out.stdout
     assert "replace-one" in out.stdout and "ε split" in out.stdout
     assert "local (ε, δ) of one record" in out.stdout
 

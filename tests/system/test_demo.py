@@ -30,6 +30,10 @@ def test_demo_squared_loss_reports_a_private_model_from_exactly_n_records():
     # At n = 20,000 the private fit is about 0.05 and predicting 0 about 0.26.
     assert result["rmse_private"] < result["rmse_zero_model"] / 2
     assert result["rmse_nonprivate"] < result["rmse_zero_model"] / 2
+    # Step 8's prediction of the excess squared error, next to the one measured on the test rows.
+    assert result["excess_mse_predicted"] > 0.0
+    assert result["excess_mse_measured"] == pytest.approx(
+        result["rmse_private"] ** 2 - result["rmse_nonprivate"] ** 2)
 
 
 @pytest.mark.integration

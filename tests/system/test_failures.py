@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -27,11 +30,11 @@ from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import ensure_topics, kafka_consumer
 from ipdp.model_message import model_key
 from ipdp.redis_io import redis_client
-from ipdp.settings import TopicSettings
+from ipdp.settings import KafkaSettings, RedisSettings, TopicSettings
 from ipdp.subscriber import ModelSubscriber
 from tests.aggregator.test_hostile_input import honest, make_folder
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, total_stats, wait_for
-from tests.proc_services import service_env, start, stop
+from tests.proc_services import REPO, service_env, start, stop
 from trainer.service import Trainer
 from trainer.settings import TrainerSettings
 from trainer.solver import solve_constrained
@@ -435,3 +438,86 @@ def produce_rows(study, kafka, topics, k: int, seed: int):
     finally:
         producer.close()
     return q, p, where
+
+
+class ExportedRuntime:
+    """An `ipdp up` child process seen through the export lines it wrote to its env file."""
+
+    def __init__(self, env_file) -> None:
+        self.exported = dict(line.removeprefix("export ").split("=", 1)
+                             for line in env_file.read_text().splitlines())
+
+    def env(self) -> dict[str, str]:
+        return self.exported
+
+    def kafka_settings(self) -> KafkaSettings:
+        return KafkaSettings(bootstrap=self.exported["IPDP_KAFKA_BOOTSTRAP"],
+                             security_protocol="PLAINTEXT", sasl_mechanism=None,
+                             sasl_username=None, sasl_password=None, ssl_cafile=None,
+                             ssl_certfile=None, ssl_keyfile=None,
+                             end_offsets_exact=self.exported["IPDP_KAFKA_END_OFFSETS_EXACT"]
+                             == "true")
+
+    def redis_settings(self) -> RedisSettings:
+        return RedisSettings(url=self.exported["IPDP_REDIS_URL"], username=None, password=None)
+
+
+@pytest.mark.slow
+def test_ipdp_up_restarts_a_sigkilled_redis_under_load_and_folds_every_acknowledged_record_once(
+        tmp_path):
+    env_file, out, err = tmp_path / "ipdp.env", tmp_path / "up.out", tmp_path / "up.err"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        up = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "up", "--dir", str(tmp_path / "rt"),
+                               "--env-file", str(env_file)], cwd=REPO, stdin=subprocess.DEVNULL,
+                              stdout=o, stderr=e, start_new_session=True)
+    aggregator = None
+    try:
+        wait_for(env_file.exists, 60, "ipdp up's env file")
+        rt = ExportedRuntime(env_file)
+        ks, rs, topics = rt.kafka_settings(), rt.redis_settings(), TopicSettings()
+        broker_pid, redis_pid = (int(re.search(rf"^# {what} .* pid (\d+)$", out.read_text(),
+                                               re.MULTILINE)[1]) for what in ("kafka", "redis"))
+        study = create(ks, rs, topics, study_id="up-redis-crash", d=4, n=200, epsilon=1.0,
+                       delta=0.01, delta_in=0.5)
+        r = redis_client(rs)
+        env = service_env(rt, topics, IPDP_AGGREGATOR_GROUP="agg-up",
+                          IPDP_AGGREGATOR_MAX_BATCH="30", IPDP_TRAINER_BLOCK_MS="200")
+        aggregator = start(["aggregator", "run"], env, tmp_path, "aggregator")
+        with Feeder(study, ks, topics, chunk=50, pause_s=0.1, seed=4000) as feeder:
+            wait_for(lambda: folded(r, study.study_id) > 300, GROUP_JOIN_TIMEOUT_S, "folding")
+            os.kill(redis_pid, signal.SIGKILL)  # a crash under load: no shutdown, no final fsync
+            wait_for(lambda: "restarted it" in err.read_text(), 30, "ipdp up to restart redis")
+            time.sleep(1.0)  # records keep arriving while the aggregator reconnects
+        q, p = feeder.all_rows()
+        top_up = -len(q) % study.n  # complete the last round
+        if top_up:
+            tq, tp = contribute(study, ks, topics, top_up, seed=5000)
+            q, p = np.concatenate([q, tq]), np.concatenate([p, tp])
+        wait_for(lambda: folded(r, study.study_id) == len(q), GROUP_JOIN_TIMEOUT_S,
+                 f"{len(q)} acknowledged records folded")
+        aggregator.check_alive()
+        assert up.poll() is None, err.read_text()  # the broker and its log were never stopped
+        assert f"pid {broker_pid}" in out.read_text() and _pid_alive(broker_pid)
+        # No record refused, none seen twice.
+        assert state.rejected_counts(r, "agg-up", topics.records) == {}
+        assert_clean_fold(rs, study, q, p)  # every acknowledged record folded exactly once
+        rounds = len(q) // study.n
+        assert sorted(closed_rounds(r, study)) == list(range(1, rounds + 1))
+        trainer = start(["trainer", "run", "--idle-exit", "3"], env, tmp_path, "trainer")
+        assert trainer.proc.wait(timeout=120) == 0, trainer.log_tail()
+        models = list(ModelSubscriber(ks, topics, study_id=study.study_id))
+        assert sorted((m.round, m.n) for m in models) == [(i, study.n)
+                                                          for i in range(1, rounds + 1)]
+    finally:
+        if aggregator is not None:
+            stop(aggregator)
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=30) == 0, err.read_text()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False

@@ -8,9 +8,9 @@ from prometheus_client import REGISTRY
 
 from ipdp.cli.main import main
 from ipdp.kafka_io import kafka_producer
-from ipdp.model_message import ModelMessage, PrivacyReport, model_value
+from ipdp.model_message import ModelMessage, PrivacyReport, model_value, parse_model_value
 from ipdp.settings import TrustSettings
-from ipdp.signing import generate_key_files
+from ipdp.signing import TrustedKeys, generate_key_files
 from ipdp.study import Study
 from ipdp.subscriber import ModelSubscriber
 from trainer.service import Trainer
@@ -25,6 +25,13 @@ def _model(round_no: int, w=(0.3, 0.4, 0.0, 0.0)) -> ModelMessage:
         weights=list(w), constraint_active=False,
         privacy=PrivacyReport.from_calibration(STUDY.calibration),
         round_closed_ms=1, published_ms=2)
+
+
+def test_a_signed_model_says_its_guarantee_is_privacy_not_robustness_and_verifies(tmp_path):
+    key = generate_key_files(tmp_path / "trainer")
+    got = parse_model_value(model_value(_model(1), key), TrustedKeys([key.private.public_key()]))
+    assert got.privacy.guarantee.startswith("privacy, not robustness")
+    assert "Bounded influence" in got.privacy.guarantee
 
 
 def test_forged_models_on_the_models_topic_are_dropped_and_counted(
