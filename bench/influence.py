@@ -25,7 +25,7 @@ the service. Honest rows come from the load generator's synthetic data set
 seeded generator.
 
 Usage: python -m bench.influence [--n 1000] [--d 14] [--epsilon 1] [--delta 0.01]
-       [--delta-in 0] [--k 1 10 100] [--seeds 5] [--json]
+       [--delta-in Δ] [--k 1 10 100] [--seeds 5] [--json]
 """
 
 from __future__ import annotations
@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.01)
     parser.add_argument("--delta-in", dest="delta_in", type=float, default=None,
-                        help="Δ_in, the trainer's ridge (default: the study's, 0)")
+                        help="Δ_in, the trainer's ridge (default: the study's, which Step 8 "
+                             "chooses); 0 for no ridge")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="One JSON object instead of a table.")

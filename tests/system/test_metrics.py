@@ -12,6 +12,7 @@ import signal
 import numpy as np
 
 from ipdp.kafka_io import kafka_producer
+from ipdp.losses import prepare
 from ipdp.wire import encode_record, study_hash
 from producer.contributor import now_ms
 from tests import proc_services as ps
@@ -35,7 +36,10 @@ def _bad_records(study) -> tuple[list[tuple[bytes, bytes]], bytes, dict[str, int
     bad.append(rec(study.hash, np.zeros(d + 1), np.zeros(d + 1)))
     bad.append(rec(study.hash, np.full(d, np.nan), zeros))
     bad.append(rec(study.hash, np.full(d, 1e9), zeros))
-    twice_key, twice_value = rec(study.hash, zeros, zeros)
+    # A good record is perturbed as a device does: the norm check refuses one with no noise.
+    q, p = prepare("squared", np.zeros((1, d)), np.zeros(1), study.calibration,
+                   np.random.default_rng(3))
+    twice_key, twice_value = rec(study.hash, q[0], p[0])
     bad.append((twice_key, twice_value))  # the replay (its first copy is a good record)
     expected = {"undecodable": 2, "unknown_study": 3, "wrong_dimension": 1, "non_finite": 1,
                 "norm_out_of_bounds": 1, "replayed": 1}
