@@ -31,10 +31,11 @@ batches are skipped. Batches of the old message formats (magic 0 and 1) go throu
 kafka-python's parser, inner-message CRCs checked; a compressed batch is decompressed by it and
 then parsed here. Only a consumer reading uncommitted data can use this (the aggregator's is;
 the read_committed filtering of aborted transactions is not reimplemented).
-This reads two private parts of kafka-python (``Fetcher.PartitionRecords`` and a batch's
-buffer); :func:`install` refuses a kafka-python outside the release series it was checked
-against (:data:`CHECKED_SERIES`) or without those parts, and tests/aggregator/test_fetch.py
-compares both parsers on batches a real broker served.
+This module is the only place that touches kafka-python's internals: ``Fetcher.PartitionRecords``,
+a batch's buffer and (:func:`topic_id_seen`) the client's cluster metadata. :func:`install`
+refuses a kafka-python outside the release series it was checked against
+(:data:`CHECKED_SERIES`) or without those parts, and tests/aggregator/test_fetch.py compares
+both parsers on batches a real broker served.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from ipdp.errors import IpdpError
 log = logging.getLogger(__name__)
 
 __all__ = ["ColumnarRecords", "UnsupportedKafkaClient", "columns", "decode_headers",
-           "first_offset", "install", "parse_records"]
+           "first_offset", "install", "parse_records", "topic_id_seen"]
 
 #: kafka-python's isolation level value for read_uncommitted (kafka.protocol's IsolationLevel).
 READ_UNCOMMITTED = 0
@@ -368,3 +369,10 @@ def install(consumer) -> None:
         raise UnsupportedKafkaClient("the columnar fetch reads uncommitted data only; set "
                                      "IPDP_AGGREGATOR_COLUMNAR_FETCH=false for read_committed")
     fetcher.PartitionRecords = ColumnarRecords
+
+
+def topic_id_seen(consumer, topic: str) -> str | None:
+    """The id of ``topic`` in ``consumer``'s latest metadata (no request; None before the
+    client has one). kafka-python exposes no public accessor for a topic's id."""
+    seen = consumer._client.cluster.topic_id(topic)
+    return None if seen is None else str(seen)

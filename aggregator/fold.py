@@ -1,11 +1,29 @@
-"""Fold a validated batch into Redis in one atomic transaction.
+"""Fold a validated batch into Redis: one transaction per study, then one checkpoint.
 
 A batch is the messages one poll returned: per partition, a contiguous run of offsets. A
-container message (wire version 2) folds all its records or none: its offset is one unit. The fold
-is a checkpoint in the quixstreams sense — the statistics it produces and the offsets it consumed
-are written in the same MULTI/EXEC, guarded by WATCH on every key it read — so a crash either
-loses the whole fold (and the restarted aggregator re-reads the same offsets from Redis) or
-keeps all of it. A zombie that lost its partitions finds the offsets moved and folds nothing.
+container message (wire version 2) folds all its records or none: its offset is one unit.
+
+Offsets are kept at two levels, as Kafka Streams keeps state per task:
+
+- the **group's checkpoint** (``state.offsets_key``): per partition, where to read next. It is
+  moved forward (never back) after every study of the batch has committed, in one atomic
+  script that also counts the batch's stateless refusals;
+- each **study's offsets** (``state.study_offsets_key``): per partition, the offset below which
+  this study's records are folded. They are written in the study's transaction, with its
+  statistics, its replay ids and its counts — every key of it in the study's hash slot.
+
+A study's transaction is a checkpoint in the quixstreams sense — read under WATCH, decide,
+MULTI/EXEC — and touches nothing another study's does, so aggregators folding different
+studies never invalidate each other's transactions, and the whole thing runs on Redis Cluster.
+A crash between two studies' commits leaves the checkpoint where it was: the batch is read
+again, the study that committed skips its records (its offsets say they are folded), the other
+folds them. A zombie that lost its partitions finds every study's offsets moved and folds
+nothing. A resume to another log (aggregator/logs.py) bumps the partition's epoch, which
+retires every study's offsets of the old log at once.
+
+The phases of one study's fold are explicit: :meth:`Folder._read` (under WATCH) returns a
+:class:`StudyState`, :func:`decide` turns it and the study's rows into a :class:`StudyFold`
+without touching Redis, :func:`write_fold` queues that fold's writes after MULTI.
 """
 
 from __future__ import annotations
@@ -24,6 +42,7 @@ from aggregator.validate import (
     Message,
     Polled,
     Rejection,
+    Resolved,
     Validator,
     ValidRows,
     in_order,
@@ -31,6 +50,7 @@ from aggregator.validate import (
 )
 from ipdp import metrics, registry, state
 from ipdp.errors import MalformedValue, SignatureError
+from ipdp.redis_io import run_script
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus
 from ipdp.wire import MalformedRecord, RejectReason
@@ -39,23 +59,47 @@ log = logging.getLogger(__name__)
 
 #: A study refused for its signature is looked up again after this many seconds.
 REFUSAL_RETRY_S = 30.0
+#: Most unknown study hashes (and ids) remembered at once.
+UNKNOWN_CACHE_LIMIT = 100_000
 
-#: Every read a fold makes before its replay check, in one round trip (redis-py costs ~60-90 µs
-#: of CPU per command): KEYS[1] = offsets hash, then per study its hash and its open round's;
-#: ARGV = partitions. -> { offsets, then per study: status, {round, count, A, b} }
-_READ_LUA = """
-local out = {redis.call('HMGET', KEYS[1], unpack(ARGV))}
-for k = 2, #KEYS, 2 do
-  out[#out + 1] = redis.call('HGET', KEYS[k], 'status')
-  out[#out + 1] = redis.call('HMGET', KEYS[k + 1], 'round', 'count', 'A', 'b')
+#: One study's reads, in one round trip (redis-py costs ~60-90 µs of CPU per command).
+#: KEYS[1] = study hash, KEYS[2] = open round, KEYS[3] = the study's offsets; ARGV = offset
+#: fields -> { status, {round, count, A, b}, {offset per field} }
+_READ_STUDY_LUA = """
+return {redis.call('HGET', KEYS[1], 'status'),
+        redis.call('HMGET', KEYS[2], 'round', 'count', 'A', 'b'),
+        redis.call('HMGET', KEYS[3], unpack(ARGV))}
+"""
+
+#: The group's checkpoint. KEYS[1] = offsets hash, KEYS[2] = rejected-counts hash;
+#: ARGV = n, n × (partition, next offset), then per stateless refusal (partition, offset,
+#: reason). Counts the refusals at or past their partition's stored offset (those below were
+#: counted by the fold that moved it), then moves each offset forward, never back.
+_CHECKPOINT_LUA = """
+local n = tonumber(ARGV[1])
+local stored = {}
+for i = 0, n - 1 do
+  local p, nxt = ARGV[2 + 2 * i], tonumber(ARGV[3 + 2 * i])
+  local cur = tonumber(redis.call('HGET', KEYS[1], p) or '-1')
+  stored[p] = cur
+  if nxt > cur then
+    redis.call('HSET', KEYS[1], p, nxt)
+  end
 end
-return out
+local counted = 0
+for i = 2 + 2 * n, #ARGV, 3 do
+  if tonumber(ARGV[i + 1]) >= stored[ARGV[i]] then
+    redis.call('HINCRBY', KEYS[2], ARGV[i + 2], 1)
+    counted = counted + 1
+  end
+end
+return counted
 """
 
 
 @dataclass
 class FoldResult:
-    """What one committed fold did; counts are exact (they were written in the same EXEC)."""
+    """What one fold did; counts are exact (they were written in the transactions)."""
 
     folded: dict[str, int] = field(default_factory=dict)
     rejected: list[Rejection] = field(default_factory=list)
@@ -63,22 +107,197 @@ class FoldResult:
     open_rounds: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     """study → (round, count, n) after the fold."""
     skipped: int = 0
-    """Messages below the committed offset (already folded by an earlier owner)."""
+    """Messages below the checkpoint (already folded by an earlier owner)."""
     reseek: dict[int, int] = field(default_factory=dict)
-    """partition → offset to seek to, when the batch started past the committed offset."""
+    """partition → offset to seek to, when the batch started past the checkpoint."""
     conflicts: int = 0
 
 
-def _first_of_each_id(ids: np.ndarray, prefixes: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Whether each 16-byte id (rows of uint8) is the first occurrence of its value;
-    ``order`` sorts ``prefixes``, the ids' first 8 bytes as integers."""
+@dataclass(frozen=True)
+class Spans:
+    """Each partition's run in a batch sorted by (partition, offset)."""
+
+    first: dict[int, int]
+    last: dict[int, int]
+
+    @classmethod
+    def of(cls, batch: Polled) -> Spans:
+        starts = np.flatnonzero(np.r_[True, batch.partition[1:] != batch.partition[:-1]])
+        ends = np.r_[starts[1:], len(batch)] - 1
+        partitions = batch.partition[starts].tolist()
+        return cls(dict(zip(partitions, batch.offset[starts].tolist(), strict=True)),
+                   dict(zip(partitions, batch.offset[ends].tolist(), strict=True)))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The group's stored position of each partition of a batch."""
+
+    offset: dict[int, int]
+    """partition → next offset to read (absent: never read)."""
+    epoch: dict[int, int]
+    """partition → epoch (0 until a resume moves the partition to another log)."""
+
+    def field(self, partition: int) -> str:
+        """The partition's field in a study's offsets hash."""
+        return f"{partition}:{self.epoch.get(partition, 0)}"
+
+
+@dataclass(frozen=True)
+class StudyState:
+    """What one study's fold reads under WATCH."""
+
+    status: StudyStatus | None
+    round_no: int
+    count: int
+    a: np.ndarray
+    b: np.ndarray
+    folded_below: dict[int, int]
+    """partition → offset below which this study's records are folded."""
+    replayed: np.ndarray
+    """Per valid row: its id was folded within the replay window."""
+
+
+@dataclass(frozen=True)
+class ClosedRound:
+    round_no: int
+    a: np.ndarray
+    b: np.ndarray
+
+
+@dataclass
+class StudyFold:
+    """What one study's transaction writes, decided from its rows and its :class:`StudyState`."""
+
+    study: Study
+    folded_ids: np.ndarray
+    closed: list[ClosedRound]
+    round_no: int
+    count: int
+    a: np.ndarray
+    b: np.ndarray
+    study_closed: bool
+    """This fold closed the study (its last round)."""
+    was_open: bool
+    """The study was open when read; a closed or unknown one folds nothing."""
+    offsets: dict[str, int]
+    """Fields of the study's offsets hash → next offset."""
+    rejected: list[Rejection]
+
+    @property
+    def folded(self) -> int:
+        return len(self.folded_ids)
+
+
+def _first_of_each_id(ids: np.ndarray) -> np.ndarray:
+    """Whether each 16-byte id (rows of uint8) is the first occurrence of its value."""
     first = np.ones(len(ids), bool)
-    ranked = prefixes[order]
+    prefixes = id_prefixes(ids)
+    ranked = np.sort(prefixes)
     if len(ids) < 2 or not (ranked[1:] == ranked[:-1]).any():
         return first  # distinct prefixes: distinct ids, without a bytes sort
     first[:] = False
     first[np.unique(np.ascontiguousarray(ids).view("V16").ravel(), return_index=True)[1]] = True
     return first
+
+
+def _per_row(by_partition: dict[int, int], partition: np.ndarray) -> np.ndarray:
+    """``by_partition``'s offset for each row's partition (-1 where it has none)."""
+    if not by_partition:
+        return np.full(len(partition), -1, np.int64)
+    keys = np.array(sorted(by_partition), np.int64)
+    values = np.array([by_partition[k] for k in keys.tolist()], np.int64)
+    at = np.minimum(np.searchsorted(keys, partition), len(keys) - 1)
+    return np.where(keys[at] == partition, values[at], -1)
+
+
+def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
+           checkpoint: Checkpoint) -> StudyFold:
+    """The decide phase of one study (no Redis): which rows fold, into which rounds, and what
+    is refused for the study's state."""
+    study, sid = v.study, v.study.study_id
+    todo = rows.offset[v.row] >= _per_row(seen.folded_below, rows.partition[v.row])
+    row, ids, q, p = v.row[todo], v.record_id[todo], v.q[todo], v.p[todo]
+    offsets = {checkpoint.field(x): spans.last[x] + 1
+               for x in np.unique(rows.partition[row]).tolist()}
+    if seen.status != StudyStatus.OPEN:
+        reason = RejectReason.UNKNOWN_STUDY if seen.status is None else RejectReason.CLOSED_STUDY
+        detail = f"study {sid} is {seen.status and seen.status.value}"
+        return StudyFold(study, ids[:0], [], seen.round_no, seen.count, seen.a, seen.b, False,
+                         False, offsets, [rows.rejection(i, reason, detail) for i in row.tolist()])
+    fresh = _first_of_each_id(ids) & ~seen.replayed[todo]
+    # With credentials a record id is a credential's slot: seeing it again is a reuse.
+    reused = ((RejectReason.CREDENTIAL_REUSED, "the credential's slot was already folded")
+              if study.require_credentials else
+              (RejectReason.REPLAYED, "record id already seen within the replay window"))
+    rejected = [rows.rejection(i, *reused) for i in row[~fresh].tolist()]
+    row, ids, q, p = row[fresh], ids[fresh], q[fresh], p[fresh]
+    round_no, count, a, b = seen.round_no, seen.count, seen.a, seen.b
+    closed: list[ClosedRound] = []
+    study_closed = False
+    pos, m, n = 0, len(q), study.n
+    while pos < m:
+        take = min(n - count, m - pos)
+        seg = slice(pos, pos + take)
+        a += q[seg].T @ q[seg]
+        b += p[seg].sum(axis=0)
+        count += take
+        pos += take
+        if count == n:
+            closed.append(ClosedRound(round_no, a, b))
+            if study.round_limit is not None and round_no >= study.round_limit:
+                study_closed = True
+                break
+            round_no, count = round_no + 1, 0
+            a, b = np.zeros((study.d, study.d)), np.zeros(study.d)
+    rejected += [rows.rejection(i, RejectReason.CLOSED_STUDY,
+                                f"study {sid} closed after {study.round_limit} "
+                                "rounds (max_rounds or its privacy budget)")
+                 for i in row[pos:].tolist()]
+    return StudyFold(study, ids[:pos], closed, round_no, 0 if study_closed else count, a, b,
+                     study_closed, True, offsets, rejected)
+
+
+def write_fold(pipe, fold: StudyFold, replay: ReplayIds, *, group: str, topic: str,
+               now_ms: int) -> None:
+    """The write phase of one study: queue (after MULTI) everything ``fold`` decided; every
+    key is in the study's hash slot."""
+    sid = fold.study.study_id
+    for c in fold.closed:
+        a_raw, b_raw = state.pack_stats(c.a, c.b)
+        pipe.hset(state.closed_key(sid, c.round_no), mapping={
+            "A": a_raw, "b": b_raw, "count": fold.study.n, "closed_ms": now_ms})
+        pipe.sadd(state.unannounced_key(sid), c.round_no)
+    if fold.study_closed:
+        pipe.delete(state.open_key(sid))
+        pipe.hset(state.study_key(sid), "status", StudyStatus.CLOSED.value)
+    elif fold.folded:
+        a_raw, b_raw = state.pack_stats(fold.a, fold.b)
+        pipe.hset(state.open_key(sid), mapping={"round": fold.round_no, "count": fold.count,
+                                                "A": a_raw, "b": b_raw})
+    if fold.folded:
+        replay.add(pipe, sid, fold.folded_ids, now_ms)
+    counts = {"folded": fold.folded, "rounds_closed": len(fold.closed)}
+    for x in fold.rejected:
+        name = f"{state.REJECTED_FIELD}{x.reason.value}"
+        counts[name] = counts.get(name, 0) + 1
+    for name, k in counts.items():
+        if k:
+            pipe.hincrby(state.counts_key(sid), name, k)
+    if fold.offsets:
+        pipe.hset(state.study_offsets_key(sid, group, topic), mapping=fold.offsets)
+
+
+def announce(r: redis.Redis, study_id: str, rounds: Sequence[int]) -> None:
+    """Put closed rounds on the trainer's stream, then forget them as unannounced. A crash in
+    between announces them twice; the trainer skips a round already published."""
+    if not rounds:
+        return
+    with r.pipeline(transaction=False) as pipe:
+        for round_no in rounds:
+            pipe.xadd(state.ROUNDS_STREAM, {"study": study_id, "round": round_no})
+        pipe.srem(state.unannounced_key(study_id), *rounds)
+        pipe.execute()
 
 
 class Folder:
@@ -95,15 +314,21 @@ class Folder:
         max_message_bytes: int,
         trusted: TrustedKeys | None = None,
         credential_keys: TrustedKeys | None = None,
+        unknown_study_ttl_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.r = r
+        self.unknown_ttl_s = unknown_study_ttl_s
+        self._unknown: dict[bytes, float] = {}
+        self._known_ids: set[str] = set()
+        self._unknown_ids: dict[str, float] = {}
+        self.group, self.topic = group, topic
         self.trusted = trusted
         self._refused: dict[bytes, tuple[float, str]] = {}
         self.offsets_key = state.offsets_key(group, topic)
         self.clock = clock
         self._studies: dict[bytes, Study] = {}
-        self.validator = Validator(self._study, self._registered, replay_window_s=replay_window_s,
+        self.validator = Validator(replay_window_s=replay_window_s,
                                    max_future_skew_s=max_future_skew_s,
                                    max_message_bytes=max_message_bytes,
                                    credentials=CredentialCheck(
@@ -112,220 +337,157 @@ class Folder:
                                        max_future_skew_s=max_future_skew_s))
         self.replay = ReplayIds(r, replay_window_s=replay_window_s,
                                 max_future_skew_s=max_future_skew_s)
-        self._read = r.register_script(_READ_LUA)
 
     def committed_offsets(self) -> dict[int, int]:
-        """partition → next offset to fold, as stored with the statistics."""
+        """partition → next offset to read, as stored after the last fold."""
         raw = self.r.hgetall(self.offsets_key)
-        return {int(k): int(v) for k, v in raw.items()}
+        return {int(k): int(v) for k, v in raw.items() if b":" not in k}
+
+    def announce_pending(self) -> int:
+        """Announce every study's closed rounds that a crash left off the trainer's stream."""
+        pending = 0
+        for sid in sorted({v.decode() for v in self.r.hvals(state.STUDY_HASHES)}):
+            rounds = sorted(int(x) for x in self.r.smembers(state.unannounced_key(sid)))
+            announce(self.r, sid, rounds)
+            pending += len(rounds)
+        return pending
+
+    def _checkpoint(self, partitions: list[int]) -> Checkpoint:
+        fields = [str(p) for p in partitions] + [f"{p}:epoch" for p in partitions]
+        raw = self.r.hmget(self.offsets_key, fields)
+        k = len(partitions)
+        return Checkpoint({p: int(x) for p, x in zip(partitions, raw[:k], strict=True)
+                           if x is not None},
+                          {p: int(x) for p, x in zip(partitions, raw[k:], strict=True)
+                           if x is not None})
 
     def fold(
         self,
         messages: Polled | Sequence[Message],
         dead_letter: Callable[[list[Rejection]], None] | None = None,
     ) -> FoldResult:
-        """Validate and fold `messages`; `dead_letter` is called before the commit (at least once)."""
+        """Validate and fold `messages`; `dead_letter` is called before each commit (at least
+        once per rejection)."""
         now_ms = int(self.clock() * 1000)
-        polled = in_order(messages if isinstance(messages, Polled) else Polled.of(messages))
-        if len(polled) == 0:
+        batch = in_order(messages if isinstance(messages, Polled) else Polled.of(messages))
+        if len(batch) == 0:
             return FoldResult()
-        # Sorted by (partition, offset): each partition's first and last offsets bound its run.
-        starts = np.flatnonzero(np.r_[True, polled.partition[1:] != polled.partition[:-1]])
-        ends = np.r_[starts[1:], len(polled)] - 1
-        partitions = polled.partition[starts].tolist()
-        first = dict(zip(partitions, polled.offset[starts].tolist(), strict=True))
-        last = dict(zip(partitions, polled.offset[ends].tolist(), strict=True))
-        rows, container_rejects = split_containers(polled)
-        stateless_rejects, valid = self.validator.validate(rows, now_ms)
-        if container_rejects:
-            stateless_rejects = sorted(
-                container_rejects + stateless_rejects,
-                key=lambda x: (x.message.partition, x.message.offset, x.index or 0))
-        watched = [self.offsets_key]
-        for v in valid:
-            sid = v.study.study_id
-            watched += [state.open_key(sid), state.study_key(sid),
-                        self.replay.watch_key(sid)]
+        spans = Spans.of(batch)
+        checkpoint = self._checkpoint(list(spans.first))
+        if any(spans.first[p] > o for p, o in checkpoint.offset.items()):
+            for p, o in checkpoint.offset.items():
+                if spans.first[p] > o:
+                    log.warning("partition %d: batch starts at %d but Redis has %d; re-seeking",
+                                p, spans.first[p], o)
+            return FoldResult(reseek={p: checkpoint.offset.get(p, first)
+                                      for p, first in spans.first.items()})
+        unread = batch.offset >= _per_row(checkpoint.offset, batch.partition)
+        result = FoldResult(skipped=int((~unread).sum()))
+        if not unread.all():
+            batch = batch.take(np.flatnonzero(unread))
+        rows, container_rejects = split_containers(batch, self.validator.max_message_bytes)
+        decoded = self.validator.decode(rows)
+        studies = self._resolve(decoded.study_hashes)
+        registered = self._registered(Validator.unmatched_headers(rows, decoded, studies)) \
+            if None in studies.values() else {}
+        stateless, valid = self.validator.validate(rows, decoded, studies, registered, now_ms)
+        stateless = sorted(container_rejects + stateless,
+                           key=lambda x: (x.message.partition, x.message.offset, x.index or 0))
+        if dead_letter and stateless:
+            dead_letter(stateless)
+        result.rejected = list(stateless)
+        for v in sorted(valid, key=lambda v: v.study.study_id):
+            self._fold_study(rows, v, spans, checkpoint, now_ms, dead_letter, result)
+        if spans.first:
+            run_script(self.r, _CHECKPOINT_LUA,
+                       [self.offsets_key, state.rejected_key(self.group, self.topic)],
+                       [len(spans.last), *(x for p, last in spans.last.items()
+                                            for x in (p, last + 1)),
+                        *(y for x in stateless for y in (x.message.partition, x.message.offset,
+                                                         x.reason.value))])
+        return result
+
+    def _fold_study(self, rows: Polled, v: ValidRows, spans: Spans, checkpoint: Checkpoint,
+                    now_ms: int, dead_letter, result: FoldResult) -> None:
+        """One study's transaction: read under WATCH, decide, write, EXEC (redone on conflict)."""
+        sid = v.study.study_id
         sent: set[tuple[str, RejectReason]] = set()
-        conflicts = 0
-        with self.r.pipeline() as pipe:
+        with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(*watched)
-                    result = self._fold_watched(
-                        pipe, rows, partitions, first, last, stateless_rejects, valid, now_ms)
-                    if result is None:
-                        pipe.unwatch()
-                        return FoldResult(reseek=self._reseek(partitions, first),
-                                          conflicts=conflicts)
-                    fresh = [x for x in result.rejected if (x.source, x.reason) not in sent]
+                    pipe.watch(state.study_key(sid), state.open_key(sid),
+                               self.replay.watch_key(sid),
+                               state.study_offsets_key(sid, self.group, self.topic))
+                    fold = decide(rows, v, self._read(pipe, rows, v, checkpoint), spans,
+                                  checkpoint)
+                    fresh = [x for x in fold.rejected if (x.source, x.reason) not in sent]
                     if dead_letter and fresh:
                         dead_letter(fresh)
                     sent.update((x.source, x.reason) for x in fresh)
+                    pipe.multi()
+                    write_fold(pipe, fold, self.replay, group=self.group, topic=self.topic,
+                               now_ms=now_ms)
                     pipe.execute()
-                    result.conflicts = conflicts
-                    return result
-                except redis.WatchError:
-                    conflicts += 1
-                    continue
-
-    def _reseek(self, partitions: list[int], first: dict[int, int]) -> dict[int, int]:
-        """Where to re-read every partition of a discarded batch: Redis's offset, else its start."""
-        committed = self.committed_offsets()
-        return {p: committed.get(p, first[p]) for p in partitions}
-
-    def _fold_watched(self, pipe, rows: Polled, partitions, first, last, stateless_rejects,
-                      valid, now_ms):
-        """Reads under WATCH, then queues the writes; returns None when the batch must be re-read."""
-        reply = self._read(
-            keys=[self.offsets_key] + [k for v in valid for k in (
-                state.study_key(v.study.study_id), state.open_key(v.study.study_id))],
-            args=partitions, client=pipe)
-        committed = reply[0]
-        start: dict[int, int] = {}
-        for p, raw in zip(partitions, committed, strict=True):
-            if raw is None:
-                start[p] = first[p]
-            elif int(raw) < first[p]:
-                log.warning("partition %d: batch starts at %d but Redis has %d; re-seeking",
-                            p, first[p], int(raw))
-                return None
-            else:
-                start[p] = int(raw)
-        result = FoldResult()
-        part_sorted = np.array(partitions)
-        start_of = np.array([start[p] for p in partitions])
-
-        def keep(row: np.ndarray) -> np.ndarray:
-            """Rows at or past the committed offset of their partition."""
-            return rows.offset[row] >= start_of[np.searchsorted(part_sorted, rows.partition[row])]
-
-        result.rejected = [x for x in stateless_rejects
-                           if x.message.offset >= start[x.message.partition]]
-        result.skipped = sum(
-            max(0, min(start[p], last[p] + 1) - first[p]) for p in partitions)
-        writes: list[Callable[[], None]] = []
-        for i, v in enumerate(valid):
-            mask = keep(v.row)
-            if not mask.any():
-                continue
-            self._fold_study(pipe, rows, v, mask, now_ms, result, writes,
-                             status=reply[1 + 2 * i], raw=reply[2 + 2 * i])
-        pipe.multi()
-        for w in writes:
-            w()
-        # Never move an offset back: a batch wholly below it (a zombie's) must not make the next
-        # owner re-read records that are already folded.
-        advanced = {str(p): last[p] + 1 for p in partitions if last[p] + 1 > start[p]}
-        if advanced:
-            pipe.hset(self.offsets_key, mapping=advanced)
-        if result.rejected:
-            counts: dict[str, int] = {}
-            for x in result.rejected:
-                counts[x.reason.value] = counts.get(x.reason.value, 0) + 1
-            for reason, c in counts.items():
-                pipe.hincrby(state.REJECTED, reason, c)
-        return result
-
-    def _fold_study(self, pipe, rows: Polled, v: ValidRows, mask, now_ms, result: FoldResult,
-                    writes, *, status: bytes | None, raw: list) -> None:
-        """Fold one study's rows; ``status`` and ``raw`` (its open round's round, count, A, b)
-        were read under the fold's WATCH."""
-        study = v.study
-        sid = study.study_id
-        if mask.all():
-            row, ids, q, p = v.row, v.record_id, v.q, v.p
-        else:
-            row, ids, q, p = v.row[mask], v.record_id[mask], v.q[mask], v.p[mask]
-        if status is None or status.decode() != StudyStatus.OPEN:
-            reason = RejectReason.UNKNOWN_STUDY if status is None else RejectReason.CLOSED_STUDY
-            detail = f"study {sid} is {status and status.decode()}"
-            result.rejected += [rows.rejection(i, reason, detail) for i in row.tolist()]
-            return
-        prefixes = id_prefixes(ids)
-        order = np.argsort(prefixes)  # one sort for both checks below
-        fresh = _first_of_each_id(ids, prefixes, order)
-        fresh &= ~self.replay.seen(pipe, sid, ids, order)
-        # With credentials a record id is a credential's slot: seeing it again is a reuse.
-        reused = (RejectReason.CREDENTIAL_REUSED, "the credential's slot was already folded") \
-            if study.require_credentials else \
-            (RejectReason.REPLAYED, "record id already seen within the replay window")
-        result.rejected += [rows.rejection(i, *reused) for i in row[~fresh].tolist()]
-        if not fresh.all():
-            q, p, ids, row = q[fresh], p[fresh], ids[fresh], row[fresh]
-        keep_ids = ids
-
-        round_no = int(raw[0]) if raw[0] is not None else 1
-        count = int(raw[1]) if raw[1] is not None else 0
-        a, b = state.unpack_stats(raw[2], raw[3], study.d)
-        n = study.n
-        pos, m = 0, len(q)
-        closed: list[tuple[int, np.ndarray, np.ndarray]] = []
-        study_closed = False
-        while pos < m:
-            take = min(n - count, m - pos)
-            seg = slice(pos, pos + take)
-            a += q[seg].T @ q[seg]
-            b += p[seg].sum(axis=0)
-            count += take
-            pos += take
-            if count == n:
-                closed.append((round_no, a, b))
-                if study.round_limit is not None and round_no >= study.round_limit:
-                    study_closed = True
                     break
-                round_no, count = round_no + 1, 0
-                a, b = np.zeros((study.d, study.d)), np.zeros(study.d)
-        folded = pos
-        result.rejected += [rows.rejection(i, RejectReason.CLOSED_STUDY,
-                                           f"study {sid} closed after {study.round_limit} "
-                                           "rounds (max_rounds or its privacy budget)")
-                            for i in row[folded:].tolist()]
-        result.folded[sid] = folded
-        result.closed_rounds += [(sid, r) for r, _, _ in closed]
-        result.open_rounds[sid] = (round_no, 0 if study_closed else count, n)
-        folded_ids = keep_ids[:folded]
-        final = (round_no, count, a, b)
-        closed_ms = now_ms
+                except redis.WatchError:
+                    result.conflicts += 1
+        announce(self.r, sid, [c.round_no for c in fold.closed])
+        result.rejected += fold.rejected
+        if fold.was_open:
+            result.folded[sid] = fold.folded
+            result.closed_rounds += [(sid, c.round_no) for c in fold.closed]
+            result.open_rounds[sid] = (fold.round_no, fold.count, fold.study.n)
 
-        def write() -> None:
-            for r_no, ca, cb in closed:
-                a_raw, b_raw = state.pack_stats(ca, cb)
-                pipe.hset(state.closed_key(sid, r_no), mapping={
-                    "A": a_raw, "b": b_raw, "count": n, "closed_ms": closed_ms})
-                pipe.xadd(state.ROUNDS_STREAM, {"study": sid, "round": r_no})
-            r_no, c, fa, fb = final
-            if study_closed:
-                pipe.delete(state.open_key(sid))
-                pipe.hset(state.study_key(sid), "status", StudyStatus.CLOSED.value)
+    def _read(self, pipe, rows: Polled, v: ValidRows, checkpoint: Checkpoint) -> StudyState:
+        """The read phase of one study, under WATCH."""
+        sid, d = v.study.study_id, v.study.d
+        partitions = np.unique(rows.partition[v.row]).tolist()
+        status, (round_no, count, a_raw, b_raw), below = run_script(
+            pipe, _READ_STUDY_LUA,
+            [state.study_key(sid), state.open_key(sid),
+             state.study_offsets_key(sid, self.group, self.topic)],
+            [checkpoint.field(p) for p in partitions])
+        a, b = state.unpack_stats(a_raw, b_raw, d)
+        return StudyState(
+            None if status is None else StudyStatus(status.decode()),
+            int(round_no) if round_no is not None else 1,
+            int(count) if count is not None else 0, a, b,
+            {p: int(x) for p, x in zip(partitions, below, strict=True) if x is not None},
+            self.replay.seen(pipe, sid, v.record_id))
+
+    def _resolve(self, hashes: list[bytes]) -> dict[bytes, Resolved]:
+        """Each study hash's study, refusal (a study whose signature does not verify, or whose
+        stored definition cannot be read, looked up again after REFUSAL_RETRY_S so a study
+        re-signed by its owner is taken up without a restart) or None. Studies are cached for good (a study never changes); a hash no study
+        has is remembered as unknown for ``unknown_study_ttl_s``, so made-up hashes cost no
+        Redis lookup each; the hashes not cached are looked up in one HMGET."""
+        now = time.monotonic()
+        out: dict[bytes, Resolved] = {}
+        ask = []
+        for h in hashes:
+            if (study := self._studies.get(h)) is not None:
+                out[h] = study
+            elif (refused := self._refused.get(h)) and now - refused[0] < REFUSAL_RETRY_S:
+                out[h] = MalformedRecord(RejectReason.UNTRUSTED_STUDY, refused[1])
+            elif (since := self._unknown.get(h)) is not None and now - since < self.unknown_ttl_s:
+                out[h] = None
             else:
-                a_raw, b_raw = state.pack_stats(fa, fb)
-                pipe.hset(state.open_key(sid), mapping={"round": r_no, "count": c,
-                                                        "A": a_raw, "b": b_raw})
-            self.replay.add(pipe, sid, folded_ids, now_ms)
-            pipe.hincrby(state.counts_key(sid), "folded", folded)
-            if closed:
-                pipe.hincrby(state.counts_key(sid), "rounds_closed", len(closed))
+                ask.append(h)
+        if ask:
+            for h, sid in zip(ask, self.r.hmget(state.STUDY_HASHES, ask), strict=True):
+                out[h] = None if sid is None else self._load(h, sid.decode())
+                if out[h] is None:
+                    _remember(self._unknown, h, now, self.unknown_ttl_s)
+        return out
 
-        writes.append(write)
-
-    def _study(self, key: bytes) -> Study | None:
-        """The study with wire hash ``key`` (cached), None if unknown; a study whose signature
-        does not verify, or whose stored definition cannot be read, is refused (MalformedRecord ``untrusted_study``), re-checked after
-        REFUSAL_RETRY_S so that a study re-signed by its owner is taken up without a restart."""
-        study = self._studies.get(key)
-        if study is not None:
-            return study
-        refused = self._refused.get(key)
-        if refused is not None and time.monotonic() - refused[0] < REFUSAL_RETRY_S:
-            raise MalformedRecord(RejectReason.UNTRUSTED_STUDY, refused[1])
+    def _load(self, key: bytes, study_id: str) -> Resolved:
         try:
-            found = registry.study_by_hash(self.r, key, self.trusted)
+            found = registry.load_study(self.r, study_id, self.trusted)
         except (SignatureError, MalformedValue) as exc:
             metrics.STUDIES_REFUSED.labels("aggregator").inc()
             log.error("refusing records of study hash %s: %s", key.hex(), exc)
             self._refused[key] = (time.monotonic(), str(exc))
-            raise MalformedRecord(RejectReason.UNTRUSTED_STUDY, str(exc)) from None
+            return MalformedRecord(RejectReason.UNTRUSTED_STUDY, str(exc))
         if found is None:
             return None
         self._refused.pop(key, None)
@@ -333,6 +495,33 @@ class Folder:
         study.round_limit  # noqa: B018 - the budget's accounting, once, outside any fold
         return study
 
-    def _registered(self, study_id: str) -> bool:
-        return bool(self.r.exists(state.study_key(study_id)))
+    def _registered(self, names: set[str]) -> dict[str, bool]:
+        """Whether each study id is registered (a registered one stays so; an unregistered one
+        is remembered as such for ``unknown_study_ttl_s``)."""
+        now = time.monotonic()
+        out = {x: True for x in names if x in self._known_ids}
+        ask = sorted(x for x in names if x not in out and not (
+            (since := self._unknown_ids.get(x)) is not None and now - since < self.unknown_ttl_s))
+        out.update((x, False) for x in names if x not in out and x not in ask)
+        if ask:
+            with self.r.pipeline(transaction=False) as pipe:
+                for x in ask:
+                    pipe.exists(state.study_key(x))
+                for x, exists in zip(ask, pipe.execute(), strict=True):
+                    out[x] = bool(exists)
+                    if exists:
+                        self._known_ids.add(x)
+                    else:
+                        _remember(self._unknown_ids, x, now, self.unknown_ttl_s)
+        return out
 
+
+def _remember(cache: dict, key, now: float, ttl_s: float) -> None:
+    """Note ``key`` as unknown at ``now``; past UNKNOWN_CACHE_LIMIT entries the expired ones
+    go first, then all (a flood of made-up hashes must not grow memory without bound)."""
+    if len(cache) >= UNKNOWN_CACHE_LIMIT:
+        for k in [k for k, t in cache.items() if now - t >= ttl_s]:
+            del cache[k]
+        if len(cache) >= UNKNOWN_CACHE_LIMIT:
+            cache.clear()
+    cache[key] = now

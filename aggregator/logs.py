@@ -60,9 +60,10 @@ def topic_id(kafka: KafkaSettings, topic: str) -> str | None:
 def log_behind(kafka: KafkaSettings, topic: str, offsets: dict[int, int]) -> dict[int, int]:
     """partition → end offset, for the partitions whose log ends below the offset given.
 
-    A log end below the offset is confirmed by fetching the record just before it: tansu's
-    ListOffsets answers the last batch's base offset + 1, below the true end after a
-    multi-record batch (ipdp.kafka_io.read_to_end), and that must not pause anything.
+    With ``kafka.end_offsets_exact`` false (the embedded tansu broker, whose ListOffsets answers
+    the last batch's base offset + 1, below the true end after a multi-record batch) a log end
+    below the offset is confirmed by fetching the record just before it, so that the broker's
+    answer alone pauses nothing.
     """
     wanted = {p: o for p, o in offsets.items() if o > 0}
     if not wanted:
@@ -72,9 +73,10 @@ def log_behind(kafka: KafkaSettings, topic: str, offsets: dict[int, int]) -> dic
         tps = {p: TopicPartition(topic, p) for p in wanted}
         ends = consumer.end_offsets(list(tps.values()))
         behind = {p: ends[tp] for p, tp in tps.items() if ends[tp] < wanted[p]}
-        for p in list(behind):
-            if _record_exists(consumer, tps[p], wanted[p] - 1):
-                del behind[p]
+        if not kafka.end_offsets_exact:
+            for p in list(behind):
+                if _record_exists(consumer, tps[p], wanted[p] - 1):
+                    del behind[p]
         return behind
     finally:
         consumer.close()
@@ -113,7 +115,7 @@ class LogGuard:
         with self.r.pipeline(transaction=False) as pipe:
             ids_raw, offsets_raw = pipe.hgetall(self.ids_key).hgetall(self.offsets_key).execute()
         return ({int(k): v.decode() for k, v in ids_raw.items()},
-                {int(k): int(v) for k, v in offsets_raw.items()})
+                {int(k): int(v) for k, v in offsets_raw.items() if b":" not in k})
 
     def check(self, partitions: list[int]) -> list[Pause]:
         """Pauses for `partitions`; records the current log id of those that pass and had none."""
@@ -199,7 +201,9 @@ def resume_partition(r: redis.Redis, kafka: KafkaSettings, *, group: str, topic:
     """Point `partition`'s stored offset at the current log: (offset, topic id) it now holds.
 
     ``from_offset=None`` means the beginning of the current log. Going below the stored offset
-    of the same, untruncated log is refused: those records are folded already.
+    of the same, untruncated log is refused: those records are folded already. Another log, or
+    a lower offset, starts a new epoch of the partition, so that no study's offsets of the old
+    log (aggregator/fold.py) skip a record of the new one.
     """
     tp = TopicPartition(topic, partition)
     current = topic_id(kafka, topic)
@@ -215,7 +219,7 @@ def resume_partition(r: redis.Redis, kafka: KafkaSettings, *, group: str, topic:
     if offset < 0:
         raise ConfigurationError(f"--from-offset must be ≥ 0, got {offset}")
     ids_key, offsets_key = state.log_ids_key(group, topic), state.offsets_key(group, topic)
-    with r.pipeline() as pipe:
+    with r.pipeline(transaction=True) as pipe:
         while True:
             try:
                 pipe.watch(ids_key, offsets_key)
@@ -228,8 +232,12 @@ def resume_partition(r: redis.Redis, kafka: KafkaSettings, *, group: str, topic:
                         f"partition {partition} of {topic}: records below offset "
                         f"{int(stored_offset)} of this log are folded already; resuming at "
                         f"{offset} would fold them twice")
+                moved_back = stored_offset is not None and offset < int(stored_offset)
                 pipe.multi()
                 pipe.hset(offsets_key, str(partition), offset)
+                if not same_log or moved_back:
+                    # Offsets of the old log: every study's offsets of this partition retire.
+                    pipe.hincrby(offsets_key, f"{partition}:epoch", 1)
                 if current is not None:
                     pipe.hset(ids_key, str(partition), current)
                 pipe.execute()

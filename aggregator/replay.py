@@ -1,8 +1,8 @@
 """Replay detection: which record ids were folded within the replay window, at 8 bytes per id.
 
-Redis holds, per study, time buckets by fold time: ``ipdp:replay:{id}:{end}`` is a list with one
-blob per fold (the first 8 bytes of every record id that fold accepted, packed), and
-``ipdp:replay:{id}`` indexes them (bucket end → blobs). A bucket spans ``window / 24`` (at least
+Redis holds, per study, time buckets by fold time: ``ipdp:{<id>}:replay:<end>`` is a list with
+one blob per fold (the first 8 bytes of every record id that fold accepted, packed), and
+``ipdp:{<id>}:replay`` indexes them (bucket end → blobs). A bucket spans ``window / 24`` (at least
 a second) of fold time and is dropped whole once its end is ``window + skew`` and one more span
 in the past: a record is accepted only if it was created at most ``skew`` after its fold, so by
 then every record of the bucket is refused as stale anyway, even by an aggregator whose clock
@@ -27,6 +27,7 @@ import numpy as np
 import redis
 
 from ipdp import state
+from ipdp.redis_io import run_script
 
 BUCKETS_PER_WINDOW = 24
 MIN_BUCKET_MS = 1000
@@ -80,8 +81,7 @@ class ReplayIds:
         self.window_ms = replay_window_s * 1000
         self.skew_ms = max_future_skew_s * 1000
         self.bucket_ms = max(MIN_BUCKET_MS, self.window_ms // BUCKETS_PER_WINDOW)
-        self._script = r.register_script(
-            importlib.resources.files("aggregator").joinpath("replay.lua").read_text())
+        self._lua = importlib.resources.files("aggregator").joinpath("replay.lua").read_text()
         self._studies: dict[str, _StudyIds] = {}
 
     @staticmethod
@@ -89,11 +89,9 @@ class ReplayIds:
         """The key a fold must WATCH for its replay check to stay true until its EXEC."""
         return state.replay_key(study_id)
 
-    def seen(self, pipe, study_id: str, ids: np.ndarray,
-             order: np.ndarray | None = None) -> np.ndarray:
+    def seen(self, pipe, study_id: str, ids: np.ndarray) -> np.ndarray:
         """Whether each 16-byte id (rows of uint8) was folded within the window; ``pipe`` is in
-        its WATCH phase (commands run at once) with :meth:`watch_key` watched. ``order`` is an
-        argsort of ``id_prefixes(ids)``, if the caller has one."""
+        its WATCH phase (commands run at once) with :meth:`watch_key` watched."""
         mine = self._studies.setdefault(study_id, _StudyIds())
         # One call reads the index and what is new in the buckets this process knows of; when
         # the index names another bucket (a new span, or another aggregator's), a second call
@@ -105,10 +103,10 @@ class ReplayIds:
             for end in ends:
                 b = mine.buckets.get(end, _Bucket())
                 args += [end, b.blobs, b.digest]
-            reply = self._script(
-                keys=[state.seen_key(study_id), state.replay_key(study_id)]
-                + [state.replay_bucket_key(study_id, e) for e in ends],
-                args=[*args, "read"], client=pipe)
+            reply = run_script(
+                pipe, self._lua,
+                [state.seen_key(study_id), state.replay_key(study_id)]
+                + [state.replay_bucket_key(study_id, e) for e in ends], [*args, "read"])
             current = sorted(int(e) for e in reply[1])
             if set(current) <= set(ends):
                 break
@@ -139,13 +137,13 @@ class ReplayIds:
         elif new:
             mine.add(np.concatenate(new) if len(new) > 1 else new[0])
         prefixes = id_prefixes(ids)
-        if order is None:
-            order = np.argsort(prefixes)
+        order = np.argsort(prefixes)
         hit = np.empty(len(prefixes), bool)
         hit[order] = mine.contains(prefixes[order])
         if reply[0] and len(ids):  # the legacy sorted set still exists: check it as well
-            flags = self._script(keys=[state.seen_key(study_id), state.replay_key(study_id)],
-                                 args=[np.ascontiguousarray(ids).tobytes(), "read"], client=pipe)
+            flags = run_script(pipe, self._lua,
+                               [state.seen_key(study_id), state.replay_key(study_id)],
+                               [np.ascontiguousarray(ids).tobytes(), "read"])
             hit |= np.frombuffer(flags[0], np.uint8) == ord("1")
         return hit
 
@@ -155,8 +153,8 @@ class ReplayIds:
         # One span more than the stale check needs: the margin for aggregators' clocks.
         cutoff = now_ms - self.window_ms - self.skew_ms - self.bucket_ms
         expired = [e for e in self._studies.get(study_id, _StudyIds()).buckets if e <= cutoff]
-        self._script(
-            keys=[state.replay_key(study_id), state.replay_bucket_key(study_id, end),
-                  state.seen_key(study_id)]
-            + [state.replay_bucket_key(study_id, e) for e in expired],
-            args=[end, id_prefixes(ids).tobytes(), cutoff, *expired, "add"], client=pipe)
+        run_script(
+            pipe, self._lua,
+            [state.replay_key(study_id), state.replay_bucket_key(study_id, end),
+             state.seen_key(study_id)] + [state.replay_bucket_key(study_id, e) for e in expired],
+            [end, id_prefixes(ids).tobytes(), cutoff, *expired, "add"])

@@ -29,7 +29,7 @@ from aggregator.fold import Folder, FoldResult
 from aggregator.logs import LogGuard, Pause
 from aggregator.settings import AggregatorSettings
 from aggregator.validate import Polled, Rejection
-from ipdp import metrics
+from ipdp import metrics, state
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
 from ipdp.redis_io import check_redis, redis_client
@@ -92,8 +92,14 @@ class Aggregator:
             replay_window_s=settings.replay_window_s,
             max_future_skew_s=settings.max_future_skew_s,
             max_message_bytes=settings.max_message_bytes,
+            unknown_study_ttl_s=settings.unknown_study_ttl_s,
             credential_keys=trust.credential_keys(),
         )
+        state.upgrade_layout(self.redis, settings.group, topics.records)
+        announced = self.folder.announce_pending()
+        if announced:
+            log.warning("announced %d closed rounds a crash had left off the trainer's stream",
+                        announced)
         self.logs = LogGuard(self.redis, kafka, group=settings.group, topic=topics.records)
         self.producer = kafka_producer(kafka)
         # No automatic reset: a vanished offset must pause its partition, never jump in the log.
@@ -153,11 +159,11 @@ class Aggregator:
         The client learns a recreated topic's new id from its metadata, possibly before the
         rebalance that re-checks it; until then every assigned partition is paused.
         """
-        seen = self.consumer._client.cluster.topic_id(self.topics.records)  # ids: metadata only
+        seen = fetch.topic_id_seen(self.consumer, self.topics.records)
         if seen is not None and self.logs.verified_id is not None \
-                and str(seen) != self.logs.verified_id:
+                and seen != self.logs.verified_id:
             self._pause(self._with_retry(lambda: self.logs.replaced(
-                sorted(tp.partition for tp in self.consumer.assignment()), str(seen))))
+                sorted(tp.partition for tp in self.consumer.assignment()), seen)))
             return messages.take(np.zeros(0, np.int64))
         if not self.logs.paused:
             return messages

@@ -19,7 +19,13 @@ class AggregatorSettings(BaseSettings):
         86_400, ge=1, description="Record ids are remembered this long; older records are rejected."
     )
     max_future_skew_s: int = Field(300, ge=0, description="Largest accepted clock lead of a device.")
-    max_message_bytes: int = Field(1 << 20, ge=64)
+    max_message_bytes: int = Field(
+        1 << 20, ge=64, description="Largest record or container folded; a longer one is "
+        "dead-lettered as oversized.")
+    unknown_study_ttl_s: float = Field(
+        5.0, ge=0, description="A study hash no study has is remembered as unknown this long, "
+        "so records with made-up hashes cost no Redis lookup each; a study created meanwhile is "
+        "taken up at most this late.")
     columnar_fetch: bool = Field(
         True, description="Parse fetched Kafka record batches as arrays (aggregator/fetch.py); "
         "false uses kafka-python's per-record parser."

@@ -2,7 +2,8 @@
 
 A poll becomes a :class:`Polled`: partitions, offsets and values gathered once, as arrays.
 Containers (wire version 2) are split into their records (one row each, with its position in
-the container) → decode (ipdp.wire) → known study → dimension → norm bounds → time window. What
+the container) → decode (ipdp.wire) → (the Folder looks the studies up) → known study →
+dimension → norm bounds → time window. What
 passes is grouped per study as arrays, in (partition, offset, index) order, for the fold; what
 fails becomes a :class:`Rejection` with its reason, for the dead-letter topic. Only rejected
 records ever become Python objects.
@@ -10,13 +11,13 @@ records ever become Python objects.
 The study hash binds every parameter a device used (ipdp.study), so a record perturbed under
 anything but a registered study's exact calibration matches no study: ``study_mismatch`` when the
 record's ``study`` header names a registered study (the device was handed other parameters under
-that id), ``unknown_study`` otherwise. The lookup refuses (raises MalformedRecord) a study whose
-signature does not verify: ``untrusted_study``.
+that id), ``unknown_study`` otherwise. The lookup resolves a study whose signature does not
+verify to a MalformedRecord: ``untrusted_study``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,9 +129,10 @@ def in_order(polled: Polled) -> Polled:
     return polled.take(np.argsort(key, kind="stable"))
 
 
-def split_containers(polled: Polled) -> tuple[Polled, list[Rejection]]:
+def split_containers(polled: Polled, max_message_bytes: int) -> tuple[Polled, list[Rejection]]:
     """One row per record: every version-2 value is replaced by its records (index 0..k-1);
-    a container that does not split is rejected whole as undecodable."""
+    a container longer than ``max_message_bytes`` is rejected whole as oversized (as a single
+    record that long is), one that does not split as undecodable."""
     values = polled.values
     try:
         lengths = np.fromiter(map(len, values), np.int64, len(values))
@@ -160,6 +162,11 @@ def split_containers(polled: Polled) -> tuple[Polled, list[Rejection]]:
         if heads is not None:
             heads += polled.headers[last:c]
         last = c + 1
+        if len(values[c]) > max_message_bytes:
+            rejects.append(polled.rejection(
+                c, RejectReason.OVERSIZED,
+                f"container of {len(values[c])} bytes exceeds {max_message_bytes}"))
+            continue
         records = split_container(values[c])
         if records is None:
             rejects.append(polled.rejection(c, RejectReason.UNDECODABLE,
@@ -195,65 +202,81 @@ class ValidRows:
     p: np.ndarray
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """A batch's records decoded (one RecordBatch per dimension) and the rows that did not
+    decode; ``study_hashes`` are the distinct 16-byte study hashes the records carry."""
+
+    batches: list[RecordBatch]
+    bad: list[tuple[int, RejectReason, str]]
+
+    @property
+    def study_hashes(self) -> list[bytes]:
+        if not self.batches:
+            return []
+        keys = np.concatenate([b.study_hash for b in self.batches]).view("V16").ravel()
+        return [bytes(k) for k in np.unique(keys)]
+
+
+Resolved = Study | MalformedRecord | None
+"""What a study hash names: the study, a refusal (``untrusted_study``), or nothing."""
+
+
 class Validator:
-    """Stateless checks for one aggregator.
+    """Every check on a batch that does not read Redis. The Folder looks the studies up first
+    (:meth:`decode` says which hashes), so :meth:`validate` is a pure function of the rows, the
+    studies and the clock."""
 
-    ``lookup`` maps a 16-byte wire hash to its study (None: no such study; raises MalformedRecord
-    to refuse it); ``registered`` says whether a study id exists.
-    """
-
-    def __init__(self, lookup: Callable[[bytes], Study | None],
-                 registered: Callable[[str], bool], *, replay_window_s: int,
-                 max_future_skew_s: int, max_message_bytes: int,
-                 credentials: CredentialCheck | None = None) -> None:
-        self.lookup = lookup
+    def __init__(self, *, replay_window_s: int, max_future_skew_s: int,
+                 max_message_bytes: int, credentials: CredentialCheck | None = None) -> None:
         self.credentials = credentials or CredentialCheck(
             TrustedKeys(), replay_window_s=replay_window_s, max_future_skew_s=max_future_skew_s)
-        self.registered = registered
         self.window_ms = replay_window_s * 1000
         self.skew_ms = max_future_skew_s * 1000
         self.max_message_bytes = max_message_bytes
 
-    def validate(self, rows: Polled, now_ms: int) -> tuple[list[Rejection], list[ValidRows]]:
-        """Every check that does not depend on Redis state, vectorised per study; ``rows`` are
-        records (containers already split) in (partition, offset, index) order."""
-        bad_rows: list[tuple[int, RejectReason, str]] = []
+    def decode(self, rows: Polled) -> Decoded:
+        """Decode ``rows`` (containers already split), vectorised per dimension."""
         batches, bad = decode_batch(rows.values, self.max_message_bytes)
-        bad_rows += [(i, err.reason, err.detail) for i, err in bad]
+        return Decoded(batches, [(i, err.reason, err.detail) for i, err in bad])
+
+    def validate(self, rows: Polled, decoded: Decoded, studies: dict[bytes, Resolved],
+                 registered: dict[str, bool], now_ms: int
+                 ) -> tuple[list[Rejection], list[ValidRows]]:
+        """Every stateless check; ``studies`` resolves each of ``decoded.study_hashes``,
+        ``registered`` says which ``study`` headers of unmatched rows name a registered study
+        (:meth:`unmatched_headers`). Rows are in (partition, offset, index) order."""
+        bad_rows = list(decoded.bad)
         valid: dict[str, list] = {}
-        for batch in batches:
+        for batch in decoded.batches:
             keys = batch.study_hash.view("V16").ravel()
             if (batch.study_hash == batch.study_hash[0]).all():  # one study: skip the sort
-                uniq = keys[:1]
+                uniq, inverse = keys[:1], None
             else:
-                uniq = np.unique(keys)
-            for key in uniq:
-                part = batch if len(uniq) == 1 else batch.take(np.flatnonzero(keys == key))
-                try:
-                    study = self.lookup(bytes(key))
-                except MalformedRecord as exc:
-                    bad_rows += [(i, exc.reason, exc.detail) for i in part.index.tolist()]
-                    continue
-                if study is None:
-                    bad_rows += self._unmatched(rows, part.index.tolist(), bytes(key))
-                    continue
-                part = self._check_rows(study, part, now_ms, bad_rows)
-                if study.require_credentials and len(part):
-                    part = self.credentials.admit(study, part, rows, now_ms, bad_rows)
-                if len(part):
-                    valid.setdefault(study.study_id, [study]).append(part)
+                uniq, inverse = np.unique(keys, return_inverse=True)
+            for u, key in enumerate(uniq):
+                found = studies[bytes(key)]
+                part = batch if inverse is None else batch.take(inverse.ravel() == u)
+                if isinstance(found, MalformedRecord):
+                    bad_rows += [(i, found.reason, found.detail) for i in part.index.tolist()]
+                elif found is None:
+                    bad_rows += self._unmatched(rows, part.index.tolist(), bytes(key),
+                                                registered)
+                else:
+                    part = self._check_rows(found, part, now_ms, bad_rows)
+                    if found.require_credentials and len(part):
+                        part = self.credentials.admit(found, part, rows, now_ms, bad_rows)
+                    if len(part):
+                        valid.setdefault(found.study_id, [found]).append(part)
         out = []
         for study, *parts in valid.values():
-            if len(parts) == 1:
-                b = parts[0]
-                row, rid, q, p = b.index, b.record_id, b.q, b.p
-            else:
+            b = parts[0]
+            row, rid, q, p = b.index, b.record_id, b.q, b.p
+            if len(parts) > 1:
                 row = np.concatenate([b.index for b in parts])
-                order = np.argsort(row, kind="stable")
-                row = row[order]
-                rid = np.concatenate([b.record_id for b in parts])[order]
-                q = np.concatenate([b.q for b in parts])[order]
-                p = np.concatenate([b.p for b in parts])[order]
+                rid = np.concatenate([b.record_id for b in parts])
+                q = np.concatenate([b.q for b in parts])
+                p = np.concatenate([b.p for b in parts])
             if len(row) > 1 and not bool((np.diff(row) > 0).all()):
                 order = np.argsort(row, kind="stable")
                 row, rid, q, p = row[order], rid[order], q[order], p[order]
@@ -261,19 +284,37 @@ class Validator:
         bad_rows.sort(key=lambda x: x[0])
         return [rows.rejection(i, reason, detail) for i, reason, detail in bad_rows], out
 
-    def _unmatched(self, rows: Polled, picked: list[int],
-                   key: bytes) -> list[tuple[int, RejectReason, str]]:
+    @staticmethod
+    def unmatched_headers(rows: Polled, decoded: Decoded,
+                          studies: dict[bytes, Resolved]) -> set[str]:
+        """The ``study`` headers of the rows whose hash names no study (to look up before
+        :meth:`validate`)."""
+        names: set[str] = set()
+        unknown = [k for k, v in studies.items() if v is None]
+        if not unknown:
+            return names
+        missing = np.frombuffer(b"".join(unknown), "V16")
+        for batch in decoded.batches:
+            hit = np.isin(batch.study_hash.view("V16").ravel(), missing)
+            names.update(x for i in batch.index[hit].tolist()
+                         if (x := rows.study_header(i)) is not None)
+        return names
+
+    @staticmethod
+    def _unmatched(rows: Polled, picked: list[int], key: bytes,
+                   registered: dict[str, bool]) -> list[tuple[int, RejectReason, str]]:
         """Rows whose hash matches no study: ``study_mismatch`` if their ``study`` header names a
         registered study, else ``unknown_study``."""
-        names = {i: rows.study_header(i) for i in picked}
-        registered = {sid: self.registered(sid) for sid in set(names.values()) if sid}
-        return [
-            (i, RejectReason.STUDY_MISMATCH,
-             (f"hash {key.hex()} is not study {names[i]}'s: the record was perturbed under "
-              "other parameters than the registered ones"))
-            if registered.get(names[i]) else
-            (i, RejectReason.UNKNOWN_STUDY, f"no study has hash {key.hex()}")
-            for i in picked]
+        out = []
+        for i in picked:
+            name = rows.study_header(i)
+            if name is not None and registered.get(name):
+                out.append((i, RejectReason.STUDY_MISMATCH,
+                            (f"hash {key.hex()} is not study {name}'s: the record was perturbed "
+                             "under other parameters than the registered ones")))
+            else:
+                out.append((i, RejectReason.UNKNOWN_STUDY, f"no study has hash {key.hex()}"))
+        return out
 
     def _check_rows(self, study: Study, rows: RecordBatch, now_ms: int, bad_rows) -> RecordBatch:
         """Dimension, norm bounds and the time window; returns the rows that pass."""

@@ -134,9 +134,10 @@ def aggregator_rows(records: int) -> list[tuple[str, float]]:
     for s_ in (plain, study):  # the norm bounds are computed once per study in service
         record_norm_bounds(s_.calibration)
 
+    by_hash = {plain.hash: plain, study.hash: study}
+
     def validator() -> Validator:
-        by_hash = {plain.hash: plain, study.hash: study}
-        return Validator(by_hash.get, lambda sid: True, replay_window_s=WINDOW_S,
+        return Validator(replay_window_s=WINDOW_S,
                          max_future_skew_s=SKEW_S, max_message_bytes=1 << 20,
                          credentials=CredentialCheck(trusted, replay_window_s=WINDOW_S,
                                                      max_future_skew_s=SKEW_S))
@@ -155,11 +156,11 @@ def aggregator_rows(records: int) -> list[tuple[str, float]]:
         containers.append(encode_container(values[lo:lo + per]))
         heads.append([*study_headers("bench"),
                       credentials_header([(t, 1) for t in tokens[lo:lo + per]])])
-    boxes = split_containers(polled(containers, heads))[0]
+    boxes = split_containers(polled(containers, heads), 1 << 20)[0]
 
     def run(v: Validator, p: Polled) -> float:
         def validate() -> None:
-            rejects, valid = v.validate(p, now_ms)
+            rejects, valid = v.validate(p, v.decode(p), by_hash, {}, now_ms)
             if rejects or sum(len(x.row) for x in valid) != records:
                 raise RuntimeError("the benchmark's records did not all pass")
         return _per_call_us(validate, records)
@@ -219,6 +220,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
     import tempfile
     from pathlib import Path
 
+    from aggregator.settings import AggregatorSettings
     from bench.devices import _stop, _wait_http, _wrk, wrk_script
     from bench.gateway_load import _cpu_seconds
     from ipdp import registry, state
@@ -297,7 +299,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
             while count("folded") < accepted and time.monotonic() < deadline:
                 time.sleep(0.2)
             time.sleep(2)
-            rejected = {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()}
+            rejected = state.rejected_counts(r, AggregatorSettings().group, topics.records)
             folded = count("folded")
         finally:
             _stop(aggregator)

@@ -76,10 +76,10 @@ def accepted_rows(study: Study, q: np.ndarray, p: np.ndarray) -> np.ndarray:
     now_ms = int(time.time() * 1000)
     values = encode_batch(study.hash, new_record_ids(len(q)),
                           np.full(len(q), now_ms, np.int64), q, p)
-    validator = Validator(lambda h: study if h == study.hash else None,
-                          lambda sid: sid == study.study_id, replay_window_s=3600,
-                          max_future_skew_s=60, max_message_bytes=1 << 20)
-    _, valid = validator.validate(Polled.of([Message(0, i, v) for i, v in enumerate(values)]),
+    validator = Validator(replay_window_s=3600, max_future_skew_s=60,
+                          max_message_bytes=1 << 20)
+    polled = Polled.of([Message(0, i, v) for i, v in enumerate(values)])
+    _, valid = validator.validate(polled, validator.decode(polled), {study.hash: study}, {},
                                   now_ms)
     ok = np.zeros(len(q), bool)
     for rows in valid:

@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         offsets_key = state.offsets_key("ipdp-aggregator", topics.records)
 
         def consumed() -> int:
-            return sum(int(v) for v in r.hvals(offsets_key))
+            return sum(int(v) for k, v in r.hgetall(offsets_key).items() if b":" not in k)
 
         load = Load(study, kafka, topics.records, args.rate, args.bad_every, args.seed)
         stalled = 0
@@ -336,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
         letters, letter_messages = _dead_letters(kafka, topics.dead_letter, set(load.bad))
         q, p, _ = load.honest()
         folded = int(r.hget(state.counts_key(study.study_id), "folded") or 0)
-        rejected = {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()}
+        rejected = state.rejected_counts(r, "ipdp-aggregator", topics.records)
         expected_rejected: dict[str, int] = {}
         for reason in load.bad.values():
             expected_rejected[reason.value] = expected_rejected.get(reason.value, 0) + 1

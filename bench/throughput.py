@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "to stderr).")
     p.add_argument("--scale-records", dest="scale_records", type=int, default=100_000,
                    help="Records per aggregator process in the scale-out table (default 100000).")
+    p.add_argument("--scale-out-only", dest="scale_out_only", action="store_true",
+                   help="Print only the scale-out table (k aggregator processes on one Redis and "
+                        "on a three-primary Redis Cluster); not with --write or --json.")
     p.add_argument("--replay-ids", dest="replay_ids", type=int, nargs="+",
                    default=[10**6, 10**7],
                    help="Sizes of the replay-state memory table (default 1000000 10000000; the "
@@ -105,7 +108,9 @@ def fold_path(k14: int, figures: dict | None = None) -> list[list[str]]:
                             max_future_skew_s=300, max_message_bytes=1 << 20)
             t0 = time.perf_counter()
             for s in range(0, k, 5000):
-                folder.validator.validate(_polled(values, s, 5000), int(time.time() * 1000))
+                polled = _polled(values, s, 5000)
+                folder.validator.validate(polled, folder.validator.decode(polled),
+                                          {study.hash: study}, {}, int(time.time() * 1000))
             rows.append([str(d), "5000", "decode + validate, no Redis",
                          f"{k / (time.perf_counter() - t0):,.0f}", "—"])
             for batch in (500, 2000, 5000, 20000):
@@ -123,17 +128,18 @@ def fold_path(k14: int, figures: dict | None = None) -> list[list[str]]:
     return rows
 
 
-def _fold_partition(redis_settings, partition: int, k: int, batch: int, go, out) -> None:
-    """One aggregator process folding partition `partition` of one study (no broker)."""
+def _fold_partition(redis_settings, study_id: str, partition: int, k: int, batch: int, ready,
+                    go, out) -> None:
+    """One aggregator process folding partition `partition` of study `study_id` (no broker)."""
     r = redis_client(redis_settings)
-    study = registry.study_by_hash(r, Study(study_id="bench-scale", d=14, n=10**9, epsilon=1.0,
-                                            delta=0.01).hash)[0]
+    study = registry.load_study(r, study_id)[0]
     values = _records(study, k, seed=100 + partition)
     folder = Folder(r, group="scale", topic="t", replay_window_s=86_400, max_future_skew_s=300,
                     max_message_bytes=1 << 20)
     polls = [Polled(np.full(len(values[s:s + batch]), partition, np.int64),
                     np.arange(s, s + len(values[s:s + batch])), values[s:s + batch])
              for s in range(0, k, batch)]
+    ready.put(partition)
     go.wait()
     cpu0, folds, conflicts = time.process_time(), 0, 0
     for polled in polls:
@@ -142,35 +148,68 @@ def _fold_partition(redis_settings, partition: int, k: int, batch: int, go, out)
     out.put((folds, conflicts, time.process_time() - cpu0))
 
 
-def scale_out(k_per_process: int, batch: int = 5000) -> list[list[str]]:
-    """k = 1, 2, 4 aggregator processes folding one study on one Redis, no broker."""
+@contextlib.contextmanager
+def _redis(kind: str):
+    """(settings, redis-server pids) of a fresh single Redis or three-primary cluster."""
+    import tempfile
+
+    from ipdp.embedded import EmbeddedRedisCluster
+
+    if kind == "single":
+        with EmbeddedRedis() as srv:
+            yield srv.settings(), [srv.pid]
+    else:
+        with tempfile.TemporaryDirectory(prefix="ipdp-cluster-") as tmp, \
+                EmbeddedRedisCluster(tmp) as cluster:
+            yield cluster.settings(), [node.pid for node in cluster.nodes]
+
+
+SCALE_REDIS = {"single": "one redis-server", "cluster": "cluster, 3 primaries"}
+
+
+def scale_out(k_per_process: int, batch: int = 5000,
+              redis_kinds: tuple[str, ...] = ("single", "cluster"),
+              processes: tuple[int, ...] = (1, 2, 4)) -> list[list[str]]:
+    """k = 1, 2, 4 aggregator processes, each folding its own partition, of one study or of
+    k studies (one each), on one Redis and on a Redis Cluster; no broker."""
     import multiprocessing as mp
 
     rows = []
     ctx = mp.get_context("spawn")
-    for procs in (1, 2, 4):
-        with EmbeddedRedis() as srv:
-            r = redis_client(srv.settings())
-            registry.register_study(r, Study(study_id="bench-scale", d=14, n=10**9, epsilon=1.0,
-                                             delta=0.01))
-            go, out = ctx.Event(), ctx.Queue()
-            workers = [ctx.Process(target=_fold_partition,
-                                   args=(srv.settings(), i, k_per_process, batch, go, out))
-                       for i in range(procs)]
-            for w in workers:
-                w.start()
-            time.sleep(2 + procs)  # let every worker build its records before the clock starts
-            t0 = time.perf_counter()
-            go.set()
-            results = [out.get(timeout=600) for _ in workers]
-            wall = time.perf_counter() - t0
-            for w in workers:
-                w.join()
-            folded = int(r.hget(state.counts_key("bench-scale"), "folded") or 0)
-            folds = sum(x[0] for x in results)
-            conflicts = sum(x[1] for x in results)
-            rows.append([str(procs), f"{folded:,}", f"{folds / wall:,.1f}", f"{conflicts:,}",
-                         f"{folded / wall:,.0f}"])
+    for kind in redis_kinds:
+        for shared in (True, False):
+            for procs in processes:
+                if not shared and procs == 1:
+                    continue  # the same run as one study with one process
+                with _redis(kind) as (settings, pids):
+                    r = redis_client(settings)
+                    ids = ["scale-0"] * procs if shared else [f"scale-{i}" for i in range(procs)]
+                    for sid in sorted(set(ids)):
+                        registry.register_study(r, Study(study_id=sid, d=14, n=10**9,
+                                                         epsilon=1.0, delta=0.01))
+                    ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+                    workers = [ctx.Process(target=_fold_partition, args=(
+                        settings, sid, i, k_per_process, batch, ready, go, out))
+                        for i, sid in enumerate(ids)]
+                    for w in workers:
+                        w.start()
+                    for _ in workers:  # every worker builds its records before the clock
+                        ready.get(timeout=600)
+                    redis_cpu0 = sum(_cpu_seconds(pid) for pid in pids)
+                    t0 = time.perf_counter()
+                    go.set()
+                    results = [out.get(timeout=600) for _ in workers]
+                    wall = time.perf_counter() - t0
+                    redis_cpu = sum(_cpu_seconds(pid) for pid in pids) - redis_cpu0
+                    for w in workers:
+                        w.join()
+                    folded = sum(int(r.hget(state.counts_key(sid), "folded") or 0)
+                                 for sid in set(ids))
+                    r.close()
+                rows.append([SCALE_REDIS[kind], "1" if shared else str(procs), str(procs),
+                             f"{folded:,}", f"{folded / wall:,.0f}",
+                             f"{sum(x[1] for x in results):,}",
+                             f"{redis_cpu:.2f} s ({redis_cpu / wall:.0%} of a core)"])
     return rows
 
 
@@ -447,6 +486,13 @@ def gateway_e2e_records_per_second(k: int) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """`ipdp bench throughput`: print the tables (and write them with --write)."""
+    if args.scale_out_only:
+        if args.write or args.json:
+            print("--scale-out-only prints one table: not with --write or --json",
+                  file=sys.stderr)
+            return 2
+        _scale_out_table(20_000 if args.quick else args.scale_records)
+        return 0
     buffer = io.StringIO()
     figures: dict = {}
     human = sys.stderr if args.json else sys.stdout
@@ -515,10 +561,7 @@ def _run(args: argparse.Namespace, figures: dict) -> None:
     figures["gateway_e2e_records_per_second"] = round(gateway)
     print(f"\nThrough the HTTP gateway in batched uploads (1,000 records per POST → gateway → "
           f"Kafka → aggregator → Redis): {gateway:,.0f} records/s\n")
-    print(f"### Scale-out: one study folded by k aggregator processes on one Redis, no broker "
-          f"({k_scale:,} records each, batches of 5,000, d = 14)\n")
-    _md(["processes", "records folded", "folds/s", "WATCH conflicts (retried folds)",
-         "records/s"], scale_out(k_scale))
+    _scale_out_table(k_scale)
     print(f"\n### Trainer (target {TARGETS['solve']})\n")
     print(f"n-th record produced → model on Kafka and acknowledged in Redis: "
           f"{e2e['last_record_to_model_ms']:.0f} ms; of which round closed → model published: "
@@ -528,6 +571,15 @@ def _run(args: argparse.Namespace, figures: dict) -> None:
     _md(["records folded", "A and b bytes", "open-round hash, MEMORY USAGE", "offsets bytes",
          "replay ids bytes", "bytes per replay id"], memory(args.quick, figures))
     print(f"\naggregator peak RSS: {e2e['agg_peak_rss_mb']:.0f} MiB")
+
+
+def _scale_out_table(k_scale: int) -> None:
+    print(f"### Scale-out: k aggregator processes, each folding its own partition of one study or "
+          f"of its own study, on one Redis and on a Redis Cluster, no broker ({k_scale:,} "
+          f"records each, batches of 5,000, d = 14; every process and redis-server shares this "
+          f"machine's {os.cpu_count()} cores)\n")
+    _md(["Redis", "studies", "processes", "records folded", "records/s",
+         "retried folds (WATCH conflicts)", "redis-server CPU (all nodes)"], scale_out(k_scale))
 
 
 def _md(header: list[str], rows: list[list[str]]) -> None:

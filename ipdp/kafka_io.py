@@ -70,9 +70,12 @@ def kafka_consumer(s: KafkaSettings, *topics: str, **overrides: Any) -> KafkaCon
     """A consumer with :data:`CONSUMER_DEFAULTS` (manual commits, earliest, fast group joins).
 
     Pass ``group_id=...`` for a consumer group; topics may be given positionally or subscribed
-    later.
+    later. It carries ``ipdp_end_offsets_exact`` (``KafkaSettings.end_offsets_exact``) for
+    :func:`read_to_end`.
     """
-    return KafkaConsumer(*topics, **{**s.client_kwargs(), **CONSUMER_DEFAULTS, **overrides})
+    consumer = KafkaConsumer(*topics, **{**s.client_kwargs(), **CONSUMER_DEFAULTS, **overrides})
+    consumer.ipdp_end_offsets_exact = s.end_offsets_exact
+    return consumer
 
 
 def kafka_admin(s: KafkaSettings, **overrides: Any) -> KafkaAdminClient:
@@ -116,17 +119,23 @@ def read_to_end(consumer, tps, *, timeout_s: float | None = None, quiet_ms: int 
                 poll_ms: int = 200, stop: threading.Event | None = None) -> Iterator:
     """Yield every record of the assigned partitions ``tps`` from the current positions to the end.
 
-    Stops once every position has reached the end offsets taken at the start *and* a poll of
-    ``quiet_ms`` returns nothing. The quiet poll is needed with the embedded tansu broker: its
-    ListOffsets(latest) answers the last batch's base offset + 1, not the last offset + 1, so
-    after a multi-record batch ``end_offsets`` stops short of records that fetches do return.
-    Raises TimeoutError after ``timeout_s`` (None: no limit).
+    Stops once every position has reached the end offsets taken at the start. Unless the
+    consumer says its brokers' end offsets are exact (``ipdp_end_offsets_exact``, set by
+    :func:`kafka_consumer` from ``KafkaSettings.end_offsets_exact``), a poll of ``quiet_ms``
+    must then return nothing too: the embedded tansu broker's ListOffsets(latest) answers the
+    last batch's base offset + 1, not the last offset + 1, so after a multi-record batch
+    ``end_offsets`` stops short of records that fetches do return. Raises TimeoutError after
+    ``timeout_s`` (None: no limit).
     """
+    if getattr(consumer, "ipdp_end_offsets_exact", False):
+        quiet_ms = 0
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     end = consumer.end_offsets(tps)
     last_data = time.monotonic()
     while stop is None or not stop.is_set():
         caught_up = all(consumer.position(tp) >= end[tp] for tp in tps)
+        if caught_up and not quiet_ms:
+            return
         batch = consumer.poll(timeout_ms=quiet_ms if caught_up else poll_ms)
         now = time.monotonic()
         if batch:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import redis
+from redis.commands.core import Script
 
 from ipdp.errors import ConfigurationError, RedisAuthError
 from ipdp.settings import RedisSettings
 
-__all__ = ["check_redis", "describe", "redis_client"]
+__all__ = ["check_redis", "describe", "redis_client", "run_script"]
 
 
 def redis_client(s: RedisSettings) -> redis.Redis:
-    """A ``redis.Redis`` for ``s.url``; ``s.username``/``s.password`` override the URL's.
+    """A ``redis.Redis`` for ``s.url`` (a ``redis.RedisCluster`` when ``s.cluster``);
+    ``s.username``/``s.password`` override the URL's.
 
     Bytes in, bytes out (``decode_responses=False``). Nothing is sent until the first
     command: call :func:`check_redis` to fail early with a readable message.
@@ -39,7 +41,37 @@ def redis_client(s: RedisSettings) -> redis.Redis:
         pool.connection_kwargs["username"] = s.username
     if s.password is not None:
         pool.connection_kwargs["password"] = s.password.get_secret_value()
+    if s.cluster:
+        kw = dict(pool.connection_kwargs)
+        if kw.get("db", 0):
+            raise ConfigurationError("a Redis Cluster has only database 0: drop the /N from "
+                                     f"IPDP_REDIS_URL={_without_password(s.url)}")
+        for name in ("db", "connection_class", "health_check_interval"):
+            kw.pop(name, None)
+        if s.url.startswith("rediss://"):
+            kw["ssl"] = True
+        return redis.RedisCluster(**kw)
     return redis.Redis(connection_pool=pool)
+
+
+_SCRIPTS: dict[str, Script] = {}
+
+
+def run_script(client, text: str, keys: list, args: list):
+    """Run the Lua script ``text`` with its keys declared, on a client, a pipeline (queued
+    after MULTI, or at once while watching) or their cluster forms.
+
+    On one Redis this is EVALSHA (a pipeline loads the script before its EXEC). A cluster
+    pipeline refuses EVALSHA (redis-py issue #2914), and an unknown SHA inside MULTI would
+    fail that one command at EXEC while the others still apply, so on a cluster the text is
+    sent with EVAL (Redis caches it by its SHA): every key in ``keys`` routes it to its slot.
+    """
+    if isinstance(client, redis.RedisCluster):  # a ClusterPipeline is one too
+        return client.execute_command("EVAL", text, len(keys), *keys, *args)
+    script = _SCRIPTS.get(text)
+    if script is None:
+        script = _SCRIPTS[text] = Script(client, text)
+    return script(keys=keys, args=args, client=client)
 
 
 def _without_password(url: str) -> str:
@@ -49,7 +81,11 @@ def _without_password(url: str) -> str:
 
 def describe(client: redis.Redis) -> tuple[str, str]:
     """(user, where) of a client, for messages: never the password."""
-    kw = client.connection_pool.connection_kwargs
+    if isinstance(client, redis.RedisCluster):
+        node = client.get_default_node()
+        kw = node.redis_connection.connection_pool.connection_kwargs if node else {}
+    else:
+        kw = client.connection_pool.connection_kwargs
     user = kw.get("username") or "default"
     if kw.get("path"):
         where = str(kw["path"])

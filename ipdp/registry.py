@@ -1,7 +1,7 @@
 """The study store: Redis is the service's source of truth, the compacted studies topic its
 public mirror (which devices read; see producer/studies.py).
 
-Redis layout (ipdp.state): ``ipdp:study:{id}`` holds ``json``, ``status`` (open/closed),
+Redis layout (ipdp.state): ``ipdp:{<id>}:study`` holds ``json``, ``status`` (open/closed),
 ``created_ms`` and ``envelope`` (the studies-topic value last published, signed or not);
 ``ipdp:study-hash`` maps the 16-byte wire hash to the id. The studies topic
 (``TopicSettings.studies``, cleanup.policy=compact) carries one message per change, key = study
@@ -100,10 +100,10 @@ def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None 
     taken by different parameters, or its wire hash by another id.
     """
     key = study_key(study.study_id)
-    with r.pipeline() as pipe:
+    with r.pipeline(transaction=True) as pipe:
         while True:
             try:
-                pipe.watch(key, STUDY_HASHES)
+                pipe.watch(key)
                 existing, envelope = pipe.hmget(key, ["json", "envelope"])
                 if existing is not None:
                     old = _stored(study.study_id, existing, envelope)
@@ -115,22 +115,31 @@ def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None 
                     status = StudyStatus(_text(r.hget(key, "status")) or StudyStatus.OPEN)
                     if signing_key is not None or r.hget(key, "envelope") is None:
                         r.hset(key, "envelope", study_message(old, status, signing_key))
+                    _claim_hash(r, old)  # repairs a registration interrupted before it
                     return old, status, False
-                owner = _text(pipe.hget(STUDY_HASHES, study.hash))
-                if owner is not None and owner != study.study_id:
-                    pipe.reset()
-                    raise StudyExists(
-                        f"study {study.study_id!r} has the same wire hash as {owner!r}")
+                _claim_hash(r, study)
                 pipe.multi()
                 pipe.hset(key, mapping={
                     "json": study.to_json(), "status": StudyStatus.OPEN.value,
                     "created_ms": int(time.time() * 1000),
                     "envelope": study_message(study, StudyStatus.OPEN, signing_key)})
-                pipe.hset(STUDY_HASHES, study.hash, study.study_id)
                 pipe.execute()
                 return study, StudyStatus.OPEN, True
             except redis.WatchError:
                 continue
+
+
+def _claim_hash(r: redis.Redis, study: Study) -> None:
+    """Map the study's wire hash to its id, unless another id holds it (StudyExists).
+
+    The registry hash is in no study's slot, so this is its own command: before the study's
+    definition is stored, a record under the hash finds no study (unknown_study); a crash in
+    between leaves a hash without a study, which registering the study again completes.
+    """
+    if not r.hsetnx(STUDY_HASHES, study.hash, study.study_id):
+        owner = _text(r.hget(STUDY_HASHES, study.hash))
+        if owner != study.study_id:
+            raise StudyExists(f"study {study.study_id!r} has the same wire hash as {owner!r}")
 
 
 def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
@@ -197,7 +206,7 @@ def close_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
     :class:`UnknownStudy`.
     """
     key = study_key(study_id)
-    with r.pipeline() as pipe:
+    with r.pipeline(transaction=True) as pipe:
         while True:
             try:
                 pipe.watch(key)

@@ -31,6 +31,12 @@ class KafkaSettings(BaseSettings):
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     client_id: str = "ipdp"
+    end_offsets_exact: bool = Field(
+        True, description="The brokers answer ListOffsets(latest) with the log's end, as Apache "
+        "Kafka does. The embedded tansu broker answers the last batch's base offset + 1 (its "
+        "runtime sets false): readers of a topic to its end then wait for one quiet poll, and "
+        "the aggregator fetches the record below a stored offset before it calls a log "
+        "truncated.")
 
     def client_kwargs(self) -> dict:
         """Keyword arguments shared by kafka-python's producer, consumer and admin client."""
@@ -57,6 +63,9 @@ class RedisSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IPDP_REDIS_", extra="ignore")
 
     url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// URL.")
+    cluster: bool = Field(
+        False, description="The URL names one node of a Redis Cluster: discover the others and "
+        "route every command to its slot's primary.")
     username: str | None = Field(None, description="ACL user (Redis 6+).")
     password: SecretStr | None = None
     socket_timeout_s: float = Field(10.0, gt=0)

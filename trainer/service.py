@@ -92,6 +92,7 @@ class Trainer:
         self.trusted = (trust or TrustSettings()).study_keys()
         self.redis = redis_client(redis_settings)
         check_redis(self.redis)
+        state.upgrade_layout(self.redis)
         self.producer = kafka_producer(kafka)
         self.stop_event = threading.Event()
         self.published = 0
@@ -153,10 +154,8 @@ class Trainer:
         """Publish nothing for this round, say why in the log and in Redis, and move on."""
         log.error("study %s round %d: %s", sid, round_no, exc)
         metrics.ROUNDS_REFUSED.labels(sid).inc()
-        with self.redis.pipeline() as pipe:
-            pipe.hset(state.published_key(sid), str(round_no), f"refused: {exc}")
-            pipe.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
-            pipe.execute()
+        self.redis.hset(state.published_key(sid), str(round_no), f"refused: {exc}")
+        self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
 
     def _handle(self, entry_id: bytes, fields: dict) -> None:
         sid, round_no = fields[b"study"].decode(), int(fields[b"round"])
@@ -183,11 +182,13 @@ class Trainer:
             return
         metrics.SOLVE_SECONDS.observe(solve_s)
         self.publish(message)
-        with self.redis.pipeline() as pipe:
+        # The study's keys in one transaction (one hash slot); the stream's acknowledgement after
+        # it: a crash in between redelivers the entry, whose round is then found published.
+        with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(state.closed_key(sid, round_no))
             pipe.hset(state.published_key(sid), str(round_no), message.published_ms)
-            pipe.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
             pipe.execute()
+        self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
         self.published += 1
         metrics.MODELS_PUBLISHED.labels(sid).inc()
         metrics.ROUND_TO_MODEL_SECONDS.observe(

@@ -3,11 +3,18 @@ redis-server as child processes, for ``ipdp up``, ``ipdp demo``, the tests and t
 
 from ipdp.embedded.children import free_port
 from ipdp.embedded.runtime import EmbeddedRuntime
-from ipdp.embedded.servers import EmbeddedBroker, EmbeddedRedis, find_redis_server, find_tansu
+from ipdp.embedded.servers import (
+    EmbeddedBroker,
+    EmbeddedRedis,
+    EmbeddedRedisCluster,
+    find_redis_server,
+    find_tansu,
+)
 
 __all__ = [
     "EmbeddedBroker",
     "EmbeddedRedis",
+    "EmbeddedRedisCluster",
     "EmbeddedRuntime",
     "find_redis_server",
     "find_tansu",

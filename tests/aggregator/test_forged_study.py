@@ -73,7 +73,7 @@ def test_records_perturbed_under_a_forged_study_are_dead_lettered_never_folded(
     r = redis_client(redis_settings)
     with services(kafka_settings, redis_settings, topics, trainer=False,
                   agg_settings=AggregatorSettings(group=f"agg-{topics.records}")):
-        wait_for(lambda: int(r.hget(state.REJECTED, "study_mismatch") or 0) == DEVICES + 10, 90,
+        wait_for(lambda: state.rejected_counts(r, f"agg-{topics.records}", topics.records).get("study_mismatch", 0) == DEVICES + 10, 90,
                  "every forged record dead-lettered")
     assert total_stats(redis_settings, study)[2] == 0
     assert not r.exists(state.open_key("s1"))
@@ -129,7 +129,7 @@ def test_an_aggregator_that_pins_keys_refuses_an_unsigned_study_and_counts_it(
     worker = threading.Thread(target=agg.run, daemon=True)
     worker.start()
     try:
-        wait_for(lambda: int(r.hget(state.REJECTED, "untrusted_study") or 0) == 20, 60,
+        wait_for(lambda: state.rejected_counts(r, f"agg-{topics.records}", topics.records).get("untrusted_study", 0) == 20, 60,
                  "the unsigned study's records refused")
         wait_for(lambda: total_stats(redis_settings, signed)[2] == 20, 30,
                  "the signed study's records folded")

@@ -24,6 +24,7 @@ from ipdp.calibration import record_norm_bounds
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.losses import prepare
 from ipdp.redis_io import redis_client
+from ipdp.study import Study
 from ipdp.wire import (
     RejectReason,
     decode_record,
@@ -143,7 +144,8 @@ def test_every_hostile_record_is_rejected_with_its_reason_and_leaves_the_statist
     values += good[len(hostile):]
     msgs = [Message(i % 2, i // 2, v) for i, v in enumerate(values)]
     sent = []
-    result = make_folder(redis_settings).fold(msgs, sent.extend)
+    folder = make_folder(redis_settings)
+    result = folder.fold(msgs, sent.extend)
     expected = {(m.partition, m.offset): reason for m, (reason, _) in
                 zip(msgs[1::2], hostile, strict=False)}
     got = {(x.message.partition, x.message.offset): x.reason for x in result.rejected}
@@ -152,7 +154,7 @@ def test_every_hostile_record_is_rejected_with_its_reason_and_leaves_the_statist
                                                     for x in result.rejected]
     assert result.folded == {"hostile": 20}
     r = redis_client(redis_settings)
-    counts = {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()}
+    counts = state.rejected_counts(r, folder.group, folder.topic)
     assert counts == {reason.value: sum(1 for x, _ in hostile if x is reason)
                       for reason in {x for x, _ in hostile}}
     a, b, count = total_stats(redis_settings, study)
@@ -334,7 +336,7 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
         expected[(m.partition, m.offset)] = (RejectReason.REPLAYED, good[7])
         wait_for(lambda: total_stats(redis_settings, study)[2] == 200, 30,
                  "200 honest records folded")
-        wait_for(lambda: sum(int(v) for v in r.hvals(state.REJECTED)) == len(expected), 30,
+        wait_for(lambda: sum(state.rejected_counts(r, f"agg-{topics.records}", topics.records).values()) == len(expected), 30,
                  "every rejection counted")
         assert worker.is_alive()
     finally:
@@ -359,7 +361,7 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
     by_reason: dict[str, int] = {}
     for reason, _ in expected.values():
         by_reason[reason.value] = by_reason.get(reason.value, 0) + 1
-    assert {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()} == by_reason
+    assert state.rejected_counts(r, f"agg-{topics.records}", topics.records) == by_reason
     assert {reason: _dead_lettered(reason) - before[reason] for reason in by_reason} == by_reason
     a, b, count = total_stats(redis_settings, study)
     assert count == 200
@@ -460,3 +462,43 @@ def test_dead_letters_of_a_container_name_the_record_inside_it(kafka_settings, r
     assert headers["reason"] == b"norm_out_of_bounds"
     assert headers["source"] == f"{topics.records}:0:0#1".encode()
     assert m.value == big
+
+
+def test_a_container_longer_than_the_message_size_limit_is_dead_lettered_as_oversized(
+        redis_settings, studies):
+    study, _ = studies
+    good, _, _ = honest(study, 2, seed=8)
+    record = len(good[0])
+    # Every record inside is small and valid; together they pass the limit.
+    filler, _, _ = honest(study, MAX_BYTES // record + 1, seed=9)
+    container = encode_container(filler)
+    assert len(container) > MAX_BYTES
+    sent = []
+    folder = make_folder(redis_settings)
+    result = folder.fold([Message(0, 0, container), Message(0, 1, encode_container(good))],
+                         sent.extend)
+    assert [(x.source, x.reason) for x in sent] == [("0:0", RejectReason.OVERSIZED)]
+    assert result.folded == {study.study_id: 2}
+    assert total_stats(redis_settings, study)[2] == 2
+    assert state.rejected_counts(redis_client(redis_settings), folder.group, folder.topic) == {
+        "oversized": 1}
+
+
+def test_an_unknown_study_hash_is_remembered_and_a_study_created_later_is_found_within_the_ttl(
+        redis_settings):
+    ttl_s = 1.0
+    study = Study(study_id=f"late-{uuid.uuid4().hex[:6]}", d=3, n=10**5, epsilon=1.0,
+                  delta=0.01)
+    values, _, _ = honest(study, 3, seed=10)
+    folder = make_folder(redis_settings, unknown_study_ttl_s=ttl_s)
+    first = folder.fold([Message(0, 0, values[0])])
+    assert [x.reason for x in first.rejected] == [RejectReason.UNKNOWN_STUDY]
+    registry.register_study(redis_client(redis_settings), study)
+    created = time.monotonic()
+    # Still remembered as unknown: no lookup per record while the TTL runs.
+    cached = folder.fold([Message(0, 1, values[1])])
+    if time.monotonic() - created < ttl_s:
+        assert [x.reason for x in cached.rejected] == [RejectReason.UNKNOWN_STUDY]
+    time.sleep(max(0.0, ttl_s - (time.monotonic() - created)))
+    found = folder.fold([Message(0, 2, values[2])])
+    assert found.folded == {study.study_id: 1} and found.rejected == []

@@ -91,13 +91,15 @@ def test_a_fold_racing_another_is_redone_and_rejects_the_record_the_other_folded
         if not raced:
             raced.append(b.fold([Message(7, 0, good[0])]))
 
-    # a's batch has one undecodable record, so its dead-letter hook runs before the EXEC.
-    result = a.fold([Message(0, 0, good[0]), Message(0, 1, b"\x01junk")], meanwhile)
+    # a's batch repeats a record, so its dead-letter hook runs inside the study's transaction.
+    result = a.fold([Message(0, 0, good[0]), Message(0, 1, good[1]), Message(0, 2, good[1])],
+                    meanwhile)
     assert raced[0].folded == {study.study_id: 1}
     assert result.conflicts >= 1
-    assert not any(result.folded.values()) and sorted(r.value for r in reasons(result)) == [
-        "replayed", "undecodable"]
-    assert folded(redis_settings, study) == 1
+    assert result.folded == {study.study_id: 1} and sorted(
+        (x.message.offset, x.reason.value) for x in result.rejected) == [
+        (0, "replayed"), (2, "replayed")]
+    assert folded(redis_settings, study) == 2
 
 
 def test_a_replay_is_rejected_after_redis_restarts_from_its_append_only_file(fresh_redis):

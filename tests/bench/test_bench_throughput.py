@@ -43,10 +43,14 @@ def test_generated_block_replaces_only_the_text_between_its_markers(tmp_path: Pa
     assert not replace_block(md, "y", "anything")
 
 
-def test_scale_out_folds_every_record_of_every_process_once():
-    rows = throughput.scale_out(2_000, batch=500)
-    assert [r[0] for r in rows] == ["1", "2", "4"]
-    assert [r[1] for r in rows] == ["2,000", "4,000", "8,000"]
+def test_scale_out_folds_every_record_of_every_process_once_and_studies_never_conflict():
+    rows = throughput.scale_out(2_000, batch=500, processes=(1, 2))
+    assert [r[:3] for r in rows] == [[redis, studies, procs]
+                                     for redis in ("one redis-server", "cluster, 3 primaries")
+                                     for studies, procs in (("1", "1"), ("1", "2"), ("2", "2"))]
+    assert [r[3] for r in rows] == ["2,000", "4,000", "4,000"] * 2
+    # Processes folding different studies share no key a transaction watches.
+    assert [r[5] for r in rows if r[1] == "2"] == ["0", "0"]
 
 
 def test_the_gateway_figure_is_a_measured_positive_rate():

@@ -37,6 +37,11 @@ PARAMS = {"d": 3, "n": 1_000, "epsilon": 1.0, "delta": 0.01}
 X, Y = [0.1, 0.2, 0.0], 0.5
 
 
+def _rejected(r, topics) -> dict[str, int]:
+    """Refusals by reason of the aggregator the tests run (tests.pipeline.services' group)."""
+    return state.rejected_counts(r, f"agg-{topics.records}", topics.records)
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -124,14 +129,14 @@ def test_records_per_device_holds_across_two_gateway_workers_and_a_restart(
     r = redis_client(redis_settings)
     with services(kafka_settings, redis_settings, topics, trainer=False):
         wait_for(lambda: int(r.hget(state.counts_key("gc4"), "folded") or 0) == 22
-                 and int(r.hget(state.REJECTED, "credential_reused") or 0) == 11, 60,
+                 and _rejected(r, topics).get("credential_reused", 0) == 11, 60,
                  "22 records folded (11 devices × 2) and 11 reused slots dead-lettered")
         time.sleep(1.0)  # nothing more arrives
     assert total_stats(redis_settings, study)[2] == 22
     # Concurrent devices shared containers: a message carried several devices' credentials.
     messages = read_records(kafka_settings, topics.records, expected=17, timeout_s=3)  # ≤ 17 posts
     assert max(len({*tokens_of_header(m.headers)}) for m in messages) > 1
-    assert {k.decode(): int(v) for k, v in r.hgetall(state.REJECTED).items()} == \
+    assert _rejected(r, topics) == \
         {"credential_reused": 11}
 
 
@@ -173,5 +178,5 @@ def test_the_browser_sdk_sends_its_credential_to_a_real_gateway(
     r = redis_client(redis_settings)
     with services(kafka_settings, redis_settings, topics, trainer=False):
         wait_for(lambda: int(r.hget(state.counts_key("gc-web"), "folded") or 0) == 2
-                 and int(r.hget(state.REJECTED, "credential_reused") or 0) == 1, 60,
+                 and _rejected(r, topics).get("credential_reused", 0) == 1, 60,
                  "both slots folded once and the reused slot dead-lettered")

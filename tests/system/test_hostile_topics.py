@@ -153,7 +153,8 @@ def test_the_aggregator_keeps_folding_past_hostile_values_and_an_unreadable_stor
     try:
         wait_for(lambda: total_stats(redis_settings, good)[2] == 20, 60,
                  "the good study's records folded")
-        wait_for(lambda: int(r.hget(state.REJECTED, "untrusted_study") or 0) == 10, 30,
+        wait_for(lambda: state.rejected_counts(r, f"agg-{topics.records}", topics.records).get(
+            "untrusted_study", 0) == 10, 30,
                  "the unreadable study's records dead-lettered")
         assert worker.is_alive()
     finally:

@@ -147,7 +147,7 @@ def test_a_budget_for_exactly_two_rounds_closes_the_study_before_the_third(
     with services(kafka_settings, redis_settings, topics):
         wait_for(lambda: len(_models(kafka_settings, topics, study.study_id)) == 2,
                  GROUP_JOIN_TIMEOUT_S, "two models")
-        wait_for(lambda: int(r.hget(state.REJECTED, "closed_study") or 0) == study.n, 30,
+        wait_for(lambda: state.rejected_counts(r, f"agg-{topics.records}", topics.records).get("closed_study", 0) == study.n, 30,
                  "the third round's records dead-lettered")
     models = sorted(_models(kafka_settings, topics, study.study_id), key=lambda m: m.round)
     assert [m.round for m in models] == [1, 2]

@@ -48,7 +48,7 @@ def test_the_tutorial_contributor_and_consumer_run_against_the_real_runtime(
         # The tutorial's record is valid: folded, not dead-lettered.
         wait_for(lambda: r.hget(state.counts_key("tutorial"), "folded") == b"1",
                  GROUP_JOIN_TIMEOUT_S, "the tutorial's record to be folded")
-        assert not r.hgetall(state.REJECTED)
+        assert not state.rejected_counts(r, f"agg-{topics.records}", topics.records)
 
         contribute(study, kafka_settings, topics, study.n - 1, seed=5)  # the other devices
         consumer = subprocess.Popen(
