@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ipdp.errors import MalformedValue, SignatureError
@@ -125,11 +126,16 @@ class StudiesFollower:
 
     ``get(study_id)`` answers from memory. ``ready`` is set once the first replay reached the
     end of the topic, so a caller never mistakes "not read yet" for "unknown study".
+    ``prepare(study)`` runs in the follower's thread on every study it reads, before ``get``
+    can return it (the gateway computes the study's norm bounds there, never in a request); a
+    study it raises on is skipped like a malformed value.
     """
 
     def __init__(self, kafka: KafkaSettings, topics: TopicSettings, poll_ms: int = 500,
-                 retry_s: float = 2.0, trusted: TrustedKeys | None = None) -> None:
+                 retry_s: float = 2.0, trusted: TrustedKeys | None = None,
+                 prepare: Callable[[Study], object] | None = None) -> None:
         self._kafka, self._topics, self._trusted = kafka, topics, trusted
+        self._prepare = prepare
         self._poll_ms, self._retry_s = poll_ms, retry_s
         self._entries: dict[str, StudyEntry] = {}
         self.ready = threading.Event()
@@ -163,6 +169,15 @@ class StudiesFollower:
     def _apply(self, entries: dict[str, StudyEntry], message, refused: dict) -> None:
         apply_study_message(entries, message, self._trusted, refused, reader="gateway",
                             max_bytes=self._topics.max_value_bytes)
+        sid = None if message.key is None else message.key.decode("utf-8", "replace")
+        entry = entries.get(sid)
+        if self._prepare is None or entry is None:
+            return
+        try:
+            self._prepare(entry.study)
+        except Exception as exc:  # noqa: BLE001 - no value on the topic may stop the reader
+            del entries[sid]
+            skip_malformed("studies", "gateway", message, exc)
 
     def _follow(self) -> None:
         consumer = kafka_consumer(self._kafka, group_id=None, enable_auto_commit=False)
