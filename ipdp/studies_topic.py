@@ -42,13 +42,15 @@ def apply_study_message(entries: dict[str, StudyEntry], message,
                         trusted: TrustedKeys | None = None,
                         refused: dict[str, SignatureError] | None = None, *,
                         reader: str = "device",
-                        max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> None:
+                        max_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+                        prepare: Callable[[Study], object] | None = None) -> None:
     """Fold one studies-topic message into ``entries``: the last value per key decides.
 
     A tombstone (null value) removes the key. So does a value that does not verify against
     ``trusted`` keys (kept in ``refused``, logged and counted by the reader), and any value that
     cannot be read at all, whatever the exception (skipped, counted and logged with its offset by
-    ipdp.topic_values.skip_malformed): no value can stop the reader.
+    ipdp.topic_values.skip_malformed): no value can stop the reader. ``prepare(study)`` runs on
+    a study before it enters ``entries``; a study it raises on is skipped the same way.
     """
     if message.key is None:
         return
@@ -63,6 +65,8 @@ def apply_study_message(entries: dict[str, StudyEntry], message,
         if study.study_id != sid:
             raise MalformedValue("invalid", f"the value holds study {study.study_id!r}, "
                                  f"not its key {sid!r}")
+        if prepare is not None:
+            prepare(study)
     except SignatureError as exc:
         if refused is not None:
             refused[sid] = exc
@@ -168,16 +172,7 @@ class StudiesFollower:
 
     def _apply(self, entries: dict[str, StudyEntry], message, refused: dict) -> None:
         apply_study_message(entries, message, self._trusted, refused, reader="gateway",
-                            max_bytes=self._topics.max_value_bytes)
-        sid = None if message.key is None else message.key.decode("utf-8", "replace")
-        entry = entries.get(sid)
-        if self._prepare is None or entry is None:
-            return
-        try:
-            self._prepare(entry.study)
-        except Exception as exc:  # noqa: BLE001 - no value on the topic may stop the reader
-            del entries[sid]
-            skip_malformed("studies", "gateway", message, exc)
+                            max_bytes=self._topics.max_value_bytes, prepare=self._prepare)
 
     def _follow(self) -> None:
         consumer = kafka_consumer(self._kafka, group_id=None, enable_auto_commit=False)
