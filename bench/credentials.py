@@ -107,7 +107,7 @@ def gateway_rows(requests: int) -> list[tuple[str, float]]:
             check.check_slots(body, study, cred)
 
     window = RecordWindowSettings().window()
-    study.norm_bounds  # the gateway computes them when it reads the study, not in a request
+    _ = study.norm_bounds  # the gateway computes them when it reads the study, not in a request
 
     def records_check() -> None:
         for body in bodies:
