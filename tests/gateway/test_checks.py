@@ -97,17 +97,39 @@ def test_a_record_the_aggregator_would_dead_letter_is_refused_with_its_reason(re
     assert got is reason and text.startswith("record 0: ") and detail in text
 
 
+def aggregator_reasons(record: bytes) -> list[RejectReason]:
+    """The reasons the aggregator's stateless checks dead-letter ``record`` with at NOW_MS."""
+    validator = Validator({STUDY.hash: STUDY}.get, lambda sid: True,
+                          replay_window_s=WINDOW.replay_window_ms // 1000,
+                          max_future_skew_s=WINDOW.max_future_skew_ms // 1000,
+                          max_message_bytes=1 << 16)
+    rejects, _ = validator.validate(Polled.of([Message(0, 0, record)]), NOW_MS)
+    return [r.reason for r in rejects]
+
+
+@pytest.mark.parametrize("bound", ["q_high", "p_high", "q_low", "p_low"])
+def test_a_record_at_a_norm_bound_gets_the_aggregators_verdict(bound):
+    """Norms within a few ulps of a bound: the shortcut leaves them to the vectorised pass."""
+    target = getattr(STUDY.norm_bounds, bound)
+    verdicts = set()
+    for seed in range(20):
+        record = good(seed)
+        values = np.frombuffer(record, "<f8", offset=48)
+        part = values[:STUDY.d] if bound.startswith("q") else values[STUDY.d:]
+        for ulps in range(-3, 4):
+            factor = target / np.linalg.norm(part) * (1 + ulps * 2.0**-52)
+            near = scaled(record, *((factor, 1.0) if bound.startswith("q") else (1.0, factor)))
+            rejection = first_rejection(near, STUDY, WINDOW, NOW_MS)
+            assert aggregator_reasons(near) == ([] if rejection is None else [rejection[0]])
+            verdicts.add(rejection is None)
+    assert verdicts == {True, False}  # both sides of the bound were reached
+
+
 @settings(max_examples=200, deadline=None)
 @given(q_scale=st.floats(0.0, 3.0), p_scale=st.floats(0.0, 3.0),
        shift_ms=st.integers(-90_000_000, 1_000_000), seed=st.integers(0, 2**32 - 1))
 def test_the_gateway_refuses_a_record_exactly_when_the_aggregator_would(q_scale, p_scale,
                                                                          shift_ms, seed):
     record = scaled(good(seed, created_ms=NOW_MS + shift_ms), q_scale, p_scale)
-    rows = Polled.of([Message(0, 0, record)])
-    validator = Validator({STUDY.hash: STUDY}.get, lambda sid: True,
-                          replay_window_s=WINDOW.replay_window_ms // 1000,
-                          max_future_skew_s=WINDOW.max_future_skew_ms // 1000,
-                          max_message_bytes=1 << 16)
-    rejects, _ = validator.validate(rows, NOW_MS)
     rejection = first_rejection(record, STUDY, WINDOW, NOW_MS)
-    assert [r.reason for r in rejects] == ([] if rejection is None else [rejection[0]])
+    assert aggregator_reasons(record) == ([] if rejection is None else [rejection[0]])
