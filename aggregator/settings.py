@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from ipdp.settings import RecordWindowSettings
 
 
-class AggregatorSettings(BaseSettings):
-    """The consume → validate → fold → commit loop."""
+class AggregatorSettings(RecordWindowSettings):
+    """The consume → validate → fold → commit loop (and the record window it shares with the
+    gateway: replay_window_s, max_future_skew_s)."""
 
     model_config = SettingsConfigDict(env_prefix="IPDP_AGGREGATOR_", extra="ignore")
 
@@ -15,10 +18,6 @@ class AggregatorSettings(BaseSettings):
     max_batch: int = Field(5000, ge=1, description="Most records folded in one atomic commit.")
     poll_timeout_ms: int = Field(500, ge=1)
     session_timeout_ms: int = Field(6000, ge=1000)
-    replay_window_s: int = Field(
-        86_400, ge=1, description="Record ids are remembered this long; older records are rejected."
-    )
-    max_future_skew_s: int = Field(300, ge=0, description="Largest accepted clock lead of a device.")
     max_message_bytes: int = Field(
         1 << 20, ge=64, description="Largest record or container folded; a longer one is "
         "dead-lettered as oversized.")

@@ -24,7 +24,7 @@ import numpy as np
 
 from aggregator.credentials import CredentialCheck
 from aggregator.fetch import decode_headers
-from ipdp.calibration import record_norm_bounds
+from ipdp.acceptance import RecordWindow, norm_failures
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study
 from ipdp.wire import (
@@ -35,6 +35,7 @@ from ipdp.wire import (
     decode_batch,
     header_study,
     split_container,
+    squared_norms,
     study_headers,
 )
 
@@ -231,8 +232,7 @@ class Validator:
                  max_message_bytes: int, credentials: CredentialCheck | None = None) -> None:
         self.credentials = credentials or CredentialCheck(
             TrustedKeys(), replay_window_s=replay_window_s, max_future_skew_s=max_future_skew_s)
-        self.window_ms = replay_window_s * 1000
-        self.skew_ms = max_future_skew_s * 1000
+        self.window = RecordWindow(replay_window_s * 1000, max_future_skew_s * 1000)
         self.max_message_bytes = max_message_bytes
 
     def decode(self, rows: Polled) -> Decoded:
@@ -322,23 +322,10 @@ class Validator:
             detail = f"record has d={rows.d}, study {study.study_id} has d={study.d}"
             bad_rows += [(i, RejectReason.WRONG_DIMENSION, detail) for i in rows.index.tolist()]
             return rows.take(np.zeros(len(rows), bool))
-        bounds = record_norm_bounds(study.calibration)
-        sq_q = rows.sq_q if rows.sq_q is not None else np.einsum("ij,ij->i", rows.q, rows.q)
-        sq_p = rows.sq_p if rows.sq_p is not None else np.einsum("ij,ij->i", rows.p, rows.p)
-        checks = [
-            (sq_q > bounds.q_high**2, RejectReason.NORM_OUT_OF_BOUNDS,
-             f"‖q̃‖ exceeds {bounds.q_high:.4g}"),
-            (sq_p > bounds.p_high**2, RejectReason.NORM_OUT_OF_BOUNDS,
-             f"‖p̃‖ exceeds {bounds.p_high:.4g}"),
-            (sq_q < bounds.q_low**2, RejectReason.NORM_OUT_OF_BOUNDS,
-             f"‖q̃‖ is below {bounds.q_low:.4g}: less noise than any honest device adds"),
-            (sq_p < bounds.p_low**2, RejectReason.NORM_OUT_OF_BOUNDS,
-             f"‖p̃‖ is below {bounds.p_low:.4g}: less noise than any honest device adds"),
-            (rows.created_ms < now_ms - self.window_ms, RejectReason.STALE,
-             "created before the replay window"),
-            (rows.created_ms > now_ms + self.skew_ms, RejectReason.FUTURE,
-             "created too far in the future"),
-        ]
+        sq_q, sq_p = ((rows.sq_q, rows.sq_p) if rows.sq_q is not None
+                      else squared_norms(rows.q, rows.p))
+        checks = (norm_failures(study.norm_bounds, sq_q, sq_p)
+                  + self.window.failures(rows.created_ms, now_ms))
         ok = np.ones(len(rows), bool)
         for bad, reason, detail in checks:
             hit = bad & ok

@@ -41,6 +41,7 @@ from ipdp.credentials import (
     slot_record_ids,
     token_text,
 )
+from ipdp.settings import RecordWindowSettings
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.study import Study
 from ipdp.wire import encode_container, study_headers
@@ -105,9 +106,12 @@ def gateway_rows(requests: int) -> list[tuple[str, float]]:
             _token, cred = check.admit(header, study)
             check.check_slots(body, study, cred)
 
+    window = RecordWindowSettings().window()
+    _ = study.norm_bounds  # the gateway computes them when it reads the study, not in a request
+
     def records_check() -> None:
         for body in bodies:
-            first_rejection(body, study)
+            first_rejection(body, study, window, now_ms)
 
     cold = DeviceCredentials(trusted)
     rows = [("one Ed25519 verification", _per_call_us(verify, requests)),

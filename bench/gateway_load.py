@@ -27,7 +27,7 @@ from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
 from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
-from ipdp.settings import TopicSettings
+from ipdp.settings import RecordWindowSettings, TopicSettings
 from ipdp.study import Study
 from ipdp.wire import container_of, record_size
 from producer.contributor import perturb_records
@@ -207,11 +207,12 @@ def hot_path(per_request: int = 1000, d: int = 14, repeat: int = 200) -> dict:
     """The gateway's per-request work without HTTP or Kafka: checks, then one container."""
     study = Study(study_id="bench-hot", d=d, n=10_000, epsilon=1.0, delta=0.01)
     body = _bodies(study, per_request, per_request, seed=3)[0]
-    assert first_rejection(body, study) is None
+    window, now_ms = RecordWindowSettings().window(), time.time_ns() // 1_000_000
+    assert first_rejection(body, study, window, now_ms) is None
     k = len(body) // record_size(d)
     t0 = time.perf_counter()
     for _ in range(repeat):
-        first_rejection(body, study)
+        first_rejection(body, study, window, now_ms)
         container_of(body, k)
     per = (time.perf_counter() - t0) / repeat
     return {"per_request": per_request, "d": d, "us_per_request": per * 1e6,

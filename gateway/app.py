@@ -36,7 +36,7 @@ from gateway.settings import GatewaySettings
 from gateway.web import web_directory, web_routes
 from ipdp.credentials import AUTH_SCHEME, Credential, CredentialRefused
 from ipdp.metrics import GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED, GATEWAY_REQUESTS
-from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
+from ipdp.settings import KafkaSettings, RecordWindowSettings, TopicSettings, TrustSettings
 from ipdp.studies_topic import StudiesFollower
 from ipdp.study import Study, StudyStatus
 from ipdp.wire import RejectReason, encode_batch, record_size
@@ -66,9 +66,10 @@ class Refusal(Exception):
 
 
 class JsonRecord(BaseModel):
-    """One record in the JSON form of a POST (the gateway wire-encodes it)."""
+    """One record in the JSON form of a POST (the gateway wire-encodes it). Strict types: a
+    number in a string, or a boolean, is refused (a JSON integer is a number for q and p)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     record_id: str = Field(pattern=r"^[0-9a-fA-F]{32}$")
     created_ms: int = Field(ge=_I64[0], le=_I64[1])
@@ -79,7 +80,7 @@ class JsonRecord(BaseModel):
 class JsonRecords(BaseModel):
     """The JSON body of a POST: ``{"records": [...]}``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     records: list[JsonRecord] = Field(min_length=1)
 
@@ -147,8 +148,13 @@ class Gateway:
         self.settings, self.kafka, self.topics = settings, kafka, topics
         # The gateway refuses, like a device, a study whose signature does not verify under the
         # pinned owner keys (IPDP_TRUSTED_STUDY_KEYS); GET /studies/{id} serves only verified ones.
+        # Each study's norm bounds are computed as the follower reads it (the first imports
+        # scipy.stats, about a second), so no request waits for them.
         self.studies = StudiesFollower(
-            kafka, topics, trusted=TrustSettings().study_keys())
+            kafka, topics, trusted=TrustSettings().study_keys(),
+            prepare=lambda study: study.norm_bounds)
+        #: The aggregator's record window (IPDP_AGGREGATOR_REPLAY_WINDOW_S, …_MAX_FUTURE_SKEW_S).
+        self.window = RecordWindowSettings().window()
         self.credentials = DeviceCredentials(TrustSettings().credential_keys())
         self.producer = None
         self.limiter = (RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
@@ -313,7 +319,7 @@ async def post_records(gw: Gateway, request: Request) -> Response:
     if media == JSON_TYPE:
         body = encode_json(body, study)
     k = len(body) // record_size(study.d)
-    rejection = first_rejection(body, study)
+    rejection = first_rejection(body, study, gw.window, time.time_ns() // 1_000_000)
     if rejection is not None:
         raise Refusal(*rejection, records=k)
     await gw.commit(body, k, study, credential)

@@ -11,23 +11,28 @@ per-record checks belong here, as more columns of the same pass.
 from __future__ import annotations
 
 from functools import lru_cache
-from math import isfinite
+from math import hypot, isfinite
 
 import numpy as np
 
+from ipdp.acceptance import RecordWindow, norm_failures
 from ipdp.study import Study
-from ipdp.wire import WIRE_VERSION, RejectReason, record_size
+from ipdp.wire import WIRE_VERSION, RejectReason, record_size, squared_norms
 
 __all__ = ["HTTP_STATUS", "RECORD_OK", "check_records", "first_rejection", "reason_of"]
 
 #: The HTTP status of every reason the gateway answers with (the OpenAPI document lists them
-#: from here); a reason the gateway never gives (replayed, stale, …) is absent.
+#: from here); a reason the gateway never gives (replayed, credential_reused across requests,
+#: …) is absent.
 HTTP_STATUS: dict[RejectReason, int] = {
     RejectReason.UNDECODABLE: 400,
     RejectReason.UNSUPPORTED_VERSION: 400,
     RejectReason.WRONG_DIMENSION: 400,
     RejectReason.NON_FINITE: 400,
     RejectReason.STUDY_MISMATCH: 400,
+    RejectReason.NORM_OUT_OF_BOUNDS: 400,
+    RejectReason.STALE: 400,
+    RejectReason.FUTURE: 400,
     RejectReason.BAD_REQUEST: 400,
     RejectReason.UNKNOWN_STUDY: 404,
     RejectReason.NOT_FOUND: 404,
@@ -69,16 +74,23 @@ _UNDECODABLE = _code(RejectReason.UNDECODABLE)
 _WRONG_DIMENSION = _code(RejectReason.WRONG_DIMENSION)
 _NON_FINITE = _code(RejectReason.NON_FINITE)
 _STUDY_MISMATCH = _code(RejectReason.STUDY_MISMATCH)
+_CODES = {reason: _code(reason) for reason in RejectReason}
+
+#: The one-record shortcut accepts norms this far (relatively) inside the bounds; a record
+#: nearer a bound goes through check_records, which sums like the aggregator.
+_SHORTCUT_MARGIN = 1e-9
 
 
-def check_records(records: bytes, study: Study) -> np.ndarray:
+def check_records(records: bytes, study: Study, window: RecordWindow, now_ms: int) -> np.ndarray:
     """The verdict of each record of ``records`` (version-1 records of the study's size, back to
-    back): ``RECORD_OK`` or the code of its first failed check (:func:`reason_of`), uint8 (k,).
+    back) at time ``now_ms``: ``RECORD_OK`` or the code of its first failed check
+    (:func:`reason_of`), uint8 (k,).
 
     Checks, in order: version, reserved bytes, the header's d against the study's, finite q̃ and
-    p̃, the study hash. Every check is one comparison over all k rows of 64-bit words (the header
-    word holds version, reserved bytes and d), so one record or ten thousand cost a handful of
-    numpy calls. ``len(records)`` must be a multiple of the record size (see
+    p̃, the study hash, then what the aggregator would dead-letter (ipdp.acceptance): norms
+    outside the study's two-sided bounds, creation time outside ``window``. Every check is one
+    comparison over all k rows of 64-bit words (the header word holds version, reserved bytes
+    and d), so one record or ten thousand cost a handful of numpy calls. ``len(records)`` must be a multiple of the record size (see
     :func:`first_rejection`, which says why a body is not).
 
     A device's request holds one record, and for one record the numpy calls cost more than the
@@ -92,8 +104,13 @@ def check_records(records: bytes, study: Study) -> np.ndarray:
     header = words[:, 0]
     study_hash = np.frombuffer(study.hash, "<u8")
     verdict = np.zeros(words.shape[0], np.uint8)
-    finite = np.isfinite(words[:, 6:].view("<f8")).all(axis=1)
+    values = words[:, 6:].view("<f8")
+    finite = np.isfinite(values).all(axis=1)
+    sq_q, sq_p = squared_norms(values[:, :d], values[:, d:])
     # Assigned from the last check to the first, so each row keeps its first failure.
+    for bad, reason, _ in reversed(norm_failures(study.norm_bounds, sq_q, sq_p)
+                                   + window.failures(words[:, 5].view("<i8"), now_ms)):
+        verdict[bad] = _CODES[reason]
     verdict[(words[:, 1] != study_hash[0]) | (words[:, 2] != study_hash[1])] = _STUDY_MISMATCH
     verdict[~finite] = _NON_FINITE
     verdict[(header >> np.uint64(32)) != d] = _WRONG_DIMENSION
@@ -102,8 +119,10 @@ def check_records(records: bytes, study: Study) -> np.ndarray:
     return verdict
 
 
-def first_rejection(body: bytes, study: Study) -> tuple[RejectReason, str] | None:
-    """Why a request body of version-1 records is refused, or None if every record passes.
+def first_rejection(body: bytes, study: Study, window: RecordWindow,
+                    now_ms: int) -> tuple[RejectReason, str] | None:
+    """Why a request body of version-1 records is refused at ``now_ms``, or None if every
+    record passes.
 
     A body that is not a whole number of the study's records is refused as a whole
     (``wrong_dimension`` if its first header names another d, else ``undecodable``); otherwise
@@ -111,7 +130,8 @@ def first_rejection(body: bytes, study: Study) -> tuple[RejectReason, str] | Non
     """
     size, n = record_size(study.d), len(body)
     if n == size and body[:24] == _header(study.d, study.hash) \
-            and all(map(isfinite, _values(body))):
+            and all(map(isfinite, values := _values(body))) \
+            and _inside(study, values, window, _created_ms(body), now_ms):
         return None  # one record, every check passed: the scalar form of check_records' checks
     if n == 0:
         return RejectReason.UNDECODABLE, "the body holds no record"
@@ -123,13 +143,41 @@ def first_rejection(body: bytes, study: Study) -> tuple[RejectReason, str] | Non
                         f"record 0 has d={d}, study {study.study_id!r} has d={study.d}")
         detail = f"body length {n} is not a multiple of the record size {size} (48 + 16·d, "
         return RejectReason.UNDECODABLE, detail + f"d={study.d})"
-    verdict = check_records(body, study)
+    verdict = check_records(body, study, window, now_ms)
     bad = np.flatnonzero(verdict)
     if not bad.size:
         return None
     i = int(bad[0])
     reason = reason_of(int(verdict[i]))
-    return reason, f"record {i}: {_DETAIL[reason](body[i * size:(i + 1) * size], study)}"
+    record = body[i * size:(i + 1) * size]
+    if reason in _DETAIL:
+        return reason, f"record {i}: {_DETAIL[reason](record, study)}"
+    return reason, f"record {i}: {_acceptance_detail(record, study, window, now_ms)}"
+
+
+def _inside(study: Study, values: memoryview, window: RecordWindow, created_ms: int,
+            now_ms: int) -> bool:
+    """The norm and time checks of one record, on Python floats: True only when the record is
+    clearly accepted (norms _SHORTCUT_MARGIN inside the bounds)."""
+    d, bounds = study.d, study.norm_bounds
+    inner, outer = 1.0 + _SHORTCUT_MARGIN, 1.0 - _SHORTCUT_MARGIN
+    return (bounds.q_low * inner < hypot(*values[:d]) < bounds.q_high * outer
+            and bounds.p_low * inner < hypot(*values[d:]) < bounds.p_high * outer
+            and now_ms - window.replay_window_ms <= created_ms
+            <= now_ms + window.max_future_skew_ms)
+
+
+def _acceptance_detail(record: bytes, study: Study, window: RecordWindow, now_ms: int) -> str:
+    """The detail of the first acceptance check (ipdp.acceptance) one record fails."""
+    values = np.frombuffer(record, "<f8", offset=48).reshape(1, -1)
+    sq_q, sq_p = squared_norms(values[:, :study.d], values[:, study.d:])
+    checks = (norm_failures(study.norm_bounds, sq_q[0], sq_p[0])
+              + window.failures(_created_ms(record), now_ms))
+    return next(detail for bad, _, detail in checks if bad)
+
+
+def _created_ms(record: bytes) -> int:
+    return int.from_bytes(record[40:48], "little", signed=True)
 
 
 @lru_cache(maxsize=256)

@@ -15,7 +15,8 @@ REASONS: dict[int, list[str]] = {
     for status in sorted(set(HTTP_STATUS.values()))}
 
 _TEXT = {
-    400: "A record is unusable; `error` names the first check it failed.",
+    400: "A record is unusable, or the aggregator would not fold it (norms outside the study's "
+         "bounds, created outside the replay window); `error` names the first check it failed.",
     401: "The study requires a device credential (`Authorization: IPDP-Credential <token>`, "
          "docs/security.md) and the request has none, a malformed one, or one whose issuer key "
          "the gateway does not pin (IPDP_TRUSTED_CREDENTIAL_KEYS).",

@@ -1,6 +1,7 @@
 """Settings every process reads: Kafka, Redis, topics, metrics. One pydantic-settings model per
 concern, env prefix ``IPDP_``; each role adds its own model in its room (aggregator/settings.py,
-trainer/settings.py, producer/loadgen.py).
+trainer/settings.py, producer/loadgen.py). RecordWindowSettings keeps the aggregator's names: the
+aggregator defines the window (it remembers record ids that long), the gateway applies it too.
 
 The environment-variable names are the contract with compose/ and docs/operations.md;
 ``tests/system/test_compose.py`` checks that every ``IPDP_*`` name used there exists.
@@ -14,6 +15,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
+    from ipdp.acceptance import RecordWindow
     from ipdp.signing import TrustedKeys
 
 
@@ -90,6 +92,25 @@ class TopicSettings(BaseSettings):
     max_value_bytes: int = Field(
         1 << 20, ge=1024, description="Largest studies-topic or models-topic value a reader "
         "parses; a larger one is skipped as malformed.")
+
+
+class RecordWindowSettings(BaseSettings):
+    """When a record may have been created: what the aggregator folds and the gateway admits
+    (ipdp.acceptance.RecordWindow). AggregatorSettings extends it, so both read the same
+    IPDP_AGGREGATOR_* variables."""
+
+    model_config = SettingsConfigDict(env_prefix="IPDP_AGGREGATOR_", extra="ignore")
+
+    replay_window_s: int = Field(
+        86_400, ge=1, description="Record ids are remembered this long; older records are rejected."
+    )
+    max_future_skew_s: int = Field(300, ge=0, description="Largest accepted clock lead of a device.")
+
+    def window(self) -> RecordWindow:
+        """The window these settings define, in milliseconds."""
+        from ipdp.acceptance import RecordWindow
+
+        return RecordWindow(self.replay_window_s * 1000, self.max_future_skew_s * 1000)
 
 
 class MetricsSettings(BaseSettings):

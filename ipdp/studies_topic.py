@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ipdp.errors import MalformedValue, SignatureError
@@ -41,13 +42,15 @@ def apply_study_message(entries: dict[str, StudyEntry], message,
                         trusted: TrustedKeys | None = None,
                         refused: dict[str, SignatureError] | None = None, *,
                         reader: str = "device",
-                        max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> None:
+                        max_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+                        prepare: Callable[[Study], object] | None = None) -> None:
     """Fold one studies-topic message into ``entries``: the last value per key decides.
 
     A tombstone (null value) removes the key. So does a value that does not verify against
     ``trusted`` keys (kept in ``refused``, logged and counted by the reader), and any value that
     cannot be read at all, whatever the exception (skipped, counted and logged with its offset by
-    ipdp.topic_values.skip_malformed): no value can stop the reader.
+    ipdp.topic_values.skip_malformed): no value can stop the reader. ``prepare(study)`` runs on
+    a study before it enters ``entries``; a study it raises on is skipped the same way.
     """
     if message.key is None:
         return
@@ -62,6 +65,8 @@ def apply_study_message(entries: dict[str, StudyEntry], message,
         if study.study_id != sid:
             raise MalformedValue("invalid", f"the value holds study {study.study_id!r}, "
                                  f"not its key {sid!r}")
+        if prepare is not None:
+            prepare(study)
     except SignatureError as exc:
         if refused is not None:
             refused[sid] = exc
@@ -125,11 +130,16 @@ class StudiesFollower:
 
     ``get(study_id)`` answers from memory. ``ready`` is set once the first replay reached the
     end of the topic, so a caller never mistakes "not read yet" for "unknown study".
+    ``prepare(study)`` runs in the follower's thread on every study it reads, before ``get``
+    can return it (the gateway computes the study's norm bounds there, never in a request); a
+    study it raises on is skipped like a malformed value.
     """
 
     def __init__(self, kafka: KafkaSettings, topics: TopicSettings, poll_ms: int = 500,
-                 retry_s: float = 2.0, trusted: TrustedKeys | None = None) -> None:
+                 retry_s: float = 2.0, trusted: TrustedKeys | None = None,
+                 prepare: Callable[[Study], object] | None = None) -> None:
         self._kafka, self._topics, self._trusted = kafka, topics, trusted
+        self._prepare = prepare
         self._poll_ms, self._retry_s = poll_ms, retry_s
         self._entries: dict[str, StudyEntry] = {}
         self.ready = threading.Event()
@@ -162,7 +172,7 @@ class StudiesFollower:
 
     def _apply(self, entries: dict[str, StudyEntry], message, refused: dict) -> None:
         apply_study_message(entries, message, self._trusted, refused, reader="gateway",
-                            max_bytes=self._topics.max_value_bytes)
+                            max_bytes=self._topics.max_value_bytes, prepare=self._prepare)
 
     def _follow(self) -> None:
         consumer = kafka_consumer(self._kafka, group_id=None, enable_auto_commit=False)

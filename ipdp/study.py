@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from ipdp.calibration import Calibration, Mode, calibrate
+from ipdp.calibration import Calibration, Mode, RecordNormBounds, calibrate, record_norm_bounds
 from ipdp.errors import CalibrationError, ConfigurationError, MalformedValue
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
@@ -220,6 +220,13 @@ class Study(BaseModel):
             lam=self.lam, p_bound=self.p_bound, eta=self.eta, delta_in=self.resolved_delta_in,
             noise_std=None if self.noise is None else (self.noise.std_q, self.noise.std_p),
         )
+
+    @cached_property
+    def norm_bounds(self) -> RecordNormBounds:
+        """The two-sided bounds on ‖q̃‖ and ‖p̃‖ every record must meet (ipdp.acceptance). The
+        first study a process checks imports scipy.stats (about a second): a reader computes
+        them when it learns the study, not when the first record arrives."""
+        return record_norm_bounds(self.calibration)
 
     def canonical_text(self) -> str:
         """The signed study JSON: every parameter plus the noise stds a device adds."""

@@ -404,8 +404,7 @@ def _parse_group(
     words = np.frombuffer(joined, "<u8").reshape(n, size // 8)
     values = words.view("<f8")
     q, p = values[:, 6:6 + d], values[:, 6 + d:]
-    sq_q = np.einsum("ij,ij->i", q, q)
-    sq_p = np.einsum("ij,ij->i", p, p)
+    sq_q, sq_p = squared_norms(q, p)
     ok = (words[:, 0] == (WIRE_VERSION | d << 32)) & np.isfinite(sq_q) & np.isfinite(sq_p)
     raw = np.frombuffer(joined, np.uint8).reshape(n, size)
     if not ok.all():
@@ -433,6 +432,12 @@ def _parse_group(
         sq_q=sq_q,
         sq_p=sq_p,
     )
+
+
+def squared_norms(q: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """‖q̃‖² and ‖p̃‖² per row of (k, d) arrays: the one summation every norm check uses, so a
+    record at a bound gets the same verdict from the gateway and the aggregator."""
+    return np.einsum("ij,ij->i", q, q), np.einsum("ij,ij->i", p, p)
 
 
 def _row_error(raw: np.ndarray, q: np.ndarray, p: np.ndarray, d: int,

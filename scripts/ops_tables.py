@@ -93,9 +93,14 @@ def setting_default(info) -> str:
 
 
 def settings_rows() -> list[tuple[str, str, str, str]]:
-    """(variable, type, default, description from the code or '') per field."""
+    """(variable, type, default, description from the code or '') per field; a field a model
+    inherits from another settings model is listed once, under the model that defines it."""
     return [(env_name(m, f), setting_type(i), setting_default(i), i.description or "")
-            for m in settings_models() for f, i in m.model_fields.items()]
+            for m in settings_models() for f, i in m.model_fields.items() if _defines(m, f)]
+
+
+def _defines(model: type[BaseSettings], field: str) -> bool:
+    return not any(field in getattr(base, "model_fields", {}) for base in model.__bases__)
 
 
 # --------------------------------------------------------------------------- metrics

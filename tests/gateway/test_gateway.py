@@ -14,9 +14,11 @@ from ipdp import registry
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer
 from ipdp.redis_io import redis_client
+from ipdp.settings import RecordWindowSettings
 from ipdp.studies_topic import read_study_entries
 from ipdp.study import Study
 from ipdp.wire import encode_record, record_size, split_container, study_hash
+from producer.contributor import now_ms, perturb_records
 from producer.gateway_client import GatewayClient
 from tests.gateway.conftest import running_gateway
 from tests.pipeline import create, read_records, wait_for
@@ -25,11 +27,16 @@ D = 3
 
 
 def records(study, k: int, d: int = D, seed: int = 0) -> list[bytes]:
-    """k records of ``study`` (a Study: its wire hash), or under a hash no study has (a str)."""
+    """k records created now and perturbed as a device does, of ``study`` (a Study: its wire
+    hash), or under a hash no study has (a str); with another ``d`` than the study's, records
+    of a d-dimensional study under the study's hash."""
     rng = np.random.default_rng(seed)
     h = study_hash(study) if isinstance(study, str) else study.hash
-    return [encode_record(h, uuid.uuid4().bytes, 1_700_000_000_000, rng.normal(size=d),
-                          rng.normal(size=d)) for _ in range(k)]
+    device_study = study if isinstance(study, Study) and study.d == d else Study(
+        study_id="shape", d=d, n=1000, epsilon=1.0, delta=0.01)
+    x = rng.normal(size=(k, d)) / np.sqrt(d)
+    values = perturb_records(device_study, x, np.clip(x[:, 0], -1, 1), rng)[1]
+    return [v[:8] + h + v[24:] for v in values]
 
 
 def known(url: str, study_id: str) -> None:
@@ -63,15 +70,15 @@ def test_one_record_and_a_batch_are_acknowledged_as_one_container_each(
 def test_json_records_are_encoded_exactly_as_the_binary_form(
         study, gateway_url, kafka_settings, topics):
     known(gateway_url, study.study_id)
-    rid, q, p = uuid.uuid4().bytes, [0.5, -1.25, 3.0], [1.0, -0.0, 2.5]
-    body = json.dumps({"records": [{"record_id": rid.hex(), "created_ms": 1_700_000_000_000,
+    rid, q, p, created = uuid.uuid4().bytes, [0.5, -1.25, 0.125], [1.0, -0.0, 2.5], now_ms()
+    body = json.dumps({"records": [{"record_id": rid.hex(), "created_ms": created,
                                     "q": q, "p": p}]}).encode()
     with GatewayClient(gateway_url) as c:
         answer = c.post_records(study.study_id, body, "application/json")
     assert (answer.status, answer.body) == (202, {"accepted": 1})
     (msg,) = read_records(kafka_settings, topics.records, expected=1, timeout_s=10)
     assert split_container(msg.value) == [
-        encode_record(study.hash, rid, 1_700_000_000_000, q, p)]
+        encode_record(study.hash, rid, created, q, p)]
 
 
 def test_a_request_above_the_message_size_is_split_into_several_containers(
@@ -87,6 +94,30 @@ def test_a_request_above_the_message_size_is_split_into_several_containers(
     got = read_records(kafka_settings, topics.records, expected=3, timeout_s=10)
     assert sorted(len(split_container(m.value)) for m in got) == [5, 10, 10]
     assert sorted(r for m in got for r in split_container(m.value)) == sorted(batch)
+
+
+def scaled(record: bytes, q_scale: float, p_scale: float) -> bytes:
+    """The record with q̃ and p̃ multiplied by the given factors."""
+    values = np.frombuffer(record, "<f8", offset=48).copy()
+    d = len(values) // 2
+    values[:d] *= q_scale
+    values[d:] *= p_scale
+    return record[:48] + values.tobytes()
+
+
+def created_at(record: bytes, ms: int) -> bytes:
+    return record[:40] + ms.to_bytes(8, "little", signed=True) + record[48:]
+
+
+def json_body(**fields) -> bytes:
+    """One JSON record of a d = 3 study, honest but for ``fields``."""
+    record = {"record_id": "ab" * 16, "created_ms": now_ms(), "q": [0.5, -0.25, 0.125],
+              "p": [1.0, -0.5, 0.25]}
+    return json.dumps({"records": [{**record, **fields}]}).encode()
+
+
+#: The aggregator's defaults (IPDP_AGGREGATOR_REPLAY_WINDOW_S, …_MAX_FUTURE_SKEW_S).
+WINDOW = RecordWindowSettings().window()
 
 
 def _bad(study: Study) -> dict[str, tuple[bytes, str, int, str]]:
@@ -113,6 +144,23 @@ def _bad(study: Study) -> dict[str, tuple[bytes, str, int, str]]:
         "json_non_finite": (b'{"records": [{"record_id": "' + b"ab" * 16 + b'", "created_ms": 0,'
                             b' "q": [NaN, 1, 2], "p": [1, 2, 3]}]}', "application/json", 400,
                             "non_finite"),
+        "q_norm_above": (scaled(good[0], 100.0, 1.0), "application/octet-stream", 400,
+                         "norm_out_of_bounds"),
+        "p_without_noise": (good[0] + scaled(good[1], 1.0, 0.0), "application/octet-stream",
+                            400, "norm_out_of_bounds"),
+        "stale": (created_at(good[0], now_ms() - WINDOW.replay_window_ms - 60_000),
+                  "application/octet-stream", 400, "stale"),
+        "future": (created_at(good[0], now_ms() + WINDOW.max_future_skew_ms + 60_000),
+                   "application/octet-stream", 400, "future"),
+        "json_norm": (json_body(q=[3.0, 0.0, 0.0]), "application/json", 400,
+                      "norm_out_of_bounds"),
+        "json_stale": (json_body(created_ms=0), "application/json", 400, "stale"),
+        "json_q_string": (json_body(q=["0.5", -0.25, 0.125]), "application/json", 400,
+                          "undecodable"),
+        "json_q_boolean": (json_body(q=[True, -0.25, 0.125]), "application/json", 400,
+                           "undecodable"),
+        "json_created_ms_string": (json_body(created_ms=str(now_ms())), "application/json",
+                                   400, "undecodable"),
         "media_type": (good[0], "text/plain", 415, "unsupported_media_type"),
         "too_large": (b"".join(records(study, 20)), "application/octet-stream", 413,
                       "too_large"),
@@ -145,6 +193,21 @@ def test_every_bad_request_gets_its_4xx_and_reason_and_nothing_reaches_kafka(
     assert (missing.status, missing.error) == (404, "unknown_study")
     assert (nowhere.status, nowhere.error) == (404, "not_found")
     assert read_records(kafka_settings, topics.records, expected=1, timeout_s=2) == []
+
+
+def test_the_json_form_takes_numbers_only_and_names_the_field_it_refuses(study, gateway_url):
+    known(gateway_url, study.study_id)
+    with GatewayClient(gateway_url) as c:
+        details = {field: c.post_records(study.study_id, json_body(**{field: value}),
+                                         "application/json").body["detail"]
+                   for field, value in (("q", ["0.01", 0.0, 0.0]), ("p", [1.0, True, 0.5]),
+                                        ("created_ms", str(now_ms())),
+                                        ("created_ms", float(now_ms())))}
+        integers = c.post_records(study.study_id, json_body(q=[1, 0, 0]), "application/json")
+    assert details["q"].startswith("records.0.q.0: ")
+    assert details["p"].startswith("records.0.p.1: ")
+    assert details["created_ms"].startswith("records.0.created_ms: ")
+    assert (integers.status, integers.body) == (202, {"accepted": 1})  # a JSON integer is a number
 
 
 def test_a_client_over_its_rate_gets_429_with_retry_after(study, kafka_settings, topics):

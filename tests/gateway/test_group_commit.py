@@ -11,7 +11,7 @@ from ipdp.embedded import EmbeddedRuntime
 from ipdp.wire import split_container
 from producer.gateway_client import GatewayAnswer, GatewayClient
 from tests.gateway.conftest import running_gateway
-from tests.gateway.test_gateway import D, known, records
+from tests.gateway.test_gateway import D, created_at, known, records, scaled
 from tests.pipeline import create, read_records
 
 
@@ -67,12 +67,16 @@ def test_a_bad_record_among_good_concurrent_ones_gets_its_own_4xx(kafka_settings
     nan = bytearray(records(study, 1, seed=4)[0])
     nan[48:56] = np.float64("nan").tobytes()
     other = records("another-study", 1, seed=5)[0]
-    bodies = [*good[:6], bytes(nan), *good[6:], other]
+    too_long = scaled(records(study, 1, seed=6)[0], 100.0, 1.0)
+    old = created_at(records(study, 1, seed=7)[0], 0)
+    bodies = [*good[:4], too_long, *good[4:6], bytes(nan), *good[6:10], old, *good[10:], other]
     with running_gateway(kafka_settings, topics, linger_ms=300) as url:
         known(url, study.study_id)
         answers = concurrently(url, study.study_id, bodies)
     assert [(a.status, a.error) for a in answers] == (
-        [(202, None)] * 6 + [(400, "non_finite")] + [(202, None)] * 6 + [(400, "study_mismatch")])
+        [(202, None)] * 4 + [(400, "norm_out_of_bounds")] + [(202, None)] * 2
+        + [(400, "non_finite")] + [(202, None)] * 4 + [(400, "stale")] + [(202, None)] * 2
+        + [(400, "study_mismatch")])
     _, got = on_topic(kafka_settings, topics.records, expected=12)
     assert sorted(got) == sorted(good)
 

@@ -64,6 +64,24 @@ def test_every_hostile_study_value_is_malformed_with_its_reason(name, reason, ow
     assert SECRET_MARK not in str(got.value)
 
 
+def test_a_reader_prepares_a_study_before_it_can_be_used_and_skips_one_it_cannot_prepare():
+    entries: dict = {}
+    good, bad = Study(study_id="good", **PARAMS), Study(study_id="bad", **PARAMS)
+
+    def prepare(study: Study) -> object:
+        if study.study_id == "bad":
+            raise CalibrationError("no bounds")
+        return study.norm_bounds
+
+    before = _malformed("gateway", "unexpected")
+    for study in (good, bad):
+        apply_study_message(entries, Message(study.study_id.encode(), study_message(study, "open")),
+                            reader="gateway", prepare=prepare)
+    assert list(entries) == ["good"]
+    assert "norm_bounds" in vars(entries["good"].study)  # computed as it was read
+    assert _malformed("gateway", "unexpected") == before + 1
+
+
 @pytest.mark.parametrize(("name", "reason"), [(n, r) for n, _, r in HOSTILE_STUDY_VALUES])
 def test_a_reader_skips_counts_and_logs_the_offset_of_a_hostile_value_and_keeps_the_rest(
         name, reason, owner, caplog):

@@ -34,6 +34,8 @@ RUN_ELSEWHERE = {
     "ipdp bench accuracy": "tests/bench/test_bench_commands.py",
     "ipdp bench throughput": "tests/bench/test_bench_commands.py",
     "ipdp bench devices": "tests/bench/test_devices.py",
+    "ipdp bench credentials": "tests/bench/test_bench_commands.py",
+    "ipdp credentials": "tests/aggregator/test_credentials.py",
     "ipdp soak": "tests/bench/test_bench_commands.py",
     "ipdp audit": "tests/bench/test_bench_commands.py",
 }
