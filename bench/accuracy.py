@@ -301,7 +301,7 @@ def ip_calibration(
     delta_in None: the calibration chooses it (rigorous mode, Step 8)."""
     try:
         return calibrate(mode=mode, epsilon=epsilon, delta=DELTA, n=n, d=d, lam=task.lam,
-                         p_bound=task.p_bound, eta=task.eta, delta_in=delta_in)
+                         p_bound=task.p_bound, eta=task.eta, delta_in=delta_in, loss=task.loss)
     except CalibrationError:
         return None
 
