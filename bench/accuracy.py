@@ -25,8 +25,8 @@ and SSP's linear noise share. The training rows of one trial are nested prefixes
 are the first rows of the 2^9 rows …), so one pass gives every n, and both variants of a loss
 share it.
 
-IP-rigorous uses the Δ_in its calibration chooses (docs/privacy.md, Step 8), as a study that
-leaves Δ_in unset does. Every other regularisation (Δ_in, Δ, Λ, C, Frank–Wolfe steps, Kang's
+IP-rigorous uses the Δ_in its calibration chooses for the task's loss (docs/privacy.md, Step 8),
+as a study that leaves Δ_in unset does. Every other regularisation (Δ_in, Δ, Λ, C, Frank–Wolfe steps, Kang's
 strong convexity) is tuned per method and ε at the largest n only, on a 4:1 fit/validation split of training rows, over a few repetitions, and reused for
 every smaller n, as in the paper. The tuning itself is not charged to the privacy budget (nor is
 it in the paper).
@@ -301,7 +301,7 @@ def ip_calibration(
     delta_in None: the calibration chooses it (rigorous mode, Step 8)."""
     try:
         return calibrate(mode=mode, epsilon=epsilon, delta=DELTA, n=n, d=d, lam=task.lam,
-                         p_bound=task.p_bound, eta=task.eta, delta_in=delta_in)
+                         p_bound=task.p_bound, eta=task.eta, delta_in=delta_in, loss=task.loss)
     except CalibrationError:
         return None
 

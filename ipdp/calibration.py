@@ -74,7 +74,11 @@ class Calibration(BaseModel):
     """ε of one record (q̃, p̃) as a Gaussian mechanism at `local_delta`; None means unbounded."""
     local_delta: float
     predicted_error: float | None = None
-    """Step 8's predicted excess risk R of the released w (rigorous mode); it reads no data."""
+    """Predicted excess risk R of the released w (rigorous mode), what Step 8 minimises for
+    squared loss; it reads no data."""
+    predicted_direction_error: float | None = None
+    """Predicted error D of the direction of w, what Step 8 minimises for logistic loss (rigorous
+    mode, logistic studies only); it reads no data."""
 
     @property
     def noise_std_q(self) -> float:
@@ -312,6 +316,7 @@ class _Problem:
     p_bound: float
     eta: float
     delta_in: float
+    loss: str = "squared"
 
 
 @dataclass(frozen=True)
@@ -409,6 +414,24 @@ def predicted_error(*, sigma_u2: float, sigma_b2: float, delta_in: float, n: int
     return mu * (d * sigma_b2 + eta * eta * rho * rho) / (n * mu + rho) ** 2
 
 
+def predicted_direction_error(*, sigma_u2: float, sigma_b2: float, delta_in: float, n: int,
+                              d: int, lam: float, eta: float) -> float:
+    """D = d·σ_b²/(nμη)² + (d + 1)(2μσ_u² + σ_u⁴/n)/(nμ + ρ)²: Step 8 (choice of the splits)
+    for a classifier, ρ = σ_u² + Δ_in, μ = λ/d.
+
+    The squared error of the direction of the released w, to first order, in the model of
+    `predicted_error`: b's noise and the zero-mean fluctuation of Σ q̃q̃ᵀ, each against the
+    signal Σ p = nμw*. The ridge and the mean σ_u² I of Σ uuᵀ scale w without turning it; they
+    only damp the fluctuation. Public parameters only, no data.
+    """
+    mu = lam / d
+    rho = sigma_u2 + delta_in
+    fluctuation = (d + 1) * (2.0 * mu * sigma_u2 + sigma_u2 * sigma_u2 / n)
+    return d * sigma_b2 / (n * mu * eta) ** 2 + fluctuation / (n * mu + rho) ** 2
+
+
+LOSSES = ("squared", "logistic")
+"""The study's loss: it only chooses Step 8's criterion (R for squared, D for logistic)."""
 LOG_DET_SHARE_MAX = 0.999
 """ε₁ stays below this share of ε, so that ε₂ > 0 (Step 7)."""
 _GAMMA_SHARES = (math.log(1e-6), math.log(0.45))
@@ -473,8 +496,13 @@ def _error(pr: _Problem, pt: _Point | None) -> float:
     """Step 8's predicted error at a point, σ_b to the search tolerance; inf without a proof."""
     if pt is None:
         return math.inf
-    return predicted_error(sigma_u2=pt.sigma_u2, sigma_b2=_sigma_b2(pr, pt, _SEARCH_TOLERANCE),
-                           delta_in=pr.delta_in, n=pr.n, d=pr.d, lam=pr.lam, eta=pr.eta)
+    sigma_b2 = _sigma_b2(pr, pt, _SEARCH_TOLERANCE)
+    if pr.loss == "logistic":
+        return predicted_direction_error(sigma_u2=pt.sigma_u2, sigma_b2=sigma_b2,
+                                         delta_in=pr.delta_in, n=pr.n, d=pr.d, lam=pr.lam,
+                                         eta=pr.eta)
+    return predicted_error(sigma_u2=pt.sigma_u2, sigma_b2=sigma_b2, delta_in=pr.delta_in,
+                           n=pr.n, d=pr.d, lam=pr.lam, eta=pr.eta)
 
 
 def _least_noise(pr: _Problem, lg1: float, lg2: float) -> float | None:
@@ -573,7 +601,7 @@ def _proof_for_noise(pr: _Problem, sigma_u2: float, sigma_b: float) -> _Point | 
 def calibrate_rigorous(
     *, epsilon: float, delta: float, n: int, d: int, lam: float, p_bound: float, eta: float,
     delta_in: float | None, log_det_share: float | None = None,
-    noise_std: tuple[float, float] | None = None,
+    noise_std: tuple[float, float] | None = None, loss: str = "squared",
 ) -> Calibration:
     """The proven calibration of docs/privacy.md, Steps 1–8, with its free splits optimised.
 
@@ -581,20 +609,31 @@ def calibrate_rigorous(
     conditional mechanism is (ε₁ + ε₂, δ_K)-DP, so the released w is (ε, δ_K + γ₁ + γ₂)-DP.
 
     Step 8 (choice of the splits): the split, and Δ_in when it is None, with the least
-    `predicted_error`. `log_det_share` fixes ε₁ = share·ε (then the δ split minimises it).
+    `predicted_error`, or for `loss="logistic"` the least `predicted_direction_error`.
+    `log_det_share` fixes ε₁ = share·ε (then the δ split minimises it).
     `noise_std` = (std_q, std_p) is the noise a study's text carries: when it is not this
-    version's choice, the calibration keeps it if Steps 3–7 prove (ε, δ) for it at Δ_in (0 if
-    None) under some split, and raises CalibrationError otherwise.
+    version's choice, the calibration keeps it (with its ridge) if it is the squared-error rule's
+    choice, which every loss got before the rule for classifiers, or if Steps 3–7 prove (ε, δ)
+    for it at Δ_in (0 if None) under some split, and raises CalibrationError otherwise.
     """
     if delta_in is not None and delta_in < 0.0:
         raise CalibrationError(f"delta_in={delta_in} must be ≥ 0")
     if log_det_share is not None and not 0.0 < log_det_share < 1.0:
         raise CalibrationError(f"log_det_share={log_det_share} must lie in (0, 1)")
+    if loss not in LOSSES:
+        raise CalibrationError(f"loss={loss!r} must be one of {', '.join(LOSSES)}")
     pr = _Problem(float(epsilon), float(delta), int(n), int(d), float(lam), float(p_bound),
-                  float(eta), 0.0 if delta_in is None else float(delta_in))
+                  float(eta), 0.0 if delta_in is None else float(delta_in), loss)
     cal = _calibrate_rigorous(pr, log_det_share, delta_in is None)
     if noise_std is None or tuple(noise_std) == (cal.noise_std_q, cal.noise_std_p):
         return cal
+    if pr.loss != "squared":
+        # Before the rule for classifiers every study got the squared-error rule's split, with
+        # the ridge it chose: such a study keeps both.
+        earlier = _calibrate_rigorous(replace(pr, loss="squared"), log_det_share,
+                                      delta_in is None)
+        if tuple(noise_std) == (earlier.noise_std_q, earlier.noise_std_p):
+            return earlier
     return _calibrate_for_noise(pr, float(noise_std[0]), float(noise_std[1]))
 
 
@@ -639,6 +678,9 @@ def _rigorous(pr: _Problem, pt: _Point, sigma_b2: float) -> Calibration:
         predicted_error=predicted_error(sigma_u2=pt.sigma_u2, sigma_b2=sigma_b2,
                                         delta_in=pr.delta_in, n=pr.n, d=pr.d, lam=pr.lam,
                                         eta=pr.eta),
+        predicted_direction_error=None if pr.loss != "logistic" else predicted_direction_error(
+            sigma_u2=pt.sigma_u2, sigma_b2=sigma_b2, delta_in=pr.delta_in, n=pr.n, d=pr.d,
+            lam=pr.lam, eta=pr.eta),
     )
 
 
@@ -760,13 +802,13 @@ def local_epsilon(*, sensitivity_over_sigma: float, delta: float) -> float | Non
 def calibrate(
     *, mode: Mode, epsilon: float, delta: float, n: int, d: int, lam: float, p_bound: float,
     eta: float, delta_in: float | None, log_det_share: float | None = None,
-    noise_std: tuple[float, float] | None = None,
+    noise_std: tuple[float, float] | None = None, loss: str = "squared",
 ) -> Calibration:
     """Dispatch on `mode`; raises CalibrationError naming the violated bound.
 
     Rigorous mode only: `delta_in=None` lets Step 8 choose Δ_in, `log_det_share` fixes ε₁/ε,
-    `noise_std` keeps a study's own proven noise (calibrate_rigorous). Paper mode needs Δ_in,
-    and its noise is Algorithm 1's.
+    `noise_std` keeps a study's own proven noise, `loss` (the study's, public) picks Step 8's
+    criterion (calibrate_rigorous). Paper mode needs Δ_in, and its noise is Algorithm 1's.
     """
     common = {"epsilon": epsilon, "delta": delta, "n": n, "d": d, "lam": lam,
               "p_bound": p_bound, "eta": eta, "delta_in": delta_in}
@@ -779,7 +821,8 @@ def calibrate(
                     f"the noise std_q={noise_std[0]!r}, std_p={noise_std[1]!r} is not paper "
                     "mode's (Algorithm 1)")
         else:
-            cal = calibrate_rigorous(**common, log_det_share=log_det_share, noise_std=noise_std)
+            cal = calibrate_rigorous(**common, log_det_share=log_det_share, noise_std=noise_std,
+                                     loss=loss)
     except OverflowError:
         raise CalibrationError(
             f"ε={epsilon} is beyond what the calibration evaluates in double precision (e^ε "

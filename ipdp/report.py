@@ -32,9 +32,13 @@ def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
         ("std of u, r per coordinate", f"{fmt(cal.noise_std_q, 4)}, {fmt(cal.noise_std_p, 4)}"),
         ("Δ_in (trainer ridge)", fmt(cal.delta_in)),
     ]
+    why = "what Step 8 minimises over the proven splits (public parameters only)"
     if cal.predicted_error is not None:
-        why = "what Step 8 minimises over the proven splits (public parameters only)"
-        rows.append(("predicted excess risk R", f"{fmt(cal.predicted_error, 4)}  — {why}"))
+        rows.append(("predicted excess risk R", fmt(cal.predicted_error, 4) + (
+            f"  — {why}" if cal.predicted_direction_error is None else "")))
+    if cal.predicted_direction_error is not None:
+        rows.append(("predicted direction error D",
+                     f"{fmt(cal.predicted_direction_error, 4)}  — {why}, for a classifier"))
     if cal.lambda_prime is not None:
         rows += [("λ′ (noisy smoothness)", fmt(cal.lambda_prime)),
                  ("ζ′ (noisy Lipschitz)", fmt(cal.zeta_prime))]

@@ -218,6 +218,7 @@ class Study(BaseModel):
         return calibrate(
             mode=self.mode, epsilon=self.epsilon, delta=self.delta, n=self.n, d=self.d,
             lam=self.lam, p_bound=self.p_bound, eta=self.eta, delta_in=self.resolved_delta_in,
+            loss=self.loss,
             noise_std=None if self.noise is None else (self.noise.std_q, self.noise.std_p),
         )
 

@@ -39,7 +39,6 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
     """The study parameters as flags (`ipdp calibrate`, `ipdp study create`)."""
     if with_id:
         p.add_argument("--study-id", dest="study_id", help="Study id (letters, digits, . _ -).")
-        p.add_argument("--loss", choices=["squared", "logistic"], default=None)
         p.add_argument("--max-rounds", dest="max_rounds", type=int, default=None)
         p.add_argument("--budget-epsilon", dest="budget_epsilon", type=float, default=None,
                        help="Total ε over the rounds (with --budget-delta): the study closes "
@@ -53,6 +52,9 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
         p.add_argument("--records-per-device", dest="records_per_device", type=int,
                        default=None, help="Records one credential may contribute (default 1; "
                        "needs --require-credentials).")
+    p.add_argument("--loss", choices=["squared", "logistic"], default=None,
+                   help="The model's loss (default squared); it also picks the error Step 8 "
+                   "minimises (docs/privacy.md).")
     p.add_argument("--epsilon", type=float, help="Central ε of each model.")
     p.add_argument("--delta", type=float, help="Central δ of each model.")
     p.add_argument("--n", type=int, help="Records per round.")

@@ -156,12 +156,13 @@ extreme_floats = st.one_of(st.sampled_from(EXTREMES), st.floats())
                    st.integers(-10, 10**30)),
        d=st.one_of(st.sampled_from([0, 1, 14, 4096]), st.integers(-1, 5000)),
        lam=extreme_floats, p_bound=extreme_floats, eta=extreme_floats,
-       delta_in=st.one_of(st.sampled_from([0.0, 1e-308, 1e-6, 1e308]), st.floats()))
+       delta_in=st.one_of(st.sampled_from([None, 0.0, 1e-308, 1e-6, 1e308]), st.floats()),
+       loss=st.sampled_from(["squared", "logistic"]))
 def test_calibrate_returns_finite_noise_or_refuses_clearly(mode, epsilon, delta, n, d, lam,
-                                                           p_bound, eta, delta_in):
+                                                           p_bound, eta, delta_in, loss):
     try:
         cal = calibrate(mode=mode, epsilon=epsilon, delta=delta, n=n, d=d, lam=lam,
-                        p_bound=p_bound, eta=eta, delta_in=delta_in)
+                        p_bound=p_bound, eta=eta, delta_in=delta_in, loss=loss)
     except CalibrationError:
         return
     for value in (cal.sigma_u2, cal.sigma_b2, cal.noise_std_q, cal.noise_std_p, cal.delta_in):
