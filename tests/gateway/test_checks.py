@@ -99,11 +99,12 @@ def test_a_record_the_aggregator_would_dead_letter_is_refused_with_its_reason(re
 
 def aggregator_reasons(record: bytes) -> list[RejectReason]:
     """The reasons the aggregator's stateless checks dead-letter ``record`` with at NOW_MS."""
-    validator = Validator({STUDY.hash: STUDY}.get, lambda sid: True,
-                          replay_window_s=WINDOW.replay_window_ms // 1000,
+    validator = Validator(replay_window_s=WINDOW.replay_window_ms // 1000,
                           max_future_skew_s=WINDOW.max_future_skew_ms // 1000,
                           max_message_bytes=1 << 16)
-    rejects, _ = validator.validate(Polled.of([Message(0, 0, record)]), NOW_MS)
+    polled = Polled.of([Message(0, 0, record)])
+    rejects, _ = validator.validate(polled, validator.decode(polled), {STUDY.hash: STUDY}, {},
+                                    NOW_MS)
     return [r.reason for r in rejects]
 
 
