@@ -15,6 +15,10 @@ exhaust the file descriptors. This subclass adds, per worker:
 
 The idle keep-alive timeout is uvicorn's own (``timeout_keep_alive``). The per-client request
 rate is the app's (``gateway.app.RateLimiter``), as it answers 429 with Retry-After.
+
+It also writes a response's head together with its body: uvicorn writes each at once, and uvloop
+sends each write straight to the socket, so a device's 202 cost two send(2) calls, each as dear
+as the request's own checks and hand-off on loopback (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import json
 import weakref
 from collections import Counter
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.checks import HTTP_STATUS
 from gateway.settings import GatewaySettings
@@ -96,6 +100,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             raise _HeadTooLarge
         self._arm(self.limits.body_timeout_s)
         super().on_headers_complete()
+        if type(self.cycle) is RequestResponseCycle:
+            self.cycle.__class__ = _HeadWithBodyCycle
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -150,3 +156,53 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
         self._disarm()
 
+
+
+class _HeadWithBodyCycle(RequestResponseCycle):
+    """uvicorn's request/response cycle, with the response head held for the first body write.
+
+    Only the ASGI ``send`` changes: from the ``http.response.start`` message on, the cycle
+    writes through a :class:`_HeldHead`, which sends the head with the body's first bytes in one
+    write, or on its own once the response is complete without any (a HEAD request, an empty
+    body) or the connection is closed.
+    """
+
+    async def send(self, message) -> None:
+        if not self.response_started and message["type"] == "http.response.start":
+            if self.flow.write_paused and not self.disconnected:
+                await self.flow.drain()  # so that uvicorn's send does not wait with the head held
+            self.transport = _HeldHead(self.transport)
+        await super().send(message)
+        if self.response_complete and isinstance(self.transport, _HeldHead):
+            self.transport.flush()
+
+
+class _HeldHead:
+    """A transport that keeps its first write (the response head) until the next one or
+    :meth:`flush`; everything else goes to the connection's transport."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head: bytes | None = None
+        self._holding = True
+
+    def write(self, data: bytes) -> None:
+        if self._holding:
+            self._head, self._holding = data, False
+            return
+        self.flush(data)
+
+    def flush(self, data: bytes = b"") -> None:
+        """Write the held head (if still held) followed by ``data``."""
+        head, self._head = self._head, None
+        if head is not None:
+            data = head + data
+        if data:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)

@@ -85,6 +85,25 @@ def test_a_head_above_the_limit_is_answered_431_whether_sent_at_once_or_in_piece
     assert status_and_error(read_until_closed(small))[0] == 200
 
 
+def test_responses_with_and_without_a_body_arrive_whole_on_one_connection(limited):
+    """The protocol holds a response's head for the body's first write: a HEAD answer (no body)
+    still gets its head, and the next requests on the connection their whole answers."""
+    record = {"record_id": "ab" * 16, "created_ms": 1_700_000_000_000, "q": [0.1] * D,
+              "p": [0.2] * D}
+    body = json.dumps({"records": [record]}).encode()
+    sock = connect(limited)
+    sock.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"POST /studies/limits/records HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                 b"Connection: close\r\n\r\n%s" % (len(body), body))
+    answers = read_until_closed(sock).split(b"HTTP/1.1 ")[1:]
+    assert [int(a.split(b" ")[0]) for a in answers] == [200, 200, 202]
+    assert answers[0].endswith(b"\r\n\r\n")
+    assert answers[1].endswith(b'{"status":"ok"}')
+    assert answers[2].endswith(b'{"accepted":1}')
+
+
 def test_a_silent_connection_is_closed_after_the_head_timeout(limited):
     silent = connect(limited)
     t0 = time.monotonic()
