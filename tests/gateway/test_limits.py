@@ -12,6 +12,8 @@ from contextlib import ExitStack
 import pytest
 
 from gateway.settings import GatewaySettings
+from ipdp.study import Study
+from ipdp.wire import decode_record
 from producer.gateway_client import GatewayClient
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import D, known, records
@@ -88,9 +90,12 @@ def test_a_head_above_the_limit_is_answered_431_whether_sent_at_once_or_in_piece
 def test_responses_with_and_without_a_body_arrive_whole_on_one_connection(limited):
     """The protocol holds a response's head for the body's first write: a HEAD answer (no body)
     still gets its head, and the next requests on the connection their whole answers."""
-    record = {"record_id": "ab" * 16, "created_ms": 1_700_000_000_000, "q": [0.1] * D,
-              "p": [0.2] * D}
-    body = json.dumps({"records": [record]}).encode()
+    # A record as a device sends it (created now, perturbed), so the gateway's checks admit it.
+    [value] = records(Study(study_id="limits", d=D, n=1000, epsilon=1.0, delta=0.01), 1)
+    rec = decode_record(value)
+    body = json.dumps({"records": [{
+        "record_id": rec.record_id.hex(), "created_ms": rec.created_ms,
+        "q": rec.q.tolist(), "p": rec.p.tolist()}]}).encode()
     sock = connect(limited)
     sock.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
                  b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
