@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ModelSubscriber"]
 
+#: Models topics whose "no trusted key" warning this process has already logged.
+_WARNED_UNPINNED: set[str] = set()
+
 class ModelSubscriber:
     """Iterate over published models.
 
@@ -58,7 +61,8 @@ class ModelSubscriber:
         elif not isinstance(trusted_keys, TrustedKeys):
             trusted_keys = parse_trusted_keys(trusted_keys)
         self.trusted = trusted_keys
-        if not self.trusted:
+        if not self.trusted and self.topic not in _WARNED_UNPINNED:
+            _WARNED_UNPINNED.add(self.topic)  # once per process: callers that poll re-create us
             log.warning("no trusted model key pinned: models are shown UNVERIFIED; anyone who "
                         "can write %r can publish one (docs/security.md)", self.topic)
         self.duplicates_dropped = 0
