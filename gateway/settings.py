@@ -21,11 +21,11 @@ class GatewaySettings(BaseSettings):
         description="Largest Kafka message the gateway writes; at most the aggregator's "
         "IPDP_AGGREGATOR_MAX_MESSAGE_BYTES. A request above it is split into several containers.")
     linger_ms: float = Field(
-        2.0, ge=0, le=1000,
+        0.0, ge=0, le=1000,
         description="Group commit: how long the first record of a container waits for others "
-        "before the container is produced (it goes at once when full). Records of concurrent "
-        "requests share one Kafka message; each request is answered when its container is "
-        "acknowledged.")
+        "before the container is produced (it goes at once when full). 0: at the event loop's "
+        "next turn, so the records of the requests that arrived together share one Kafka "
+        "message. Each request is answered when its container is acknowledged.")
     kafka_timeout_s: float = Field(
         10.0, gt=0, description="How long a request waits for Kafka's acknowledgement before 503.")
     rate_limit_per_s: float = Field(

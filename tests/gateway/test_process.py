@@ -45,3 +45,22 @@ def test_ipdp_gateway_process_accepts_records_and_stops_cleanly_on_sigterm(
         code = proc.wait(timeout=30)
         log.close()
     assert code == 0, (tmp_path / "gateway.log").read_text()
+
+
+def test_a_gateway_worker_settles_its_heap_and_an_embedded_app_leaves_the_collector_alone():
+    # In a fresh interpreter, as an `ipdp gateway` worker is: what lives after the imports is
+    # frozen out of the collector's sight and the youngest generation is collected less often.
+    code = ("import gc\n"
+            "from gateway.app import GC_YOUNG_THRESHOLD, create_app, create_app_from_env, "
+            "settle_heap\n"
+            "assert create_app_from_env().state.gateway.owns_process\n"
+            "assert not create_app().state.gateway.owns_process\n"
+            "before = gc.get_threshold()\n"
+            "settle_heap()\n"
+            "print(gc.get_freeze_count(), before[0], *gc.get_threshold(), GC_YOUNG_THRESHOLD)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    frozen, young_before, young, middle, oldest, wanted = map(int, out)
+    assert frozen > 10_000  # numpy, pydantic, starlette, kafka-python: tens of thousands
+    assert young_before == 700 and young == wanted > young_before
+    assert (middle, oldest) == (10, 10)
