@@ -81,6 +81,18 @@ class Calibration(BaseModel):
     mode, logistic studies only); it reads no data."""
 
     @property
+    def guaranteed_delta(self) -> float:
+        """δ of the deployed mechanism, the one ipdp reports: Steps 1–7 prove (ε, δ) for the
+        first n records, and the aggregator's norm check, which may refuse an honest record,
+        adds ``norm_check_delta`` (docs/privacy.md, "The norm check")."""
+        return self.delta + self.norm_check_delta
+
+    @property
+    def norm_check_delta(self) -> float:
+        """(1 + e^ε)·n·π with π = :func:`honest_rejection_probability`: REJECTION_DELTA_SHARE·δ."""
+        return REJECTION_DELTA_SHARE * self.delta
+
+    @property
     def noise_std_q(self) -> float:
         """Per-coordinate standard deviation of u, √(σ_u²/n)."""
         return math.sqrt(self.sigma_u2 / self.n)

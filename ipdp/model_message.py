@@ -68,6 +68,9 @@ class PrivacyReport(BaseModel):
     def from_calibration(cls, cal: Calibration, composed: Composed | None = None) -> PrivacyReport:
         """Copy the guarantee-bearing fields of a calibration, and the composed guarantee."""
         fields = cal.model_dump(include=set(cls.model_fields))
+        # The deployed mechanism's δ: the calibration's and the norm check's share.
+        fields["delta"] = cal.guaranteed_delta
+        fields["delta_split"] = {**cal.delta_split, "norm_check": cal.norm_check_delta}
         if composed is not None:
             fields |= {"composed_epsilon": composed.epsilon, "composed_delta": composed.delta,
                        "rounds_composed": composed.rounds, "composition": composed.composition}

@@ -35,7 +35,14 @@ from pydantic import (
     model_validator,
 )
 
-from ipdp.calibration import Calibration, Mode, RecordNormBounds, calibrate, record_norm_bounds
+from ipdp.calibration import (
+    REJECTION_DELTA_SHARE,
+    Calibration,
+    Mode,
+    RecordNormBounds,
+    calibrate,
+    record_norm_bounds,
+)
 from ipdp.errors import CalibrationError, ConfigurationError, MalformedValue
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
@@ -245,7 +252,10 @@ class Study(BaseModel):
             return self.max_rounds
         from ipdp.accounting import rounds_within_budget
 
-        within = rounds_within_budget(self.epsilon, self.delta, self.budget_epsilon,
+        # Each round's δ is the deployed mechanism's (Calibration.guaranteed_delta).
+        within = rounds_within_budget(self.epsilon,
+                                      self.delta * (1.0 + REJECTION_DELTA_SHARE),
+                                      self.budget_epsilon,
                                       self.budget_delta,
                                       limit=self.max_rounds or BUDGET_ROUNDS_COUNTED)
         return max(1, within)

@@ -74,7 +74,7 @@ def composed_after(study: Study, round_no: int):
     """The study's guarantee after rounds 1 … round_no for a device in each once (at the
     budget's δ when the study has a budget)."""
     cal = study.calibration
-    return compose(cal.epsilon, cal.delta, round_no, study.budget_delta)
+    return compose(cal.epsilon, cal.guaranteed_delta, round_no, study.budget_delta)
 
 
 class Trainer:

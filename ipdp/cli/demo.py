@@ -129,7 +129,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             _stop_services(children)
     result = _evaluate(study, model, train, test)
     result.update(n=study.n, d=study.d, records_sent=sent.sent, via_gateway=args.via_gateway,
-                  records_folded=folded, round=model.round, epsilon=study.epsilon, delta=study.delta,
+                  records_folded=folded, round=model.round, epsilon=model.privacy.epsilon,
+                  delta=model.privacy.delta,
                   mode=study.mode, loss=study.loss, local_epsilon=study.calibration.local_epsilon,
                   elapsed_s=round(time.monotonic() - started, 2))
     if args.json:

@@ -89,7 +89,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     study = study_from_args(args)
     cal = study.calibration
     if args.json:
-        print(json.dumps(cal.model_dump(), sort_keys=True))
+        # "delta" is the calibration's; "guaranteed_delta" the published models' (docs/privacy.md).
+        print(json.dumps({**cal.model_dump(), "guaranteed_delta": cal.guaranteed_delta,
+                          "norm_check_delta": cal.norm_check_delta}, sort_keys=True))
     else:
         print(calibration_table(cal))
     return 0

@@ -86,7 +86,8 @@ def test_group_privacy_is_k_epsilon_and_k_e_to_the_k_minus_one_epsilon_delta():
 def test_a_device_may_send_one_record_per_round_unless_allowed_more():
     study = Study(**STUDY)
     c = Contributor(study, producer=None, topic="unused", noise=np.random.default_rng(1))
-    assert (c.privacy.epsilon, c.privacy.delta) == (1.0, 0.01)
+    # The deployed mechanism's δ: the calibration's 0.01 and the norm check's 10⁻⁵.
+    assert c.privacy.epsilon == 1.0 and c.privacy.delta == pytest.approx(0.01001, rel=1e-12)
     c.encode_many(np.zeros((1, 3)), np.zeros(1))
     with pytest.raises(TooManyRecords, match="group privacy"):
         c.encode_many(np.zeros((1, 3)), np.zeros(1))
@@ -96,5 +97,17 @@ def test_a_device_may_send_one_record_per_round_unless_allowed_more():
     allowed = Contributor(study, producer=None, topic="unused", records_per_device=2)
     allowed.encode_many(np.zeros((2, 3)), np.zeros(2))
     assert allowed.privacy.epsilon == 2.0
-    assert allowed.privacy.delta == pytest.approx(2 * math.e * 0.01)
+    assert allowed.privacy.delta == pytest.approx(2 * math.e * 0.01001)
     assert "group privacy" in allowed.privacy.theorem
+
+
+def test_the_browser_sdk_reports_the_same_norm_check_share_of_delta():
+    # The browser's privacy report computes the published δ itself (producer/web/src/report.ts).
+    import re
+    from pathlib import Path
+
+    from ipdp.calibration import REJECTION_DELTA_SHARE
+
+    source = (Path(__file__).resolve().parents[2] / "producer" / "web" / "src" / "report.ts")
+    share = re.search(r"NORM_CHECK_DELTA_SHARE = ([0-9.e-]+);", source.read_text())
+    assert share is not None and float(share[1]) == REJECTION_DELTA_SHARE
