@@ -35,7 +35,7 @@ from gateway.credentials import DeviceCredentials
 from ipdp.calibration import record_norm_bounds
 from ipdp.credentials import (
     AUTH_SCHEME,
-    CREDENTIAL_ID,
+    credential_id,
     credentials_header,
     issue_credential,
     slot_record_ids,
@@ -77,7 +77,7 @@ def _per_call_us(fn, calls: int) -> float:
 
 def _records(study: Study, tokens: list[bytes]) -> list[bytes]:
     """One perturbed record per token (the device step, seeded noise), in the token's slot 0."""
-    ids = np.concatenate([slot_record_ids(t[CREDENTIAL_ID], 1) for t in tokens])
+    ids = np.concatenate([slot_record_ids(credential_id(t), 1) for t in tokens])
     rng = np.random.default_rng(0)
     x = rng.normal(size=(len(tokens), study.d)) / np.sqrt(study.d)
     return perturb_records(study, x, np.clip(x[:, 0], -1, 1), rng, ids)[1]
@@ -184,7 +184,8 @@ def aggregator_rows(records: int) -> list[tuple[str, float]]:
 # t, t + threads, t + 2·threads, … so no two requests of a run share a credential.
 _LUA = """
 local prefix, suffix = "%(prefix)s", "%(suffix)s"
-local pool = {%(pool)s}
+local pool = {}
+%(pool)s
 local threads, started, at = %(threads)d, 0, 0
 wrk.method = "POST"
 function setup(thread)
@@ -206,9 +207,13 @@ end
 def credential_script(study: Study, tokens: list[bytes], threads: int) -> str:
     """The wrk script posting one record per request, each in its own credential's slot 0."""
     record = _records(study, tokens[:1])[0]
-    pool = ",".join(
-        f'{{"{AUTH_SCHEME} {token_text(t)}", "{_lua_bytes(slot_record_ids(t[CREDENTIAL_ID], 1).tobytes())}"}}'
-        for t in tokens)
+    entries = [f'{{"{AUTH_SCHEME} {token_text(t)}", '
+               f'"{_lua_bytes(slot_record_ids(credential_id(t), 1).tobytes())}"}}' for t in tokens]
+    # A Lua function holds at most 65,536 constants (two per entry): one function per 10,000.
+    pool = "\n".join(
+        f";(function() local chunk = {{{','.join(entries[lo:lo + 10_000])}}} "
+        "for i = 1, #chunk do pool[#pool + 1] = chunk[i] end end)()"
+        for lo in range(0, len(entries), 10_000))
     done = DEVICES_LUA[DEVICES_LUA.index("function done"):]
     return (_LUA + done) % {"prefix": _lua_bytes(record[:24]), "suffix": _lua_bytes(record[40:]),
                             "pool": pool, "threads": threads}

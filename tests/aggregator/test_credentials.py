@@ -11,7 +11,7 @@ import numpy as np
 from aggregator.settings import AggregatorSettings
 from ipdp import state
 from ipdp.credentials import (
-    CREDENTIAL_ID,
+    credential_id,
     credentials_header,
     issue_credential,
     slot_record_ids,
@@ -66,7 +66,7 @@ def test_only_records_with_a_valid_unused_credential_slot_are_folded(
     for token in valid[:3]:  # three devices, both slots each; the text form as a device keeps it
         send(token_text(token), 2)
     # A fourth device's two slots in one container, as the gateway sends them.
-    ids = slot_record_ids(valid[3][CREDENTIAL_ID], 2)
+    ids = slot_record_ids(credential_id(valid[3]), 2)
     q = np.full((2, 4), 0.1)
     values = encode_batch(study.hash, ids, np.full(2, t), q, q)
     producer.send(topics.records, value=encode_container(values),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ipdp import state
 from ipdp.credentials import (
-    CREDENTIAL_ID,
+    credential_id,
     issue_credential,
     slot_record_ids,
     token_from_text,
@@ -169,7 +169,7 @@ def test_the_browser_sdk_sends_its_credential_to_a_real_gateway(
                              text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
-    slots = [s.tobytes().hex() for s in slot_record_ids(token_from_text(credential)[CREDENTIAL_ID], 2)]
+    slots = [s.tobytes().hex() for s in slot_record_ids(credential_id(token_from_text(credential)), 2)]
     assert [out[k].get("recordId") for k in ("slot0", "slot1", "slot0_again")] == \
         [slots[0], slots[1], slots[0]]
     assert out["none"]["reason"] == "credential_required"

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ipdp.credentials import CREDENTIAL_ID, issue_credential, slot_record_ids, token_text
+from ipdp.credentials import credential_id, issue_credential, slot_record_ids, token_text
 from ipdp.losses import clip, encode
 from ipdp.signing import SigningKey
 from ipdp.study import Study, study_message
@@ -155,12 +155,12 @@ def build_vectors() -> dict:
         "study_hash": credentialed.hash.hex(),
         "issuer_public_key": issuer.public_b64,
         "credential": token_text(token),
-        "credential_id": token[CREDENTIAL_ID].hex(),
+        "credential_id": credential_id(token).hex(),
         "issued_ms": 1_700_000_000_000,
         "expires_ms": 1_700_003_600_000,
         "records_per_device": credentialed.records_per_device,
         "slot_record_ids": [row.tobytes().hex() for row in slot_record_ids(
-            token[CREDENTIAL_ID], credentialed.records_per_device)],
+            credential_id(token), credentialed.records_per_device)],
     }
     return {
         "about": "Generated from ipdp's Python implementation by tests/producer/test_web_vectors"
