@@ -159,8 +159,9 @@ def gateway_rows(requests: int) -> list[tuple[str, float]]:
 
 
 def aggregator_rows(records: int) -> tuple[list[tuple[str, float]], dict[int, int]]:
-    """µs per record of the aggregator's stateless validation of one poll; and the bytes of the
-    ``credentials`` header of a gateway container of one-record devices, per token version."""
+    """µs per record of the aggregator's stateless validation of one poll; and the bytes per
+    device of the ``credentials`` header of a gateway container of one-record devices, per token
+    version."""
     key = SigningKey(Ed25519PrivateKey.generate())
     trusted = TrustedKeys([key.private.public_key()])
     plain = Study(study_id="plain", **PARAMS)
@@ -195,7 +196,7 @@ def aggregator_rows(records: int) -> tuple[list[tuple[str, float]], dict[int, in
             containers.append(encode_container(values[version][lo:lo + per]))
             heads.append([*study_headers("bench"), credentials_header(
                 [(t, 1) for t in tokens[version][lo:lo + per]])])
-        header_bytes[version] = len(heads[0][-1][1])
+        header_bytes[version] = len(heads[0][-1][1]) // min(per, records)
         boxes[version] = split_containers(polled(containers, heads), 1 << 20)[0]
     plain_singles = polled(plain_values, [study_headers("plain")] * records)
 
@@ -373,9 +374,9 @@ def run(args: argparse.Namespace) -> int:
     rows, header_bytes = aggregator_rows(args.records)
     for name, us in rows:
         print(f"| {name} | {us:.2f} |")
-    print("\nThe `credentials` header of a gateway container of 1,000 one-record devices: "
-          f"{header_bytes[1]:,} bytes with version-1 tokens, {header_bytes[2]:,} with version-2 "
-          f"tokens (batches of {BATCH}).")
+    print("\nThe `credentials` header of a gateway container of one-record devices: "
+          f"{header_bytes[1]:,} bytes per device with version-1 tokens, {header_bytes[2]:,} with "
+          f"version-2 tokens (batches of {BATCH}).")
     if args.http:
         result = http_rows(args.http, args.connections, args.threads, args.repeat)
         print(f"\n#### Over HTTP: wrk -t{args.threads} -c{args.connections} -d{args.http:g}s, one "
