@@ -35,16 +35,17 @@ from its leaf to the root::
     33     8     key id
     41     1     tree height h, u8, 0 … MAX_TREE_HEIGHT
     42     32    root
-    74     64    Ed25519 signature of b"ipdp-credential-v2\n" + bytes 0..74 (the batch header)
+    74     64    Ed25519 signature of b"ipdp-credential-v2\\n" + bytes 0..74 (the batch header)
     138    4     leaf index i, u32 little-endian, i < 2^h
     142    16    credential id
     158    32·h  authentication path: the sibling of the node on the way up, leaf level first
 
-leaf = SHA-256(b"ipdp-credential-leaf-v2\n" ‖ bytes 138..158), node = SHA-256(b"ipdp-credential-
-node-v2\n" ‖ left ‖ right). The tags keep leaves, nodes and signed headers apart; the index in the
-leaf ties a credential id to one position. A batch of fewer than 2^h credentials is padded with
-leaves of random ids that the issuer forgets, so every path has h nodes (one fixed token size per
-batch, a verifier without special cases) and the batch's true size is hidden below 2^h.
+leaf = SHA-256(b"ipdp-credential-leaf-v2\\n" ‖ bytes 138..158), node =
+SHA-256(b"ipdp-credential-node-v2\\n" ‖ left ‖ right); at level l the node on the way up is the
+right child when bit l of i is 1. The tags keep leaves, nodes and signed headers apart; the index
+in the leaf ties a credential id to one position. A batch of fewer than 2^h credentials is padded
+with leaves of random ids that the issuer forgets, so every path has h nodes (one fixed token
+size per batch, a verifier without special cases) and the batch's true size is hidden below 2^h.
 Verifying a token costs h + 1 SHA-256 calls and, once per distinct batch header and process,
 one signature verification: a new device of a known batch costs a few µs instead of ~100.
 
