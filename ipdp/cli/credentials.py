@@ -86,8 +86,8 @@ def cmd_credentials_issue(args: argparse.Namespace) -> int:
                                   "study_id": study.study_id, "expires_ms": expires_ms}))
             else:
                 print(token_text(token))
-    batches = "" if version == 1 else f" in {-(-args.count // most)} batch(es) under one " \
-        "signature each"
+    batches = "" if version == 1 else f" as {-(-args.count // most)} batch(es), one signature " \
+        "per batch"
     print(f"issued {args.count} version-{version} credential(s){batches} for study "
           f"{study.study_id} by key {key.key_id}, valid for {valid_for} s, "
           f"{study.records_per_device} record(s) each", file=sys.stderr)

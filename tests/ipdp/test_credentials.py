@@ -247,7 +247,7 @@ def test_credentials_issue_runs_from_a_shell(env_topics, kafka_settings, redis_s
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
     assert len(lines) == 3 and len(set(lines)) == 3
-    assert "issued 3 version-2 credential(s) in 1 batch(es)" in out.stderr
+    assert "issued 3 version-2 credential(s) as 1 batch(es), one signature per batch" in out.stderr
     one = run("credentials", "issue", "cred", "--key", str(tmp_path / "issuer.key"),
               "--count", "2", "--token-version", "1", "--json")
     assert one.returncode == 0, one.stderr
