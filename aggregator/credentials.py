@@ -3,8 +3,9 @@ only with a valid credential whose slots include their record id (ipdp.credentia
 
 Runs after the stateless checks, on the rows of one study, and only for such studies. Each
 message's ``credentials`` header is read once (a container's records share it); each distinct
-token is verified once per process (ipdp.credentials.CredentialVerifier); the record ids of a
-credential are compared with its slots' ids in one numpy comparison. A slot used twice is
+token is checked once per process, and a version-2 batch's signature once for all its devices
+(ipdp.credentials.CredentialVerifier); the record ids of a credential are compared with its
+slots' ids in one numpy comparison. A slot used twice is
 refused by the fold's replay check (``credential_reused``), where the fold is exactly-once.
 """
 

@@ -3,19 +3,21 @@
     python -m bench.credentials [--requests 2000] [--records 20000] [--http SECONDS]
         [--connections 64] [--threads 2] [--repeat 1]        (or: ipdp bench credentials …)
 
-Times, on this machine and in this process, one Ed25519 verification; the gateway's admission of
-a request (``gateway.credentials.DeviceCredentials``: parse the Authorization header, verify or
-find the cached credential, check the record ids against its slots) for a credential seen for
-the first time and for one already verified; and the aggregator's stateless validation of a
-poll (``aggregator.validate.Validator``) of one-record messages and of gateway containers, with
-and without credentials. Figures are CPU time of this process (time.process_time). With
-``--http SECONDS``, also wrk (as in ``ipdp bench devices``) posting one record per request for
-SECONDS to a bare Starlette endpoint, then to one ``ipdp gateway`` worker for a study without
-credentials and for one that requires them, each request a new device with its own credential
-(so every credential is verified once), on the embedded broker with an aggregator folding
-beside: requests/s against the bare endpoint, latency and the server's CPU per request; then
-what the aggregator folded and dead-lettered of the credential study. Prints markdown tables;
-nothing is asserted.
+Times, on this machine and in this process, one Ed25519 verification; the verification of a
+new device's credential (``ipdp.credentials.CredentialVerifier``) for version-1 tokens (one
+signature each) and version-2 tokens (batches of BATCH under one signature); the gateway's
+admission of a request (``gateway.credentials.DeviceCredentials``: parse the Authorization
+header, verify or find the cached credential, check the record ids against its slots) for a
+credential seen for the first time and for one already verified; and the aggregator's stateless
+validation of a poll (``aggregator.validate.Validator``) of one-record messages and of gateway
+containers, with and without credentials of either version. Figures are CPU time of this
+process (time.process_time). With ``--http SECONDS``, also wrk (as in ``ipdp bench devices``)
+posting one record per request for SECONDS to a bare Starlette endpoint, then to one ``ipdp
+gateway`` worker for a study without credentials and for one that requires them, with version-1
+then version-2 tokens, each request a new device with its own credential (so every credential
+is verified once), on the embedded broker with an aggregator folding beside: requests/s against
+the bare endpoint, latency and the server's CPU per request; then what the aggregator folded and
+dead-lettered of the credential study. Prints markdown tables; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from gateway.credentials import DeviceCredentials
 from ipdp.calibration import record_norm_bounds
 from ipdp.credentials import (
     AUTH_SCHEME,
-    CREDENTIAL_ID,
+    CredentialVerifier,
+    credential_id,
     credentials_header,
+    issue_batch,
     issue_credential,
     slot_record_ids,
     token_text,
@@ -49,6 +53,8 @@ from producer.contributor import perturb_records
 
 PARAMS = {"d": 14, "n": 1_000, "epsilon": 1.0, "delta": 0.01}
 WINDOW_S, SKEW_S = 86_400, 300
+#: Credentials per version-2 batch: a tree of height 10, tokens of 478 bytes.
+BATCH = 1024
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,9 +81,19 @@ def _per_call_us(fn, calls: int) -> float:
     return (time.process_time() - started) / calls * 1e6
 
 
+def issue(key: SigningKey, study: Study, count: int, version: int) -> list[bytes]:
+    """``count`` credentials valid for an hour: version 1, or version 2 in batches of BATCH."""
+    now_ms = time.time_ns() // 1_000_000
+    if version == 1:
+        return [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
+                for _ in range(count)]
+    return [t for lo in range(0, count, BATCH) for t in issue_batch(
+        key, study.hash, now_ms, now_ms + 3_600_000, min(BATCH, count - lo))]
+
+
 def _records(study: Study, tokens: list[bytes]) -> list[bytes]:
     """One perturbed record per token (the device step, seeded noise), in the token's slot 0."""
-    ids = np.concatenate([slot_record_ids(t[CREDENTIAL_ID], 1) for t in tokens])
+    ids = np.concatenate([slot_record_ids(credential_id(t), 1) for t in tokens])
     rng = np.random.default_rng(0)
     x = rng.normal(size=(len(tokens), study.d)) / np.sqrt(study.d)
     return perturb_records(study, x, np.clip(x[:, 0], -1, 1), rng, ids)[1]
@@ -89,10 +105,7 @@ def gateway_rows(requests: int) -> list[tuple[str, float]]:
     trusted = TrustedKeys([key.private.public_key()])
     study = Study(study_id="bench", require_credentials=True, **PARAMS)
     now_ms = time.time_ns() // 1_000_000
-    tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
-              for _ in range(requests)]
-    headers = [f"{AUTH_SCHEME} {token_text(t)}" for t in tokens]
-    bodies = _records(study, tokens)
+    tokens = {version: issue(key, study, requests, version) for version in (1, 2)}
     message = b"x" * 57
     signature = key.private.sign(message)
     public = key.private.public_key()
@@ -101,40 +114,62 @@ def gateway_rows(requests: int) -> list[tuple[str, float]]:
         for _ in range(requests):
             public.verify(signature, message)
 
-    def admit(check: DeviceCredentials) -> None:
-        for header, body in zip(headers, bodies, strict=True):
+    def verify_new(verifier: CredentialVerifier, version: int) -> None:
+        for token in tokens[version]:
+            verifier.parsed(token)
+
+    known_batches = CredentialVerifier(trusted)
+    for token in tokens[2][::BATCH]:  # one device of each batch came before
+        known_batches.parsed(token)
+
+    def admit(check: DeviceCredentials, version: int) -> None:
+        for header, body in zip(headers[version], bodies[version], strict=True):
             _token, cred = check.admit(header, study)
             check.check_slots(body, study, cred)
 
+    headers = {v: [f"{AUTH_SCHEME} {token_text(t)}" for t in tokens[v]] for v in (1, 2)}
+    bodies = {v: _records(study, tokens[v]) for v in (1, 2)}
     window = RecordWindowSettings().window()
     _ = study.norm_bounds  # the gateway computes them when it reads the study, not in a request
 
     def records_check() -> None:
-        for body in bodies:
+        for body in bodies[1]:
             first_rejection(body, study, window, now_ms)
 
-    cold = DeviceCredentials(trusted)
-    rows = [("one Ed25519 verification", _per_call_us(verify, requests)),
-            ("per-record checks of a 1-record request (no credential)",
-             _per_call_us(records_check, requests)),
-            ("credential admission, first request of a credential",
-             _per_call_us(lambda: admit(cold), requests)),
-            ("credential admission, credential already verified",
-             _per_call_us(lambda: admit(cold), requests))]
-    return rows
+    cold = {v: DeviceCredentials(trusted) for v in (1, 2)}
+    return [
+        ("one Ed25519 verification", _per_call_us(verify, requests)),
+        ("per-record checks of a 1-record request (no credential)",
+         _per_call_us(records_check, requests)),
+        ("verify a new device's credential, version 1",
+         _per_call_us(lambda: verify_new(CredentialVerifier(trusted), 1), requests)),
+        (f"verify a new device's credential, version 2 (batches of {BATCH}, each signature once)",
+         _per_call_us(lambda: verify_new(CredentialVerifier(trusted), 2), requests)),
+        ("verify a new device's credential, version 2, its batch verified before",
+         _per_call_us(lambda: verify_new(known_batches, 2), requests)),
+        ("credential admission, first request of a credential, version 1",
+         _per_call_us(lambda: admit(cold[1], 1), requests)),
+        (f"credential admission, first request of a credential, version 2 (batches of {BATCH})",
+         _per_call_us(lambda: admit(cold[2], 2), requests)),
+        ("credential admission, credential already verified (version 1)",
+         _per_call_us(lambda: admit(cold[1], 1), requests)),
+        ("credential admission, credential already verified (version 2)",
+         _per_call_us(lambda: admit(cold[2], 2), requests)),
+    ]
 
 
-def aggregator_rows(records: int) -> list[tuple[str, float]]:
-    """µs per record of the aggregator's stateless validation of one poll."""
+def aggregator_rows(records: int) -> tuple[list[tuple[str, float]], dict[int, int]]:
+    """µs per record of the aggregator's stateless validation of one poll; and the bytes per
+    device of the ``credentials`` header of a gateway container of one-record devices, per token
+    version."""
     key = SigningKey(Ed25519PrivateKey.generate())
     trusted = TrustedKeys([key.private.public_key()])
     plain = Study(study_id="plain", **PARAMS)
     study = Study(study_id="bench", require_credentials=True, **PARAMS)
     now_ms = time.time_ns() // 1_000_000
-    tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
-              for _ in range(records)]
-    values = _records(study, tokens)
-    plain_values = _records(plain, tokens)
+    tokens = {version: issue(key, study, records, version) for version in (1, 2)}
+    values = {version: _records(study, tokens[version]) for version in (1, 2)}
+    plain_values = _records(plain, tokens[1])
     for s_ in (plain, study):  # the norm bounds are computed once per study in service
         record_norm_bounds(s_.calibration)
 
@@ -151,16 +186,19 @@ def aggregator_rows(records: int) -> list[tuple[str, float]]:
         return Polled(np.zeros(n, np.int64), np.arange(n, dtype=np.int64), vals,
                       np.full(n, NOT_IN_CONTAINER, np.int64), heads)
 
-    singles = polled(values, [[*study_headers("bench"), credentials_header([(t, 1)])]
-                              for t in tokens])
-    plain_singles = polled(plain_values, [study_headers("plain")] * records)
     per = 1_000  # records per gateway container, one device (credential) per record
-    containers, heads = [], []
-    for lo in range(0, records, per):
-        containers.append(encode_container(values[lo:lo + per]))
-        heads.append([*study_headers("bench"),
-                      credentials_header([(t, 1) for t in tokens[lo:lo + per]])])
-    boxes = split_containers(polled(containers, heads), 1 << 20)[0]
+    singles, boxes, header_bytes = {}, {}, {}
+    for version in (1, 2):
+        singles[version] = polled(values[version], [
+            [*study_headers("bench"), credentials_header([(t, 1)])] for t in tokens[version]])
+        containers, heads = [], []
+        for lo in range(0, records, per):
+            containers.append(encode_container(values[version][lo:lo + per]))
+            heads.append([*study_headers("bench"), credentials_header(
+                [(t, 1) for t in tokens[version][lo:lo + per]])])
+        header_bytes[version] = len(heads[0][-1][1]) // min(per, records)
+        boxes[version] = split_containers(polled(containers, heads), 1 << 20)[0]
+    plain_singles = polled(plain_values, [study_headers("plain")] * records)
 
     def run(v: Validator, p: Polled) -> float:
         def validate() -> None:
@@ -169,22 +207,23 @@ def aggregator_rows(records: int) -> list[tuple[str, float]]:
                 raise RuntimeError("the benchmark's records did not all pass")
         return _per_call_us(validate, records)
 
-    v = validator()
-    rows = [("no credentials (one-record messages)", run(v, plain_singles))]
-    rows.append(("credentials, one-record messages, first sight", run(v, singles)))
-    rows.append(("credentials, one-record messages, verified before", run(v, singles)))
-    v = validator()
-    rows.append((f"credentials, {per}-record gateway containers, first sight", run(v, boxes)))
-    rows.append((f"credentials, {per}-record gateway containers, verified before",
-                 run(v, boxes)))
-    return rows
+    rows = [("no credentials (one-record messages)", run(validator(), plain_singles))]
+    for version in (1, 2):
+        name = "version 1" if version == 1 else f"version 2 (batches of {BATCH})"
+        for what, poll in (("one-record messages", singles[version]),
+                           (f"{per}-record gateway containers", boxes[version])):
+            v = validator()
+            rows.append((f"credentials {name}, {what}, first sight", run(v, poll)))
+            rows.append((f"credentials {name}, {what}, verified before", run(v, poll)))
+    return rows, header_bytes
 
 
 # A pool of (Authorization header, record id) pairs, one per device; wrk thread t sends entries
 # t, t + threads, t + 2·threads, … so no two requests of a run share a credential.
 _LUA = """
 local prefix, suffix = "%(prefix)s", "%(suffix)s"
-local pool = {%(pool)s}
+local pool = {}
+%(pool)s
 local threads, started, at = %(threads)d, 0, 0
 wrk.method = "POST"
 function setup(thread)
@@ -206,9 +245,13 @@ end
 def credential_script(study: Study, tokens: list[bytes], threads: int) -> str:
     """The wrk script posting one record per request, each in its own credential's slot 0."""
     record = _records(study, tokens[:1])[0]
-    pool = ",".join(
-        f'{{"{AUTH_SCHEME} {token_text(t)}", "{_lua_bytes(slot_record_ids(t[CREDENTIAL_ID], 1).tobytes())}"}}'
-        for t in tokens)
+    entries = [f'{{"{AUTH_SCHEME} {token_text(t)}", '
+               f'"{_lua_bytes(slot_record_ids(credential_id(t), 1).tobytes())}"}}' for t in tokens]
+    # A Lua function holds at most 65,536 constants (two per entry): one function per 10,000.
+    pool = "\n".join(
+        f";(function() local chunk = {{{','.join(entries[lo:lo + 10_000])}}} "
+        "for i = 1, #chunk do pool[#pool + 1] = chunk[i] end end)()"
+        for lo in range(0, len(entries), 10_000))
     done = DEVICES_LUA[DEVICES_LUA.index("function done"):]
     return (_LUA + done) % {"prefix": _lua_bytes(record[:24]), "suffix": _lua_bytes(record[40:]),
                             "pool": pool, "threads": threads}
@@ -249,12 +292,11 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
         for s_ in (plain, study):
             registry.create_study(r, producer, topics, s_)
         producer.close()
-        now_ms = time.time_ns() // 1_000_000
         # More credentials than one run can use at this machine's rates (3,300 requests/s with
         # credentials in the recorded run): no run reuses one.
-        tokens = [issue_credential(key, study.hash, now_ms, now_ms + 3_600_000)
-                  for _ in range(int(seconds * 10_000) * repeat)]
-        scripts = {"plain": Path(tmp) / "plain.lua", "cred": Path(tmp) / "cred.lua"}
+        tokens = {f"cred{v}": issue(key, study, int(seconds * 10_000) * repeat, v)
+                  for v in (1, 2)}
+        scripts = {name: Path(tmp) / f"{name}.lua" for name in ("plain", "cred1", "cred2")}
         scripts["plain"].write_text(wrk_script(plain))
         env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
                "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
@@ -266,9 +308,10 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
         accepted = 0
         try:
             for rep in range(repeat):
-                per_run = len(tokens) // repeat
-                scripts["cred"].write_text(credential_script(
-                    study, tokens[rep * per_run:(rep + 1) * per_run], threads))
+                for name, pool in tokens.items():
+                    per_run = len(pool) // repeat
+                    scripts[name].write_text(credential_script(
+                        study, pool[rep * per_run:(rep + 1) * per_run], threads))
                 for server in ("bare", "gateway"):
                     port = free_port()
                     url = f"http://127.0.0.1:{port}"
@@ -284,7 +327,9 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                              connections, threads)  # warm-up
                         targets = [("bare", plain, "plain")] if server == "bare" else \
                             [("no credentials", plain, "plain"),
-                             ("requires credentials", study, "cred")]
+                             ("requires credentials, version 1", study, "cred1"),
+                             (f"requires credentials, version 2 (batches of {BATCH})", study,
+                              "cred2")]
                         for name, s_, script in targets:
                             cpu0 = _cpu_seconds(proc.pid)
                             figures = _wrk(f"{url}/studies/{s_.study_id}/records",
@@ -292,7 +337,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                             figures.update(repetition=rep + 1, server=name, cpu_us_per_request=(
                                 _cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
                             runs.append(figures)
-                            if script == "cred":
+                            if script != "plain":
                                 accepted += figures["accepted"]
                     finally:
                         _stop(proc)
@@ -326,8 +371,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n#### Aggregator: µs per record of the stateless validation, d = 14, {args.records} "
           "records, each with its own credential\n")
     print("| poll | µs per record |\n|---|---|")
-    for name, us in aggregator_rows(args.records):
+    rows, header_bytes = aggregator_rows(args.records)
+    for name, us in rows:
         print(f"| {name} | {us:.2f} |")
+    print("\nThe `credentials` header of a gateway container of one-record devices: "
+          f"{header_bytes[1]:,} bytes per device with version-1 tokens, {header_bytes[2]:,} with "
+          f"version-2 tokens (batches of {BATCH}).")
     if args.http:
         result = http_rows(args.http, args.connections, args.threads, args.repeat)
         print(f"\n#### Over HTTP: wrk -t{args.threads} -c{args.connections} -d{args.http:g}s, one "

@@ -22,9 +22,38 @@ id ‖ s as u32 little-endian)[:16], s = 0 … m − 1, and no other. The aggreg
 is folded at most once for as long as the credential is valid (``credential_reused``), provided
 its validity does not exceed that window: :meth:`CredentialVerifier.check` refuses one that does.
 
+**Token, version 2: a batch under one signature** (158 + 32·h bytes). The issuer puts the ids
+of up to 2^h credentials of one study and one validity window in the leaves of a Merkle tree of
+height h and signs the root once; a device holds the signed batch header, its leaf and the path
+from its leaf to the root::
+
+    offset size  field
+    0      1     version, u8, = 2
+    1      16    study hash
+    17     8     issued_ms, i64 little-endian
+    25     8     expires_ms, i64 little-endian
+    33     8     key id
+    41     1     tree height h, u8, 0 … MAX_TREE_HEIGHT
+    42     32    root
+    74     64    Ed25519 signature of b"ipdp-credential-v2\\n" + bytes 0..74 (the batch header)
+    138    4     leaf index i, u32 little-endian, i < 2^h
+    142    16    credential id
+    158    32·h  authentication path: the sibling of the node on the way up, leaf level first
+
+leaf = SHA-256(b"ipdp-credential-leaf-v2\\n" ‖ bytes 138..158), node =
+SHA-256(b"ipdp-credential-node-v2\\n" ‖ left ‖ right); at level l the node on the way up is the
+right child when bit l of i is 1. The tags keep leaves, nodes and signed headers apart; the index
+in the leaf ties a credential id to one position. A batch of fewer than 2^h credentials is padded
+with leaves of random ids that the issuer forgets, so every path has h nodes (one fixed token
+size per batch, a verifier without special cases) and the batch's true size is hidden below 2^h.
+Verifying a token costs h + 1 SHA-256 calls and, once per distinct batch header and process,
+one signature verification: a new device of a known batch costs a few µs instead of ~100.
+
 **On Kafka**, each record's credential travels in the ``credentials`` header of its message, as
-runs: repeated (u32 little-endian count, 121-byte token), the counts adding up to the message's
-records in order (one run for a plain record or a one-device container).
+runs: repeated (u32 little-endian count, token), the counts adding up to the message's records
+in order (one run for a plain record or a one-device container). A token says its own size (its
+version byte, and for version 2 its height), so the runs are self-describing and headers written
+before version 2 read unchanged.
 """
 
 from __future__ import annotations
@@ -45,14 +74,27 @@ from ipdp.errors import IpdpError
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.wire import RejectReason
 
-__all__ = ["CREDENTIALS_HEADER", "CREDENTIAL_ID", "TOKEN_SIZE", "Credential", "CredentialRefused",
-           "CredentialVerifier", "credentials_header", "issue_credential", "parse_token",
-           "slot_record_ids", "token_from_text", "token_text", "tokens_of_header"]
+__all__ = ["CREDENTIALS_HEADER", "MAX_TREE_HEIGHT", "TOKEN_SIZE", "Credential",
+           "CredentialRefused", "CredentialVerifier", "credential_id", "credentials_header",
+           "issue_batch", "issue_credential", "parse_token", "slot_record_ids", "token_from_text",
+           "token_size", "token_text", "tokens_of_header"]
 
 TOKEN_VERSION = 1
 SIGNED_SIZE = 57
+#: The size of a version-1 token.
 TOKEN_SIZE = SIGNED_SIZE + 64
 SIGNING_TAG = b"ipdp-credential-v1\n"
+BATCH_VERSION = 2
+BATCH_SIGNING_TAG = b"ipdp-credential-v2\n"
+LEAF_TAG = b"ipdp-credential-leaf-v2\n"
+NODE_TAG = b"ipdp-credential-node-v2\n"
+#: The tallest batch tree: 2^20 credentials under one signature, tokens of 798 bytes.
+MAX_TREE_HEIGHT = 20
+_BATCH_HEADER = struct.Struct("<B16sqq8sB32s")
+#: A version-2 token's batch header and signature: the part every credential of a batch shares.
+BATCH_PREFIX_SIZE = _BATCH_HEADER.size + 64
+_LEAF = struct.Struct("<I16s")
+_PATH_AT = BATCH_PREFIX_SIZE + _LEAF.size
 RECORD_ID_TAG = b"ipdp-record-id-v1\n"
 #: The Kafka header holding each record's credential (runs, module docstring).
 CREDENTIALS_HEADER = "credentials"
@@ -61,8 +103,6 @@ MAX_RECORDS_PER_HEADER = 1 << 20
 #: The HTTP Authorization scheme of a device's credential.
 AUTH_SCHEME = "IPDP-Credential"
 _PAYLOAD = struct.Struct("<B16s16sqq8s")
-#: Where a token holds its credential id.
-CREDENTIAL_ID = slice(17, 33)
 _RUN = struct.Struct("<I")
 
 
@@ -123,15 +163,63 @@ def _slot_ids(credential_id: bytes, records_per_device: int) -> list[bytes]:
 
 def issue_credential(key: SigningKey, study_hash: bytes, issued_ms: int, expires_ms: int,
                      credential_id: bytes | None = None) -> bytes:
-    """A signed token for one device (a fresh random credential id unless one is given)."""
-    if len(study_hash) != 16:
-        raise ValueError("study_hash must be 16 bytes")
-    if expires_ms <= issued_ms:
-        raise ValueError(f"expires_ms {expires_ms} must be after issued_ms {issued_ms}")
+    """A signed version-1 token for one device (a fresh random credential id unless one is
+    given)."""
+    _check_window(study_hash, issued_ms, expires_ms)
     cid = os.urandom(16) if credential_id is None else credential_id
     payload = _PAYLOAD.pack(TOKEN_VERSION, study_hash, cid, issued_ms, expires_ms,
                             bytes.fromhex(key.key_id))
     return payload + key.private.sign(SIGNING_TAG + payload)
+
+
+def issue_batch(key: SigningKey, study_hash: bytes, issued_ms: int, expires_ms: int,
+                count: int, credential_ids: list[bytes] | None = None) -> list[bytes]:
+    """``count`` version-2 tokens under one signature: one batch, one validity window (fresh
+    random credential ids unless given; padded to a power of two with random ids nobody keeps)."""
+    _check_window(study_hash, issued_ms, expires_ms)
+    if not 1 <= count <= 1 << MAX_TREE_HEIGHT:
+        raise ValueError(f"count {count} must lie in 1 … {1 << MAX_TREE_HEIGHT}")
+    height = (count - 1).bit_length()
+    ids = [os.urandom(16) for _ in range(count)] if credential_ids is None else credential_ids
+    if len(ids) != count:
+        raise ValueError(f"{len(ids)} credential ids for {count} credentials")
+    leaves = [_LEAF.pack(i, cid) for i, cid in
+              enumerate(ids + [os.urandom(16) for _ in range((1 << height) - count)])]
+    levels = [[hashlib.sha256(LEAF_TAG + leaf).digest() for leaf in leaves]]
+    while len(levels[-1]) > 1:
+        below = levels[-1]
+        levels.append([hashlib.sha256(NODE_TAG + below[j] + below[j + 1]).digest()
+                       for j in range(0, len(below), 2)])
+    header = _BATCH_HEADER.pack(BATCH_VERSION, study_hash, issued_ms, expires_ms,
+                                bytes.fromhex(key.key_id), height, levels[-1][0])
+    prefix = header + key.private.sign(BATCH_SIGNING_TAG + header)
+    return [prefix + leaves[i] + b"".join(levels[level][(i >> level) ^ 1]
+                                          for level in range(height))
+            for i in range(count)]
+
+
+def _check_window(study_hash: bytes, issued_ms: int, expires_ms: int) -> None:
+    if len(study_hash) != 16:
+        raise ValueError("study_hash must be 16 bytes")
+    if expires_ms <= issued_ms:
+        raise ValueError(f"expires_ms {expires_ms} must be after issued_ms {issued_ms}")
+
+
+def token_size(buffer: bytes, at: int = 0) -> int | None:
+    """The size of the token starting at ``buffer[at]``, read from its version byte (and its
+    height for version 2); None when no supported token starts there."""
+    version = buffer[at] if len(buffer) > at else None
+    if version == TOKEN_VERSION:
+        return TOKEN_SIZE
+    if version == BATCH_VERSION and len(buffer) > at + 41 and buffer[at + 41] <= MAX_TREE_HEIGHT:
+        return _PATH_AT + 32 * buffer[at + 41]
+    return None
+
+
+def credential_id(token: bytes) -> bytes:
+    """The credential id of a well-formed token of either version (its slots derive from it)."""
+    at = 17 if token[0] == TOKEN_VERSION else BATCH_PREFIX_SIZE + 4
+    return bytes(token[at:at + 16])
 
 
 def token_text(token: bytes) -> str:
@@ -145,39 +233,109 @@ def token_from_text(text: str) -> bytes:
         raw = base64.urlsafe_b64decode(text.strip() + "=" * (-len(text.strip()) % 4))
     except (binascii.Error, ValueError):
         raise CredentialRefused(RejectReason.CREDENTIAL_INVALID, "not base64url") from None
-    if len(raw) != TOKEN_SIZE:
-        raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
-                                f"{len(raw)} bytes, a credential has {TOKEN_SIZE}")
+    _check_size(raw)
     return raw
 
 
-def parse_token(token: bytes, trusted: TrustedKeys) -> Credential:
+def _check_size(token: bytes) -> None:
+    size = token_size(token)
+    if size is None:
+        raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
+                                f"version {token[:1].hex() or 'missing'} or height unsupported: "
+                                f"version {TOKEN_VERSION} tokens have {TOKEN_SIZE} bytes, version "
+                                f"{BATCH_VERSION} ones {_PATH_AT} + 32 × height "
+                                f"(height ≤ {MAX_TREE_HEIGHT})")
+    if len(token) != size:
+        raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
+                                f"{len(token)} bytes, this credential's version has {size}")
+
+
+class _Remembered:
+    """The outcomes of a costly check (a value, or the CredentialRefused it raised) for the
+    ``size`` keys used most recently."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._seen: OrderedDict[bytes, object] = OrderedDict()
+
+    def get(self, key: bytes, check):
+        """``check()``'s outcome for ``key``, computed once while remembered; refusals re-raised."""
+        result = self._seen.get(key, self)
+        if result is not self:
+            self._seen.move_to_end(key)
+        else:
+            try:
+                result = check()
+            except CredentialRefused as refusal:
+                result = refusal
+            self._seen[key] = result
+            if len(self._seen) > self.size:
+                self._seen.popitem(last=False)
+        if isinstance(result, CredentialRefused):
+            raise result
+        return result
+
+
+def parse_token(token: bytes, trusted: TrustedKeys,
+                batch_headers: _Remembered | None = None) -> Credential:
     """The credential of a token whose signature verifies under a pinned key, or
-    CredentialRefused: ``credential_invalid`` (malformed, altered) or ``credential_untrusted``."""
-    if len(token) != TOKEN_SIZE:
+    CredentialRefused: ``credential_invalid`` (malformed, altered) or ``credential_untrusted``.
+    ``batch_headers`` remembers the version-2 batch headers whose signature was checked."""
+    _check_size(token)
+    if token[0] == TOKEN_VERSION:
+        _version, sh, cid, issued, expires, kid = _PAYLOAD.unpack_from(token)
+        _verify(_pinned(trusted, kid), kid, token[SIGNED_SIZE:],
+                SIGNING_TAG + token[:SIGNED_SIZE])
+        return Credential(sh, cid, issued, expires, kid.hex())
+    _version, sh, issued, expires, kid, height, root = _BATCH_HEADER.unpack_from(token)
+    key = _pinned(trusted, kid)
+    index, cid = _LEAF.unpack_from(token, BATCH_PREFIX_SIZE)
+    if index >> height:
         raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
-                                f"{len(token)} bytes, a credential has {TOKEN_SIZE}")
-    version, sh, cid, issued, expires, kid = _PAYLOAD.unpack_from(token)
-    if version != TOKEN_VERSION:
+                                f"leaf {index} of a batch of height {height}")
+    node = hashlib.sha256(LEAF_TAG + token[BATCH_PREFIX_SIZE:_PATH_AT]).digest()
+    for level in range(height):
+        sibling = token[_PATH_AT + 32 * level:_PATH_AT + 32 * level + 32]
+        node = hashlib.sha256(NODE_TAG + (sibling + node if index >> level & 1
+                                          else node + sibling)).digest()
+    if node != root:
         raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
-                                f"version {version}, supported: {TOKEN_VERSION}")
+                                "the credential's path does not lead to its batch's root")
+    header = token[:BATCH_PREFIX_SIZE]
+
+    def verify_header() -> None:
+        _verify(key, kid, header[_BATCH_HEADER.size:],
+                BATCH_SIGNING_TAG + header[:_BATCH_HEADER.size])
+
+    if batch_headers is None:
+        verify_header()
+    else:
+        batch_headers.get(bytes(header), verify_header)
+    return Credential(sh, cid, issued, expires, kid.hex())
+
+
+def _pinned(trusted: TrustedKeys, kid: bytes):
     key = trusted.key(kid.hex())
     if key is None:
         raise CredentialRefused(RejectReason.CREDENTIAL_UNTRUSTED,
                                 f"issued by key {kid.hex()}, not a pinned credential issuer")
+    return key
+
+
+def _verify(key, kid: bytes, signature: bytes, message: bytes) -> None:
     try:
-        key.verify(token[SIGNED_SIZE:], SIGNING_TAG + token[:SIGNED_SIZE])
+        key.verify(signature, message)
     except InvalidSignature:
         raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
                                 f"signature does not verify under key {kid.hex()}") from None
-    return Credential(sh, cid, issued, expires, kid.hex())
 
 
 class CredentialVerifier:
     """Checks credentials against pinned issuer keys, one signature verification per distinct
-    token and process: results (credential or refusal) are kept for the ``cache_size`` tokens
-    used most recently, so a device sending k records, or an attacker repeating a bad token,
-    costs one verification.
+    version-1 token, or version-2 batch header, and process: results (credential or refusal)
+    are kept for the ``cache_size`` tokens, and batch headers, used most recently, so a device
+    sending k records, a new device of a batch seen before, or an attacker repeating a bad
+    token, costs no further verification.
 
     ``max_validity_ms``: the longest validity accepted (the aggregator's replay window, so that
     the window's forgetting can never re-admit a slot; None: not checked); ``skew_ms``: how
@@ -188,25 +346,13 @@ class CredentialVerifier:
                  skew_ms: int | None = 0, cache_size: int = 100_000) -> None:
         self.trusted = trusted
         self.max_validity_ms, self.skew_ms = max_validity_ms, skew_ms
-        self.cache_size = cache_size
-        self._seen: OrderedDict[bytes, Credential | CredentialRefused] = OrderedDict()
+        self._tokens = _Remembered(cache_size)
+        self._batch_headers = _Remembered(cache_size)
 
     def parsed(self, token: bytes) -> Credential:
-        """:func:`parse_token`, cached by the token's bytes."""
-        result = self._seen.get(token)
-        if result is not None:
-            self._seen.move_to_end(token)
-        else:
-            try:
-                result = parse_token(token, self.trusted)
-            except CredentialRefused as refusal:
-                result = refusal
-            self._seen[token] = result
-            if len(self._seen) > self.cache_size:
-                self._seen.popitem(last=False)
-        if isinstance(result, CredentialRefused):
-            raise result
-        return result
+        """:func:`parse_token`, cached by the token's bytes (and the batch header's)."""
+        return self._tokens.get(token, lambda: parse_token(token, self.trusted,
+                                                           self._batch_headers))
 
     def check(self, token: bytes | None, study_hash: bytes, now_ms: int) -> Credential:
         """The credential, if it admits records of the study with hash ``study_hash`` now;
@@ -250,11 +396,15 @@ def tokens_of_header(headers) -> list[bytes] | None:
     if value is None:
         return None
     out: list[bytes] = []
-    pos, size = 0, _RUN.size + TOKEN_SIZE
-    while pos + size <= len(value) and len(out) <= MAX_RECORDS_PER_HEADER:
+    pos = 0
+    while pos < len(value) and len(out) <= MAX_RECORDS_PER_HEADER:
+        size = token_size(value, pos + _RUN.size)
+        end = pos + _RUN.size + (size or 0)
+        if size is None or end > len(value):
+            break
         (count,) = _RUN.unpack_from(value, pos)
-        out += [bytes(value[pos + _RUN.size:pos + size])] * min(count, MAX_RECORDS_PER_HEADER)
-        pos += size
+        out += [bytes(value[pos + _RUN.size:end])] * min(count, MAX_RECORDS_PER_HEADER)
+        pos = end
     if pos != len(value) or not out:
         raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
                                 f"the {CREDENTIALS_HEADER} header is not whole (count, "

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Self
 import numpy as np
 
 from ipdp.accounting import GroupPrivacy, group_privacy
-from ipdp.credentials import CREDENTIAL_ID, credentials_header, slot_record_ids, token_from_text
+from ipdp.credentials import credential_id, credentials_header, slot_record_ids, token_from_text
 from ipdp.errors import (
     ContributionError,
     SignatureError,
@@ -128,7 +128,7 @@ class Contributor:
     :attr:`privacy`. For a later round, use a new Contributor.
 
     A study that requires credentials takes a ``credential`` (the line `ipdp credentials issue`
-    printed, or its 121 bytes): the device's records then use the credential's slots as record
+    printed, or its bytes): the device's records then use the credential's slots as record
     ids, in order, and carry it in their ``credentials`` header (ipdp.credentials); the limit is
     the study's ``records_per_device``. A device that restarts must not reuse a slot: the
     aggregator dead-letters a second record in a slot as ``credential_reused``.
@@ -217,7 +217,7 @@ class Contributor:
                 f"device per round; allow k records with Contributor(..., records_per_device=k), "
                 f"which costs the device (kε, k·e^(k−1)ε·δ) by group privacy")
         ids = None if self.credential is None else slot_record_ids(
-            self.credential[CREDENTIAL_ID], self.submitted + k)[self.submitted:]
+            credential_id(self.credential), self.submitted + k)[self.submitted:]
         self.submitted += k
         return perturb_records(self.study, x, y, self.noise, ids)
 

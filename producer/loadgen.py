@@ -25,7 +25,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from tqdm import tqdm
 
-from ipdp.credentials import CREDENTIAL_ID, credentials_header, slot_record_ids
+from ipdp.credentials import credential_id, credentials_header, slot_record_ids
 from ipdp.errors import BackendUnavailable
 from ipdp.metrics import LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS
 from ipdp.settings import KafkaSettings, TopicSettings
@@ -118,9 +118,9 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                         credentials: list[bytes] | None = None) -> LoadgenResult:
     """:func:`run_loadgen` over an iterable of (x, y) batches (no need to hold every row).
 
-    ``credentials``: one device credential (121-byte token) per simulated device, in order, for
-    a study that requires them; device i's record is then its credential's slot 0 and carries
-    the credential in its ``credentials`` header (ipdp.credentials)."""
+    ``credentials``: one device credential (a token of either version) per simulated device, in
+    order, for a study that requires them; device i's record is then its credential's slot 0 and
+    carries the credential in its ``credentials`` header (ipdp.credentials)."""
     from kafka.errors import KafkaError
 
     if rate is not None and not rate > 0:
@@ -181,7 +181,7 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                 ids = None
                 if credentials is not None:
                     tokens = credentials[devices:devices + k]
-                    ids = np.concatenate([slot_record_ids(t[CREDENTIAL_ID], 1) for t in tokens])
+                    ids = np.concatenate([slot_record_ids(credential_id(t), 1) for t in tokens])
                     per_record = [[*headers, credentials_header([(t, 1)])] for t in tokens]
                 devices += k
                 ids, values = perturb_records(study, xb, yb, rng, ids)

@@ -11,8 +11,9 @@ import numpy as np
 from aggregator.settings import AggregatorSettings
 from ipdp import state
 from ipdp.credentials import (
-    CREDENTIAL_ID,
+    credential_id,
     credentials_header,
+    issue_batch,
     issue_credential,
     slot_record_ids,
     token_text,
@@ -54,7 +55,9 @@ def test_only_records_with_a_valid_unused_credential_slot_are_folded(
                    require_credentials=True, **PARAMS)
     t = now_ms()
     window_ms = AggregatorSettings().replay_window_s * 1000
-    valid = [issue_credential(issuer, study.hash, t, t + 600_000) for _ in range(4)]
+    # Two devices with a signature each, two of one batch (version 2).
+    valid = [*(issue_credential(issuer, study.hash, t, t + 600_000) for _ in range(2)),
+             *issue_batch(issuer, study.hash, t, t + 600_000, 2)]
     producer = kafka_producer(kafka_settings)
 
     def send(credential=None, k: int = 1) -> None:
@@ -66,14 +69,14 @@ def test_only_records_with_a_valid_unused_credential_slot_are_folded(
     for token in valid[:3]:  # three devices, both slots each; the text form as a device keeps it
         send(token_text(token), 2)
     # A fourth device's two slots in one container, as the gateway sends them.
-    ids = slot_record_ids(valid[3][CREDENTIAL_ID], 2)
+    ids = slot_record_ids(credential_id(valid[3]), 2)
     q = np.full((2, 4), 0.1)
     values = encode_batch(study.hash, ids, np.full(2, t), q, q)
     producer.send(topics.records, value=encode_container(values),
                   headers=[*study_headers("c1"), credentials_header([(valid[3], 2)])]).get(30)
-    expired = issue_credential(issuer, study.hash, t - 20_000, t - 10_000)
+    expired = issue_batch(issuer, study.hash, t - 20_000, t - 10_000, 2)[1]
     for token in (expired, issue_credential(issuer, other.hash, t, t + 600_000),
-                  issue_credential(stranger, study.hash, t, t + 600_000),
+                  issue_batch(stranger, study.hash, t, t + 600_000, 3)[0],
                   issue_credential(issuer, study.hash, t, t + window_ms + 1)):
         send(token)
     send(None)  # no credential at all

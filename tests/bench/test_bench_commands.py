@@ -72,8 +72,10 @@ def test_bench_credentials_prints_the_gateway_and_aggregator_costs():
         assert title in out.stdout
     in_process = out.stdout.split("#### Over HTTP")[0]
     figures = [float(x) for x in re.findall(r"\| ([\d.]+) \|$", in_process, re.MULTILINE)]
-    assert len(figures) == 4 + 5 and min(figures) > 0
+    assert len(figures) == 9 + 9 and min(figures) > 0
+    # 200 devices: one batch of height 8, so 4 + 158 + 32 × 8 bytes per device with version 2.
+    assert "125 bytes per device with version-1 tokens, 418 with version-2" in in_process
     rates = re.findall(r"^\| 1 \| [^|]+ \| ([\d,]+) \| ([\d.]+) \|", out.stdout, re.MULTILINE)
-    assert len(rates) == 3 and all(int(r.replace(",", "")) > 0 for r, _ in rates)
+    assert len(rates) == 4 and all(int(r.replace(",", "")) > 0 for r, _ in rates)
     assert rates[0][1] == "1.00"  # the bare endpoint is the yardstick
     assert "requests answered 202" in out.stdout

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ipdp import state
 from ipdp.credentials import (
-    CREDENTIAL_ID,
+    credential_id,
+    issue_batch,
     issue_credential,
     slot_record_ids,
     token_from_text,
@@ -89,6 +90,15 @@ def test_the_gateway_refuses_each_bad_credential_with_its_status_and_reason(
         assert scheme.status == 401
         accepted = client.post_records("gc1", device_records(study, good, 2), credential=good)
         assert (accepted.status, accepted.body) == (202, {"accepted": 2})
+        # Version 2: one of a batch; the same token with an altered path node is refused.
+        in_batch = issue_batch(issuer, study.hash, t, t + 600_000, 3)[2]
+        altered = bytearray(in_batch)
+        altered[-1] ^= 1
+        for token, status in ((in_batch, 202), (bytes(altered), 401)):
+            answer = client.post_records("gc1", device_records(study, token_text(in_batch)),
+                                         credential=token_text(token))
+            assert answer.status == status, answer.body
+        assert answer.error == "credential_invalid"
         # A study that does not require credentials ignores them.
         assert client.post_records("gc3", device_records(plain, None)).status == 202
 
@@ -101,8 +111,10 @@ def test_records_per_device_holds_across_two_gateway_workers_and_a_restart(
     study = create(kafka_settings, redis_settings, topics, study_id="gc4",
                    require_credentials=True, records_per_device=2, **PARAMS)
     t = now_ms()
-    devices = [token_text(issue_credential(issuer, study.hash, t, t + 600_000))
-               for _ in range(12)]
+    # Devices of either token version, alternating: six with a signature each, six of one batch.
+    batch = issue_batch(issuer, study.hash, t, t + 600_000, 6)
+    devices = [token_text(token) for i in range(6)
+               for token in (issue_credential(issuer, study.hash, t, t + 600_000), batch[i])]
     # Two workers at once, with a linger long enough that concurrent devices share containers.
     with running_gateway(kafka_settings, topics, linger_ms=50.0) as a, \
             running_gateway(kafka_settings, topics, linger_ms=50.0) as b:
@@ -144,9 +156,9 @@ def test_records_per_device_holds_across_two_gateway_workers_and_a_restart(
 def test_the_browser_sdk_sends_its_credential_to_a_real_gateway(
         kafka_settings, redis_settings, env_topics, tmp_path, monkeypatch):
     """The TypeScript SDK (built producer/web, run by Node with the fetch and WebCrypto a
-    browser has) against the real gateway and aggregator: its slots and Authorization header are
-    the ones the gateway checks, a reused slot is dead-lettered, and nothing is sent without a
-    credential."""
+    browser has) against the real gateway and aggregator, with a version-2 credential (one of a
+    batch): its slots and Authorization header are the ones the gateway checks, a reused slot is
+    dead-lettered, and nothing is sent without a credential."""
     node = require_tool("node", "running the browser SDK against the gateway")
     if not (WEB / "dist" / "src" / "credential.js").is_file():
         unavailable("producer/web is not built; run `cd producer/web && npm ci && npm run build`")
@@ -161,7 +173,7 @@ def test_the_browser_sdk_sends_its_credential_to_a_real_gateway(
     finally:
         producer.close()
     t = now_ms()
-    credential = token_text(issue_credential(issuer, study.hash, t, t + 600_000))
+    credential = token_text(issue_batch(issuer, study.hash, t, t + 600_000, 5)[3])
     with running_gateway(kafka_settings, topics) as url:
         known(url, "gc-web")
         run = subprocess.run([node, str(WEB / "test" / "e2e" / "credential.mjs"), url, "gc-web",
@@ -169,7 +181,7 @@ def test_the_browser_sdk_sends_its_credential_to_a_real_gateway(
                              text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
-    slots = [s.tobytes().hex() for s in slot_record_ids(token_from_text(credential)[CREDENTIAL_ID], 2)]
+    slots = [s.tobytes().hex() for s in slot_record_ids(credential_id(token_from_text(credential)), 2)]
     assert [out[k].get("recordId") for k in ("slot0", "slot1", "slot0_again")] == \
         [slots[0], slots[1], slots[0]]
     assert out["none"]["reason"] == "credential_required"

@@ -3,16 +3,20 @@ fields that require them, and `ipdp credentials issue` run from a shell."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pytest
 
+from ipdp import credentials
 from ipdp.credentials import (
-    CREDENTIAL_ID,
+    MAX_TREE_HEIGHT,
     TOKEN_SIZE,
     CredentialRefused,
     CredentialVerifier,
+    credential_id,
     credentials_header,
+    issue_batch,
     issue_credential,
     parse_token,
     slot_record_ids,
@@ -42,6 +46,14 @@ def pinned(issuer) -> TrustedKeys:
 
 def now() -> int:
     return time.time_ns() // 1_000_000
+
+
+def issue_in_batch(key: SigningKey, study_hash: bytes, issued_ms: int, expires_ms: int) -> bytes:
+    """A version-2 token: the second of a batch of three (a tree of height 2, one padding leaf)."""
+    return issue_batch(key, study_hash, issued_ms, expires_ms, 3)[1]
+
+
+ISSUERS = pytest.mark.parametrize("issue", [issue_credential, issue_in_batch], ids=["v1", "v2"])
 
 
 def test_a_study_without_credentials_keeps_its_canonical_text_and_hash():
@@ -77,7 +89,7 @@ def test_a_token_round_trips_and_its_slots_are_fixed(issuer, pinned):
     assert token_from_text(token_text(token)) == token
     cred = parse_token(token, pinned)
     assert (cred.study_hash, cred.issued_ms, cred.expires_ms) == (study.hash, 1_000, 2_000)
-    assert token[CREDENTIAL_ID] == cred.credential_id == bytes(16)
+    assert credential_id(token) == cred.credential_id == bytes(16)
     slots = slot_record_ids(bytes(16), 3)
     assert slots.shape == (3, 16) and len({r.tobytes() for r in slots}) == 3
     # Fixed by the specification (docs/wire-format.md), so every SDK derives the same ids.
@@ -92,29 +104,30 @@ def refusal(verifier: CredentialVerifier, token, study_hash: bytes, at: int) -> 
     return exc.value.reason
 
 
-def test_the_verifier_refuses_each_bad_credential_with_its_reason(issuer, pinned):
+@ISSUERS
+def test_the_verifier_refuses_each_bad_credential_with_its_reason(issuer, pinned, issue):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     study = Study(study_id="s", require_credentials=True, **PARAMS)
     other = Study(study_id="t", require_credentials=True, **PARAMS)
     t = now()
     v = CredentialVerifier(pinned, max_validity_ms=3_600_000, skew_ms=1_000)
-    good = issue_credential(issuer, study.hash, t, t + 60_000)
+    good = issue(issuer, study.hash, t, t + 60_000)
     assert v.check(good, study.hash, t).expires_ms == t + 60_000
     stranger = SigningKey(Ed25519PrivateKey.generate())
     altered = bytearray(good)
-    altered[40] ^= 1
+    altered[5] ^= 1  # the study hash: the signature no longer verifies
     cases = {
         RejectReason.CREDENTIAL_MISSING: (None, t),
         RejectReason.CREDENTIAL_INVALID: (bytes(altered), t),
-        RejectReason.CREDENTIAL_UNTRUSTED: (issue_credential(stranger, study.hash, t, t + 1), t),
+        RejectReason.CREDENTIAL_UNTRUSTED: (issue(stranger, study.hash, t, t + 1), t),
         RejectReason.CREDENTIAL_EXPIRED: (good, t + 60_001),
-        RejectReason.CREDENTIAL_WRONG_STUDY: (issue_credential(issuer, other.hash, t, t + 1), t),
+        RejectReason.CREDENTIAL_WRONG_STUDY: (issue(issuer, other.hash, t, t + 1), t),
     }
     for reason, (token, at) in cases.items():
         assert refusal(v, token, study.hash, at) is reason
     assert refusal(v, good, study.hash, t - 1_001) is RejectReason.CREDENTIAL_INVALID  # early
-    too_long = issue_credential(issuer, study.hash, t, t + 3_600_001)
+    too_long = issue(issuer, study.hash, t, t + 3_600_001)
     assert refusal(v, too_long, study.hash, t) is RejectReason.CREDENTIAL_INVALID
     assert refusal(v, good[:-1], study.hash, t) is RejectReason.CREDENTIAL_INVALID
     with pytest.raises(CredentialRefused, match="base64url"):
@@ -122,8 +135,6 @@ def test_the_verifier_refuses_each_bad_credential_with_its_reason(issuer, pinned
 
 
 def test_the_verifier_verifies_each_token_once(issuer, pinned, monkeypatch):
-    from ipdp import credentials
-
     study = Study(study_id="s", require_credentials=True, **PARAMS)
     calls = []
     real = credentials.parse_token
@@ -144,11 +155,78 @@ def test_the_verifier_verifies_each_token_once(issuer, pinned, monkeypatch):
     assert len(calls) == 5
 
 
+def test_a_batch_issues_tokens_that_verify_each_with_its_own_id(issuer, pinned):
+    study = Study(study_id="s", require_credentials=True, **PARAMS)
+    ids = [bytes([i]) * 16 for i in range(5)]
+    tokens = issue_batch(issuer, study.hash, 1_000, 2_000, 5, credential_ids=ids)
+    assert [len(t) for t in tokens] == [158 + 32 * 3] * 5  # 5 leaves: a tree of height 3
+    assert len({t[:138] for t in tokens}) == 1  # one batch header, one signature
+    for i, token in enumerate(tokens):
+        assert token_from_text(token_text(token)) == token
+        cred = parse_token(token, pinned)
+        assert (cred.study_hash, cred.credential_id, cred.issued_ms, cred.expires_ms) == \
+            (study.hash, ids[i], 1_000, 2_000)
+        assert credential_id(token) == ids[i]
+    # The tree as docs/wire-format.md defines it, by hand: leaf 2 (binary 010) is a left child,
+    # then a right one, then a left one.
+    token = tokens[2]
+    path = [token[158 + 32 * j:190 + 32 * j] for j in range(3)]
+    node = hashlib.sha256(b"ipdp-credential-leaf-v2\n" + (2).to_bytes(4, "little") + ids[2])
+    node = hashlib.sha256(b"ipdp-credential-node-v2\n" + node.digest() + path[0])
+    node = hashlib.sha256(b"ipdp-credential-node-v2\n" + path[1] + node.digest())
+    node = hashlib.sha256(b"ipdp-credential-node-v2\n" + node.digest() + path[2])
+    assert token[42:74] == node.digest() and token[41] == 3
+    single = issue_batch(issuer, study.hash, 1_000, 2_000, 1)[0]  # height 0: the leaf is the root
+    assert len(single) == 158 and parse_token(single, pinned).issued_ms == 1_000
+    with pytest.raises(ValueError, match="count"):
+        issue_batch(issuer, study.hash, 1_000, 2_000, (1 << MAX_TREE_HEIGHT) + 1)
+
+
+def test_any_altered_byte_of_a_batch_token_is_refused(issuer, pinned):
+    study = Study(study_id="s", require_credentials=True, **PARAMS)
+    t = now()
+    token = issue_batch(issuer, study.hash, t, t + 60_000, 4)[2]
+    warm = CredentialVerifier(pinned)
+    warm.check(token, study.hash, t)  # its batch header's signature is now verified, and cached
+    key_id = range(33, 41)
+    for at in range(len(token)):
+        altered = bytearray(token)
+        altered[at] ^= 0x01
+        expected = RejectReason.CREDENTIAL_UNTRUSTED if at in key_id else \
+            RejectReason.CREDENTIAL_INVALID
+        assert refusal(warm, bytes(altered), study.hash, t) is expected, at
+        assert refusal(CredentialVerifier(pinned), bytes(altered), study.hash, t) is expected, at
+    assert refusal(warm, token + bytes(32), study.hash, t) is RejectReason.CREDENTIAL_INVALID
+
+
+def test_the_verifier_checks_each_batch_signature_once(issuer, pinned, monkeypatch):
+    study = Study(study_id="s", require_credentials=True, **PARAMS)
+    calls = []
+    real = credentials._verify
+    monkeypatch.setattr(credentials, "_verify", lambda *a: calls.append(1) or real(*a))
+    batch = issue_batch(issuer, study.hash, now(), now() + 60_000, 100)
+    another = issue_batch(issuer, study.hash, now(), now() + 60_000, 2)
+    v = CredentialVerifier(pinned)
+    assert len({v.check(t, study.hash, now()).credential_id for t in batch + another}) == 102
+    assert len(calls) == 2
+
+
 def test_the_kafka_header_pairs_each_record_with_its_credential(issuer):
     a, b = (issue_credential(issuer, bytes(16), 0, 1) for _ in range(2))
     name, value = credentials_header([(a, 2), (b, 1)])
     assert tokens_of_header([("study", b"s"), (name, value)]) == [a, a, b]
+    # Version-1 runs as written before version 2 existed, byte for byte: (u32 count, token).
+    assert value == (2).to_bytes(4, "little") + a + (1).to_bytes(4, "little") + b
     assert tokens_of_header([("study", b"s")]) is None
+    c, d = issue_batch(issuer, bytes(16), 0, 1, 2)
+    e = issue_batch(issuer, bytes(16), 0, 1, 9)[8]  # another height, another size
+    _, mixed = credentials_header([(a, 2), (c, 1), (b, 1), (e, 1), (d, 2)])
+    assert tokens_of_header([(name, mixed)]) == [a, a, c, b, e, d, d]
+    too_tall = c[:41] + bytes([MAX_TREE_HEIGHT + 1]) + c[42:]
+    with pytest.raises(CredentialRefused, match="runs"):
+        tokens_of_header([(name, credentials_header([(too_tall, 1)])[1])])
+    with pytest.raises(CredentialRefused, match="runs"):
+        tokens_of_header([(name, mixed[:-1])])
     with pytest.raises(CredentialRefused, match="runs"):
         tokens_of_header([(name, value[:-1])])
     with pytest.raises(CredentialRefused, match="runs"):
@@ -169,15 +247,26 @@ def test_credentials_issue_runs_from_a_shell(env_topics, kafka_settings, redis_s
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
     assert len(lines) == 3 and len(set(lines)) == 3
-    assert "issued 3 credential(s) for study cred" in out.stderr
+    assert "issued 3 version-2 credential(s) as 1 batch(es), one signature per batch" in out.stderr
+    one = run("credentials", "issue", "cred", "--key", str(tmp_path / "issuer.key"),
+              "--count", "2", "--token-version", "1", "--json")
+    assert one.returncode == 0, one.stderr
     from ipdp.redis_io import redis_client
     from ipdp.registry import load_study
 
     study = load_study(redis_client(redis_settings), "cred")[0]
     pinned = parse_trusted_keys(str(tmp_path / "issuer.pub"))
-    cred = CredentialVerifier(pinned, max_validity_ms=600_000).check(
-        token_from_text(lines[0]), study.hash, now())
-    assert 599_000 <= cred.expires_ms - now() <= 600_000
+    verifier = CredentialVerifier(pinned, max_validity_ms=86_400_000)
+    creds = [verifier.check(token_from_text(line), study.hash, now()) for line in lines]
+    assert [len(token_from_text(line)) for line in lines] == [158 + 64] * 3  # a tree of height 2
+    assert creds[0].expires_ms - creds[0].issued_ms == 600_000 and creds[0].issued_ms <= now()
+    assert len({c.credential_id for c in creds}) == 3
+    for line in one.stdout.splitlines():
+        issued = __import__("json").loads(line)
+        token = token_from_text(issued["credential"])
+        assert len(token) == TOKEN_SIZE
+        assert verifier.check(token, study.hash, now()).credential_id.hex() == \
+            issued["credential_id"]
     too_long = run("credentials", "issue", "cred", "--key", str(tmp_path / "issuer.key"),
                    "--valid-for", "86401")
     assert too_long.returncode == 2 and "replay window" in too_long.stderr

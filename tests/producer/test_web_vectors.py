@@ -16,7 +16,13 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ipdp.credentials import CREDENTIAL_ID, issue_credential, slot_record_ids, token_text
+from ipdp.credentials import (
+    credential_id,
+    issue_batch,
+    issue_credential,
+    slot_record_ids,
+    token_text,
+)
 from ipdp.losses import clip, encode
 from ipdp.signing import SigningKey
 from ipdp.study import Study, study_message
@@ -148,20 +154,27 @@ def build_vectors() -> dict:
     issuer = SigningKey(Ed25519PrivateKey.from_private_bytes(ISSUER_SEED))
     credentialed = Study(study_id="web-vectors-credentials", d=3, n=2_000, epsilon=1.0,
                          delta=0.01, require_credentials=True, records_per_device=3)
-    token = issue_credential(issuer, credentialed.hash, 1_700_000_000_000, 1_700_003_600_000,
-                             credential_id=bytes(range(100, 116)))
-    credentials = {
-        "envelope": json.loads(study_message(credentialed, "open", owner)),
-        "study_hash": credentialed.hash.hex(),
-        "issuer_public_key": issuer.public_b64,
-        "credential": token_text(token),
-        "credential_id": token[CREDENTIAL_ID].hex(),
-        "issued_ms": 1_700_000_000_000,
-        "expires_ms": 1_700_003_600_000,
-        "records_per_device": credentialed.records_per_device,
-        "slot_record_ids": [row.tobytes().hex() for row in slot_record_ids(
-            token[CREDENTIAL_ID], credentialed.records_per_device)],
-    }
+    issued_ms, expires_ms = 1_700_000_000_000, 1_700_003_600_000
+
+    def credential_vector(token: bytes) -> dict:
+        return {
+            "envelope": json.loads(study_message(credentialed, "open", owner)),
+            "study_hash": credentialed.hash.hex(),
+            "issuer_public_key": issuer.public_b64,
+            "credential": token_text(token),
+            "credential_id": credential_id(token).hex(),
+            "issued_ms": issued_ms,
+            "expires_ms": expires_ms,
+            "records_per_device": credentialed.records_per_device,
+            "slot_record_ids": [row.tobytes().hex() for row in slot_record_ids(
+                credential_id(token), credentialed.records_per_device)],
+        }
+
+    credentials = credential_vector(issue_credential(
+        issuer, credentialed.hash, issued_ms, expires_ms, credential_id=bytes(range(100, 116))))
+    # A full batch of four (no random padding leaves): the same bytes on every run.
+    batch = issue_batch(issuer, credentialed.hash, issued_ms, expires_ms, 4,
+                        credential_ids=[bytes(range(16 * i, 16 * i + 16)) for i in range(4)])
     return {
         "about": "Generated from ipdp's Python implementation by tests/producer/test_web_vectors"
                  f".py; do not edit. Regenerate: {REGENERATE}",
@@ -174,6 +187,7 @@ def build_vectors() -> dict:
         "records": records,
         "wire": wire,
         "credentials": credentials,
+        "batch_credential": credential_vector(batch[2]),
     }
 
 

@@ -14,8 +14,11 @@ import { IpdpError } from "./errors.js";
 import { webCrypto, type VerifiedStudy } from "./study.js";
 
 export const AUTH_SCHEME = "IPDP-Credential";
+/** Version 1: one signature per credential, 121 bytes. */
 const TOKEN_SIZE = 121;
-const TOKEN_VERSION = 1;
+/** Version 2: one of a batch under one signature, 158 + 32 × height bytes (height: byte 41). */
+const BATCH_PATH_AT = 158;
+const MAX_TREE_HEIGHT = 20;
 const BASE64URL = /^[A-Za-z0-9_-]*$/;
 
 export interface Credential {
@@ -36,19 +39,29 @@ export function parseCredential(text: string): Credential {
   const binary = atob(trimmed.replace(/-/g, "+").replace(/_/g, "/") +
     "=".repeat((4 - (trimmed.length % 4)) % 4));
   const raw = Uint8Array.from(binary, (c) => c.charCodeAt(0));
-  if (raw.length !== TOKEN_SIZE || raw[0] !== TOKEN_VERSION) {
-    throw new IpdpError(
-      "bad_credential", `the credential has ${raw.length} bytes or version ${raw[0]}; ` +
-        `version ${TOKEN_VERSION} has ${TOKEN_SIZE}`);
-  }
   const view = new DataView(raw.buffer);
-  return {
-    text: trimmed,
-    studyHash: raw.slice(1, 17),
-    credentialId: raw.slice(17, 33),
-    issuedMs: Number(view.getBigInt64(33, true)),
-    expiresMs: Number(view.getBigInt64(41, true)),
-  };
+  if (raw[0] === 1 && raw.length === TOKEN_SIZE) {
+    return {
+      text: trimmed,
+      studyHash: raw.slice(1, 17),
+      credentialId: raw.slice(17, 33),
+      issuedMs: Number(view.getBigInt64(33, true)),
+      expiresMs: Number(view.getBigInt64(41, true)),
+    };
+  }
+  const height = raw[41] ?? Infinity;
+  if (raw[0] === 2 && height <= MAX_TREE_HEIGHT && raw.length === BATCH_PATH_AT + 32 * height) {
+    return {
+      text: trimmed,
+      studyHash: raw.slice(1, 17),
+      credentialId: raw.slice(142, 158),
+      issuedMs: Number(view.getBigInt64(17, true)),
+      expiresMs: Number(view.getBigInt64(25, true)),
+    };
+  }
+  throw new IpdpError(
+    "bad_credential", `the credential has ${raw.length} bytes and version ${raw[0]}; version 1 ` +
+      `has ${TOKEN_SIZE}, version 2 ${BATCH_PATH_AT} + 32 × its height (at most ${MAX_TREE_HEIGHT})`);
 }
 
 /** The record id of slot `slot` of a credential. */

@@ -231,18 +231,22 @@ test("without a credential, or with one it cannot use, nothing is sent", async (
   assert.equal(gateway.posted.length, 0);
 });
 
-test("a credential's fields and slots are the Python implementation's", async () => {
-  const v = vectors.credentials;
-  const credential = parseCredential(v.credential);
-  assert.equal(toHex(credential.credentialId), v.credential_id);
-  assert.equal(toHex(credential.studyHash), v.study_hash);
-  assert.equal(credential.issuedMs, v.issued_ms);
-  assert.equal(credential.expiresMs, v.expires_ms);
-  for (let slot = 0; slot < v.records_per_device; slot++) {
-    assert.equal(toHex(await slotRecordId(credential.credentialId, slot)), v.slot_record_ids[slot]);
+test("a credential's fields and slots are the Python implementation's, in either version", async () => {
+  for (const v of [vectors.credentials, vectors.batch_credential]) {
+    const credential = parseCredential(v.credential);
+    assert.equal(toHex(credential.credentialId), v.credential_id);
+    assert.equal(toHex(credential.studyHash), v.study_hash);
+    assert.equal(credential.issuedMs, v.issued_ms);
+    assert.equal(credential.expiresMs, v.expires_ms);
+    for (let slot = 0; slot < v.records_per_device; slot++) {
+      assert.equal(toHex(await slotRecordId(credential.credentialId, slot)), v.slot_record_ids[slot]);
+    }
   }
+  // A version-2 credential whose length does not match its height is refused before any use.
+  const batch = vectors.batch_credential.credential;
+  assert.throws(() => parseCredential(batch.slice(0, -44)), failure("bad_credential", "version 2"));
   const verified = await fetchStudy(gateway.url, CREDENTIALED_ID, KEY);
   assert.equal(verified.study.requireCredentials, true);
-  assert.equal(verified.study.recordsPerDevice, v.records_per_device);
+  assert.equal(verified.study.recordsPerDevice, vectors.credentials.records_per_device);
   assert.equal((await fetchStudy(gateway.url, OPEN_ID, KEY)).study.requireCredentials, false);
 });

@@ -33,6 +33,8 @@ export interface Vectors {
   records: RecordVector[];
   wire: WireVector[];
   credentials: CredentialVector;
+  /** A version-2 credential: leaf 2 of a batch of four under one signature. */
+  batch_credential: CredentialVector;
 }
 
 // Compiled to .test-build/test/, two levels below producer/web/.
