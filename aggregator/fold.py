@@ -45,7 +45,7 @@ from aggregator.validate import (
     Resolved,
     Validator,
     ValidRows,
-    in_order,
+    rejection,
     split_containers,
 )
 from ipdp import metrics, registry, state
@@ -224,13 +224,13 @@ def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
         reason = RejectReason.UNKNOWN_STUDY if seen.status is None else RejectReason.CLOSED_STUDY
         detail = f"study {sid} is {seen.status and seen.status.value}"
         return StudyFold(study, ids[:0], [], seen.round_no, seen.count, seen.a, seen.b, False,
-                         False, offsets, [rows.rejection(i, reason, detail) for i in row.tolist()])
+                         False, offsets, [rejection(rows, i, reason, detail) for i in row.tolist()])
     fresh = _first_of_each_id(ids) & ~seen.replayed[todo]
     # With credentials a record id is a credential's slot: seeing it again is a reuse.
     reused = ((RejectReason.CREDENTIAL_REUSED, "the credential's slot was already folded")
               if study.require_credentials else
               (RejectReason.REPLAYED, "record id already seen within the replay window"))
-    rejected = [rows.rejection(i, *reused) for i in row[~fresh].tolist()]
+    rejected = [rejection(rows, i, *reused) for i in row[~fresh].tolist()]
     row, ids, q, p = row[fresh], ids[fresh], q[fresh], p[fresh]
     round_no, count, a, b = seen.round_no, seen.count, seen.a, seen.b
     closed: list[ClosedRound] = []
@@ -250,7 +250,7 @@ def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
                 break
             round_no, count = round_no + 1, 0
             a, b = np.zeros((study.d, study.d)), np.zeros(study.d)
-    rejected += [rows.rejection(i, RejectReason.CLOSED_STUDY,
+    rejected += [rejection(rows, i, RejectReason.CLOSED_STUDY,
                                 f"study {sid} closed after {study.round_limit} "
                                 "rounds (max_rounds or its privacy budget)")
                  for i in row[pos:].tolist()]
@@ -366,10 +366,10 @@ class Folder:
         messages: Polled | Sequence[Message],
         dead_letter: Callable[[list[Rejection]], None] | None = None,
     ) -> FoldResult:
-        """Validate and fold `messages`; `dead_letter` is called before each commit (at least
-        once per rejection)."""
+        """Validate and fold `messages` (a Polled in (partition, offset) order, as the fetch
+        makes it); `dead_letter` is called before each commit (at least once per rejection)."""
         now_ms = int(self.clock() * 1000)
-        batch = in_order(messages if isinstance(messages, Polled) else Polled.of(messages))
+        batch = messages if isinstance(messages, Polled) else Polled.of(messages)
         if len(batch) == 0:
             return FoldResult()
         spans = Spans.of(batch)
