@@ -184,10 +184,6 @@ class StudyFold:
     """Fields of the study's offsets hash → next offset."""
     rejected: list[Rejection]
 
-    @property
-    def folded(self) -> int:
-        return len(self.folded_ids)
-
 
 def _first_of_each_id(ids: np.ndarray) -> np.ndarray:
     """Whether each 16-byte id (rows of uint8) is the first occurrence of its value."""
@@ -271,13 +267,13 @@ def write_fold(pipe, fold: StudyFold, replay: ReplayIds, *, group: str, topic: s
     if fold.study_closed:
         pipe.delete(state.open_key(sid))
         pipe.hset(state.study_key(sid), "status", StudyStatus.CLOSED.value)
-    elif fold.folded:
+    elif len(fold.folded_ids):
         a_raw, b_raw = state.pack_stats(fold.a, fold.b)
         pipe.hset(state.open_key(sid), mapping={"round": fold.round_no, "count": fold.count,
                                                 "A": a_raw, "b": b_raw})
-    if fold.folded:
+    if len(fold.folded_ids):
         replay.add(pipe, sid, fold.folded_ids, now_ms)
-    counts = {"folded": fold.folded, "rounds_closed": len(fold.closed)}
+    counts = {"folded": len(fold.folded_ids), "rounds_closed": len(fold.closed)}
     for x in fold.rejected:
         name = f"{state.REJECTED_FIELD}{x.reason.value}"
         counts[name] = counts.get(name, 0) + 1
@@ -416,7 +412,7 @@ class Folder:
             while True:
                 try:
                     pipe.watch(state.study_key(sid), state.open_key(sid),
-                               self.replay.watch_key(sid),
+                               state.replay_key(sid),
                                state.study_offsets_key(sid, self.group, self.topic))
                     fold = decide(rows, v, self._read(pipe, rows, v, checkpoint), spans,
                                   checkpoint)
@@ -434,7 +430,7 @@ class Folder:
         announce(self.r, sid, [c.round_no for c in fold.closed])
         result.rejected += fold.rejected
         if fold.was_open:
-            result.folded[sid] = fold.folded
+            result.folded[sid] = len(fold.folded_ids)
             result.closed_rounds += [(sid, c.round_no) for c in fold.closed]
             result.open_rounds[sid] = (fold.round_no, fold.count, fold.study.n)
 

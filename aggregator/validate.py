@@ -152,18 +152,12 @@ class ValidRows:
 
 @dataclass(frozen=True)
 class Decoded:
-    """A batch's records decoded (one RecordBatch per dimension) and the rows that did not
-    decode; ``study_hashes`` are the distinct 16-byte study hashes the records carry."""
+    """A batch's records decoded (one RecordBatch per dimension), the rows that did not decode,
+    and the distinct 16-byte study hashes the records carry."""
 
     batches: list[RecordBatch]
     bad: list[tuple[int, RejectReason, str]]
-
-    @property
-    def study_hashes(self) -> list[bytes]:
-        if not self.batches:
-            return []
-        keys = np.concatenate([b.study_hash for b in self.batches]).view("V16").ravel()
-        return [bytes(k) for k in np.unique(keys)]
+    study_hashes: list[bytes]
 
 
 Resolved = Study | MalformedRecord | None
@@ -185,7 +179,10 @@ class Validator:
     def decode(self, rows: Polled) -> Decoded:
         """Decode ``rows`` (containers already split), vectorised per dimension."""
         batches, bad = decode_batch(rows.values, self.max_message_bytes)
-        return Decoded(batches, [(i, err.reason, err.detail) for i, err in bad])
+        keys = np.concatenate([b.study_hash for b in batches]).view("V16").ravel() \
+            if batches else np.zeros(0, "V16")
+        return Decoded(batches, [(i, err.reason, err.detail) for i, err in bad],
+                       [bytes(k) for k in np.unique(keys)])
 
     def validate(self, rows: Polled, decoded: Decoded, studies: dict[bytes, Resolved],
                  registered: dict[str, bool], now_ms: int
