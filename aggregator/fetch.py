@@ -6,8 +6,11 @@ bare consumer's cost. The aggregator needs three things per record: its offset, 
 for the rare rejected record, its headers. :class:`ColumnarRecords` replaces kafka-python's
 per-partition record iterator (``Fetcher.PartitionRecords``) in the aggregator's consumer, and
 nothing else: group membership, fetch requests, positions, pauses, seeks and fetch errors stay
-kafka-python's. A poll then returns, per partition, ``(offset, value, headers)`` tuples, where
-``headers`` is the record's header block as it is on the wire (:func:`decode_headers` reads it).
+kafka-python's. A poll then returns, per partition, :class:`Polled` chunks: the records' offsets
+as an array, their values, and their header blocks as they are on the wire
+(:func:`decode_headers` reads one). :func:`batch_of` makes one :class:`Polled` of a whole poll,
+whichever parser made it; the validator and the fold take that batch, and keep or drop its rows
+with index arrays (:meth:`Polled.take`).
 
 Parsing a version-2 batch (:func:`parse_records`). Records follow one another, each starting
 with its length, so finding them is sequential; but a producer's records are nearly always
@@ -45,6 +48,7 @@ import operator
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import kafka
 import numpy as np
@@ -54,17 +58,23 @@ from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import decode_varint
 
 from ipdp.errors import IpdpError
+from ipdp.wire import header_study, study_headers
+
+if TYPE_CHECKING:
+    from aggregator.validate import Message
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ColumnarRecords", "UnsupportedKafkaClient", "columns", "decode_headers",
-           "first_offset", "install", "parse_records", "topic_id_seen"]
+__all__ = ["NOT_IN_CONTAINER", "ColumnarRecords", "Polled", "UnsupportedKafkaClient",
+           "batch_of", "decode_headers", "install", "parse_records", "topic_id_seen"]
 
 #: kafka-python's isolation level value for read_uncommitted (kafka.protocol's IsolationLevel).
 READ_UNCOMMITTED = 0
 _OFFSET = operator.attrgetter("offset")
 _VALUE = operator.attrgetter("value")
 _HEADERS = operator.attrgetter("headers")
+NOT_IN_CONTAINER = -1
+"""The ``index`` of a record that is a Kafka message of its own."""
 
 #: The kafka-python release series whose internals this module was checked against.
 CHECKED_SERIES = "3.0."
@@ -228,21 +238,78 @@ def decode_headers(block) -> list[tuple[str, bytes | None]]:
     return out
 
 
-def columns(records: list) -> tuple[np.ndarray, Sequence, Sequence]:
-    """One partition's polled records as (offsets, values, headers), whichever parser made
-    them: (offset, value, header block) tuples from :class:`ColumnarRecords`, or kafka-python's
-    ``ConsumerRecord`` objects (``IPDP_AGGREGATOR_COLUMNAR_FETCH=false``). No Python loop."""
-    if type(records[0]) is tuple:  # ours; a ConsumerRecord is a namedtuple, not a tuple
-        offsets, values, headers = zip(*records, strict=True)
-        return np.array(offsets, np.int64), values, headers
-    return (np.fromiter(map(_OFFSET, records), np.int64, len(records)),
-            list(map(_VALUE, records)), list(map(_HEADERS, records)))
+@dataclass
+class Polled:
+    """Records of a poll as arrays, the one shape from the fetch to the fold: ``partition``,
+    ``offset`` and container ``index`` per row (NOT_IN_CONTAINER for a plain message; the
+    validator gives a container's records 0..k-1), ``values`` and the Kafka ``headers`` (None:
+    none gathered; per row the wire's header block or, from kafka-python's own parser, a header
+    list) in the same order. Headers are read only for rejected rows."""
+
+    partition: np.ndarray
+    offset: np.ndarray
+    values: list
+    index: np.ndarray | None = None
+    headers: list | None = None
+
+    def __post_init__(self) -> None:
+        if self.index is None:
+            self.index = np.full(len(self.values), NOT_IN_CONTAINER, np.int64)
+
+    @classmethod
+    def of(cls, messages: Sequence[Message]) -> Polled:
+        """From Message objects in any order (tests, benchmarks), sorted by (partition, offset)."""
+        polled = cls(np.fromiter((m.partition for m in messages), np.int64, len(messages)),
+                     np.fromiter((m.offset for m in messages), np.int64, len(messages)),
+                     [m.value for m in messages],
+                     headers=[study_headers(m.study_id) if m.study_id else None
+                              for m in messages])
+        return polled.take(np.lexsort((polled.offset, polled.partition)))
+
+    def study_header(self, row: int) -> str | None:
+        """The ``study`` header of row ``row``'s message."""
+        return None if self.headers is None else header_study(decode_headers(self.headers[row]))
+
+    def __len__(self) -> int:
+        """Return the number of rows."""
+        return len(self.values)
+
+    def take(self, rows: np.ndarray) -> Polled:
+        """The rows at positions ``rows``, in that order."""
+        picked = rows.tolist()
+        return Polled(self.partition[rows], self.offset[rows], [self.values[i] for i in picked],
+                      self.index[rows],
+                      None if self.headers is None else [self.headers[i] for i in picked])
 
 
-def first_offset(records: list) -> int:
-    """The offset of the first of one partition's polled records (either parser's)."""
-    first = records[0]
-    return first[0] if type(first) is tuple else first.offset
+def batch_of(polled: dict) -> Polled:
+    """A poll's records as one Polled in (partition, offset) order: the columnar fetch's chunks
+    joined, or kafka-python's ``ConsumerRecord`` objects (``IPDP_AGGREGATOR_COLUMNAR_FETCH=false``)
+    gathered once per partition. No Python loop per record."""
+    chunks = []
+    for tp, recs in sorted(polled.items()):  # one topic: by partition
+        if type(recs[0]) is Polled:
+            chunks += recs
+        else:
+            chunks.append(Polled(np.full(len(recs), tp.partition, np.int64),
+                                 np.fromiter(map(_OFFSET, recs), np.int64, len(recs)),
+                                 list(map(_VALUE, recs)), headers=list(map(_HEADERS, recs))))
+    if len(chunks) == 1:
+        return chunks[0]
+    return Polled(np.concatenate([c.partition for c in chunks]),
+                  np.concatenate([c.offset for c in chunks]),
+                  [v for c in chunks for v in c.values],
+                  np.concatenate([c.index for c in chunks]),
+                  [h for c in chunks for h in c.headers])
+
+
+class _Taken(list):
+    """What :meth:`ColumnarRecords.take` hands kafka-python: a list holding one Polled chunk
+    (the poll's list for the partition is extended with it), whose length is the chunk's record
+    count, since kafka-python counts a poll's records by that length."""
+
+    def __len__(self) -> int:
+        return len(self[0])
 
 
 @dataclass
@@ -254,14 +321,11 @@ class _Rows:
     headers: list
     next_offset: int
 
-    def __len__(self) -> int:
-        return len(self.values)
-
 
 class ColumnarRecords(Fetcher.PartitionRecords):
     """kafka-python's PartitionRecords with the per-record parser replaced (module docstring).
 
-    ``take(n)`` returns up to n ``(offset, value, header block)`` tuples and moves
+    ``take(n)`` returns up to n records as one :class:`Polled` chunk and moves
     ``next_fetch_offset`` exactly as the library's iterator does.
     """
 
@@ -314,7 +378,7 @@ class ColumnarRecords(Fetcher.PartitionRecords):
                      [r[2] for r in rows], last)
 
     def take(self, n=None):
-        """Up to ``n`` records as (offset, value, header block) tuples."""
+        """Up to ``n`` records as one Polled chunk (in a list, as kafka-python expects)."""
         self._maybe_raise_next_inline_exception()
         left = sys.maxsize if n is None else n
         offsets: list[np.ndarray] = []
@@ -328,14 +392,14 @@ class ColumnarRecords(Fetcher.PartitionRecords):
                         self.drain()
                         break
                 rows, at = self._rows, self._at
-                k = min(left, len(rows) - at)
+                k = min(left, len(rows.values) - at)
                 if k:
                     offsets.append(rows.offsets[at:at + k])
                     values += rows.values[at:at + k]
                     headers += rows.headers[at:at + k]
                     self._at, left = at + k, left - k
                     self.next_fetch_offset = int(rows.offsets[at + k - 1]) + 1
-                if self._at == len(rows):
+                if self._at == len(rows.values):
                     self.next_fetch_offset = max(self.next_fetch_offset, rows.next_offset)
                     self._rows = None
         except Exception as exc:
@@ -344,12 +408,13 @@ class ColumnarRecords(Fetcher.PartitionRecords):
             self._next_inline_exception = exc  # raised by the next take, as the library does
         if not values:
             return []
-        return list(zip(np.concatenate(offsets).tolist(), values, headers, strict=True))
+        return _Taken((Polled(np.full(len(values), self.topic_partition.partition, np.int64),
+                              np.concatenate(offsets), values, headers=headers),))
 
 
 def install(consumer) -> None:
     """Make ``consumer`` (a KafkaConsumer reading uncommitted data) parse batches as arrays;
-    its polls then return (offset, value, header block) tuples. Raises UnsupportedKafkaClient
+    its polls then return Polled chunks per partition. Raises UnsupportedKafkaClient
     when the installed kafka-python lacks what this replaces."""
     fetcher = getattr(consumer, "_fetcher", None)
     parts = getattr(Fetcher, "PartitionRecords", None)

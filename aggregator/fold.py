@@ -45,7 +45,7 @@ from aggregator.validate import (
     Resolved,
     Validator,
     ValidRows,
-    in_order,
+    rejection,
     split_containers,
 )
 from ipdp import metrics, registry, state
@@ -184,10 +184,6 @@ class StudyFold:
     """Fields of the study's offsets hash → next offset."""
     rejected: list[Rejection]
 
-    @property
-    def folded(self) -> int:
-        return len(self.folded_ids)
-
 
 def _first_of_each_id(ids: np.ndarray) -> np.ndarray:
     """Whether each 16-byte id (rows of uint8) is the first occurrence of its value."""
@@ -224,13 +220,13 @@ def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
         reason = RejectReason.UNKNOWN_STUDY if seen.status is None else RejectReason.CLOSED_STUDY
         detail = f"study {sid} is {seen.status and seen.status.value}"
         return StudyFold(study, ids[:0], [], seen.round_no, seen.count, seen.a, seen.b, False,
-                         False, offsets, [rows.rejection(i, reason, detail) for i in row.tolist()])
+                         False, offsets, [rejection(rows, i, reason, detail) for i in row.tolist()])
     fresh = _first_of_each_id(ids) & ~seen.replayed[todo]
     # With credentials a record id is a credential's slot: seeing it again is a reuse.
     reused = ((RejectReason.CREDENTIAL_REUSED, "the credential's slot was already folded")
               if study.require_credentials else
               (RejectReason.REPLAYED, "record id already seen within the replay window"))
-    rejected = [rows.rejection(i, *reused) for i in row[~fresh].tolist()]
+    rejected = [rejection(rows, i, *reused) for i in row[~fresh].tolist()]
     row, ids, q, p = row[fresh], ids[fresh], q[fresh], p[fresh]
     round_no, count, a, b = seen.round_no, seen.count, seen.a, seen.b
     closed: list[ClosedRound] = []
@@ -250,7 +246,7 @@ def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
                 break
             round_no, count = round_no + 1, 0
             a, b = np.zeros((study.d, study.d)), np.zeros(study.d)
-    rejected += [rows.rejection(i, RejectReason.CLOSED_STUDY,
+    rejected += [rejection(rows, i, RejectReason.CLOSED_STUDY,
                                 f"study {sid} closed after {study.round_limit} "
                                 "rounds (max_rounds or its privacy budget)")
                  for i in row[pos:].tolist()]
@@ -271,13 +267,13 @@ def write_fold(pipe, fold: StudyFold, replay: ReplayIds, *, group: str, topic: s
     if fold.study_closed:
         pipe.delete(state.open_key(sid))
         pipe.hset(state.study_key(sid), "status", StudyStatus.CLOSED.value)
-    elif fold.folded:
+    elif len(fold.folded_ids):
         a_raw, b_raw = state.pack_stats(fold.a, fold.b)
         pipe.hset(state.open_key(sid), mapping={"round": fold.round_no, "count": fold.count,
                                                 "A": a_raw, "b": b_raw})
-    if fold.folded:
+    if len(fold.folded_ids):
         replay.add(pipe, sid, fold.folded_ids, now_ms)
-    counts = {"folded": fold.folded, "rounds_closed": len(fold.closed)}
+    counts = {"folded": len(fold.folded_ids), "rounds_closed": len(fold.closed)}
     for x in fold.rejected:
         name = f"{state.REJECTED_FIELD}{x.reason.value}"
         counts[name] = counts.get(name, 0) + 1
@@ -366,10 +362,10 @@ class Folder:
         messages: Polled | Sequence[Message],
         dead_letter: Callable[[list[Rejection]], None] | None = None,
     ) -> FoldResult:
-        """Validate and fold `messages`; `dead_letter` is called before each commit (at least
-        once per rejection)."""
+        """Validate and fold `messages` (a Polled in (partition, offset) order, as the fetch
+        makes it); `dead_letter` is called before each commit (at least once per rejection)."""
         now_ms = int(self.clock() * 1000)
-        batch = in_order(messages if isinstance(messages, Polled) else Polled.of(messages))
+        batch = messages if isinstance(messages, Polled) else Polled.of(messages)
         if len(batch) == 0:
             return FoldResult()
         spans = Spans.of(batch)
@@ -416,7 +412,7 @@ class Folder:
             while True:
                 try:
                     pipe.watch(state.study_key(sid), state.open_key(sid),
-                               self.replay.watch_key(sid),
+                               state.replay_key(sid),
                                state.study_offsets_key(sid, self.group, self.topic))
                     fold = decide(rows, v, self._read(pipe, rows, v, checkpoint), spans,
                                   checkpoint)
@@ -434,7 +430,7 @@ class Folder:
         announce(self.r, sid, [c.round_no for c in fold.closed])
         result.rejected += fold.rejected
         if fold.was_open:
-            result.folded[sid] = fold.folded
+            result.folded[sid] = len(fold.folded_ids)
             result.closed_rounds += [(sid, c.round_no) for c in fold.closed]
             result.open_rounds[sid] = (fold.round_no, fold.count, fold.study.n)
 

@@ -45,13 +45,13 @@ class _Bucket:
     ids: list[np.ndarray] = field(default_factory=list)
 
 
+@dataclass
 class _StudyIds:
     """One study's remembered ids in this process: per bucket as read, and all of them as a few
     sorted runs (each at most half the size of the one before, merged like a binary counter)."""
 
-    def __init__(self) -> None:
-        self.buckets: dict[int, _Bucket] = {}
-        self.runs: list[np.ndarray] = []
+    buckets: dict[int, _Bucket] = field(default_factory=dict)
+    runs: list[np.ndarray] = field(default_factory=list)
 
     def rebuild(self) -> None:
         parts = [a for b in self.buckets.values() for a in b.ids]
@@ -84,14 +84,10 @@ class ReplayIds:
         self._lua = importlib.resources.files("aggregator").joinpath("replay.lua").read_text()
         self._studies: dict[str, _StudyIds] = {}
 
-    @staticmethod
-    def watch_key(study_id: str) -> str:
-        """The key a fold must WATCH for its replay check to stay true until its EXEC."""
-        return state.replay_key(study_id)
-
     def seen(self, pipe, study_id: str, ids: np.ndarray) -> np.ndarray:
         """Whether each 16-byte id (rows of uint8) was folded within the window; ``pipe`` is in
-        its WATCH phase (commands run at once) with :meth:`watch_key` watched."""
+        its WATCH phase (commands run at once) with the study's ``state.replay_key``, the index
+        every fold of the study changes, watched."""
         mine = self._studies.setdefault(study_id, _StudyIds())
         # One call reads the index and what is new in the buckets this process knows of; when
         # the index names another bucket (a new span, or another aggregator's), a second call

@@ -25,10 +25,11 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
 from aggregator import fetch
+from aggregator.fetch import Polled
 from aggregator.fold import Folder, FoldResult
 from aggregator.logs import LogGuard, Pause
 from aggregator.settings import AggregatorSettings
-from aggregator.validate import Polled, Rejection
+from aggregator.validate import Rejection
 from ipdp import metrics, state
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
@@ -109,7 +110,7 @@ class Aggregator:
             session_timeout_ms=settings.session_timeout_ms,
             max_partition_fetch_bytes=max(settings.max_message_bytes * 4, 1 << 20),
         )
-        if settings.columnar_fetch:  # polls return (offset, value, header block) tuples
+        if settings.columnar_fetch:  # polls return Polled chunks, not one object per record
             fetch.install(self.consumer)
         self.consumer.subscribe([topics.records], listener=_SeekToRedisOffsets(self))
         self.stop_event = threading.Event()
@@ -188,12 +189,13 @@ class Aggregator:
                     pause_after_failure(backoff, self.stop_event, "kafka", "poll", exc)
                     continue
                 backoff.reset()
+                batch = fetch.batch_of(polled) if polled else None
                 if self._pending is not None:
                     reseeked = self._finish()
-                    if reseeked and polled:
-                        self._rewind(polled, reseeked)
+                    if reseeked and batch is not None:
+                        self._rewind(batch, reseeked)
                         continue
-                if not polled:
+                if batch is None:
                     self._refresh_lag()
                     if not self.consumer.assignment():
                         idle_since = time.monotonic()  # joining the group is not idleness
@@ -201,8 +203,11 @@ class Aggregator:
                         break
                     continue
                 idle_since = time.monotonic()
+                partitions, counts = np.unique(batch.partition, return_counts=True)
+                for partition, k in zip(partitions.tolist(), counts.tolist(), strict=True):
+                    metrics.RECORDS_CONSUMED.labels(str(partition)).inc(k)
                 # The log check talks to the consumer, so it runs here, not on the fold thread.
-                batch = self._from_verified_log(self._as_arrays(polled))
+                batch = self._from_verified_log(batch)
                 if len(batch):
                     self._pending = self._folding.submit(self._fold, batch)
                 self._refresh_lag()
@@ -213,23 +218,10 @@ class Aggregator:
         self.close()
         return self.totals
 
-    @staticmethod
-    def _as_arrays(polled) -> Polled:
-        """A poll result as arrays, gathered once per partition (no object per record)."""
-        parts, offsets, values, headers = [], [], [], []
-        for tp, recs in sorted(polled.items(), key=lambda kv: kv[0].partition):
-            metrics.RECORDS_CONSUMED.labels(str(tp.partition)).inc(len(recs))
-            parts.append(np.full(len(recs), tp.partition, np.int64))
-            offs, vals, heads = fetch.columns(recs)
-            offsets.append(offs)
-            values += vals
-            headers += heads
-        return Polled(np.concatenate(parts), np.concatenate(offsets), values, headers=headers)
-
     def _fold(self, messages: Polled) -> FoldResult:
         """On the fold thread: fold one batch, retrying until Redis lets it through."""
         started = time.perf_counter()
-        result = self._with_retry(lambda: self.folder.fold(messages, self._dead_letter))
+        result = self._with_retry(self.folder.fold, messages, self._dead_letter)
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
         metrics.FOLD_BATCH_RECORDS.observe(len(messages))
         if result.conflicts:
@@ -256,12 +248,15 @@ class Aggregator:
             log.debug("kafka commit failed: %s", exc)
         return {}
 
-    def _rewind(self, polled, reseeked: dict[int, int]) -> None:
+    def _rewind(self, batch: Polled, reseeked: dict[int, int]) -> None:
         """Drop a batch polled before a re-seek: its other partitions go back to its start."""
         assigned = self.consumer.assignment()
-        for tp, recs in polled.items():
-            if tp.partition not in reseeked and recs and tp in assigned:
-                self.consumer.seek(tp, fetch.first_offset(recs))
+        partitions, first = np.unique(batch.partition, return_index=True)
+        for partition, offset in zip(partitions.tolist(), batch.offset[first].tolist(),
+                                     strict=True):
+            tp = TopicPartition(self.topics.records, partition)
+            if partition not in reseeked and tp in assigned:
+                self.consumer.seek(tp, offset)
 
     def _account(self, result: FoldResult) -> None:
         for sid, k in result.folded.items():
@@ -297,13 +292,13 @@ class Aggregator:
         log.info("dead-lettered %d records (%s)", len(rejections),
                  ", ".join(sorted({x.reason.value for x in rejections})))
 
-    def _with_retry(self, fn: Callable):
-        """Run `fn` until Redis and the dead-letter producer let it through; nothing it did before
+    def _with_retry(self, fn: Callable, *args):
+        """Run `fn(*args)` until Redis and the dead-letter producer let it through; nothing it did before
         failing was committed (the fold is one MULTI/EXEC, after the dead letters are delivered)."""
         backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
         while True:
             try:
-                return fn()
+                return fn(*args)
             except REDIS_TRANSIENT as exc:
                 if self.stop_event.is_set():
                     raise

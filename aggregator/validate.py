@@ -1,10 +1,10 @@
 """Every check on a polled batch that does not depend on Redis state, vectorised per study.
 
-A poll becomes a :class:`Polled`: partitions, offsets and values gathered once, as arrays.
-Containers (wire version 2) are split into their records (one row each, with its position in
-the container) → decode (ipdp.wire) → (the Folder looks the studies up) → known study →
-dimension → norm bounds → time window. What
-passes is grouped per study as arrays, in (partition, offset, index) order, for the fold; what
+A poll arrives as one :class:`~aggregator.fetch.Polled` (aggregator/fetch.py): partitions,
+offsets and values as the fetch gathered them. Containers (wire version 2) are split into their
+records (one row each, with its position in the container) → decode (ipdp.wire) → (the Folder
+looks the studies up) → known study → dimension → norm bounds → time window. What passes is
+grouped per study as arrays, in (partition, offset, index) order, for the fold; what
 fails becomes a :class:`Rejection` with its reason, for the dead-letter topic. Only rejected
 records ever become Python objects.
 
@@ -17,13 +17,12 @@ verify to a MalformedRecord: ``untrusted_study``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from aggregator.credentials import CredentialCheck
-from aggregator.fetch import decode_headers
+from aggregator.fetch import NOT_IN_CONTAINER, Polled
 from ipdp.acceptance import RecordWindow, norm_failures
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study
@@ -33,14 +32,12 @@ from ipdp.wire import (
     RecordBatch,
     RejectReason,
     decode_batch,
-    header_study,
     split_container,
     squared_norms,
-    study_headers,
 )
 
-NOT_IN_CONTAINER = -1
-"""The ``index`` of a record that is a Kafka message of its own."""
+__all__ = ["NOT_IN_CONTAINER", "Message", "Polled", "Rejection", "Resolved", "ValidRows",
+           "Validator", "rejection", "split_containers"]
 
 
 @dataclass(frozen=True)
@@ -72,62 +69,12 @@ class Rejection:
         return where if self.index is None else f"{where}#{self.index}"
 
 
-@dataclass
-class Polled:
-    """Records of one poll as arrays: ``partition``, ``offset`` and container ``index`` per row
-    (NOT_IN_CONTAINER for a plain message), ``values`` and the Kafka ``headers`` (None: none
-    gathered; per row a header list or, from the columnar fetch, the wire's header block) in the
-    same order. Headers are read only for rejected rows."""
-
-    partition: np.ndarray
-    offset: np.ndarray
-    values: list
-    index: np.ndarray | None = None
-    headers: list | None = None
-
-    def __post_init__(self) -> None:
-        if self.index is None:
-            self.index = np.full(len(self.values), NOT_IN_CONTAINER, np.int64)
-
-    @classmethod
-    def of(cls, messages: Sequence[Message]) -> Polled:
-        """From Message objects (tests, benchmarks); the service builds arrays directly."""
-        return cls(np.fromiter((m.partition for m in messages), np.int64, len(messages)),
-                   np.fromiter((m.offset for m in messages), np.int64, len(messages)),
-                   [m.value for m in messages],
-                   headers=[study_headers(m.study_id) if m.study_id else None
-                            for m in messages])
-
-    def study_header(self, row: int) -> str | None:
-        """The ``study`` header of row ``row``'s message (its headers as a list, or as the
-        header block the columnar fetch keeps)."""
-        return None if self.headers is None else header_study(decode_headers(self.headers[row]))
-
-    def __len__(self) -> int:
-        """Return the number of rows."""
-        return len(self.values)
-
-    def take(self, rows: np.ndarray) -> Polled:
-        """The rows at positions ``rows``, in that order."""
-        picked = rows.tolist()
-        return Polled(self.partition[rows], self.offset[rows], [self.values[i] for i in picked],
-                      self.index[rows],
-                      None if self.headers is None else [self.headers[i] for i in picked])
-
-    def rejection(self, row: int, reason: RejectReason, detail: str) -> Rejection:
-        """The Rejection of row ``row``."""
-        i = int(self.index[row])
-        return Rejection(Message(int(self.partition[row]), int(self.offset[row]),
-                                 self.values[row], self.study_header(row)), reason, detail,
-                         None if i == NOT_IN_CONTAINER else i)
-
-
-def in_order(polled: Polled) -> Polled:
-    """Sorted by (partition, offset), with one argsort when not already in order."""
-    key = polled.partition * (1 << 40) + polled.offset
-    if len(key) < 2 or bool((np.diff(key) >= 0).all()):
-        return polled
-    return polled.take(np.argsort(key, kind="stable"))
+def rejection(rows: Polled, row: int, reason: RejectReason, detail: str) -> Rejection:
+    """The Rejection of row ``row`` of ``rows``."""
+    i = int(rows.index[row])
+    return Rejection(Message(int(rows.partition[row]), int(rows.offset[row]), rows.values[row],
+                             rows.study_header(row)), reason, detail,
+                     None if i == NOT_IN_CONTAINER else i)
 
 
 def split_containers(polled: Polled, max_message_bytes: int) -> tuple[Polled, list[Rejection]]:
@@ -164,15 +111,15 @@ def split_containers(polled: Polled, max_message_bytes: int) -> tuple[Polled, li
             heads += polled.headers[last:c]
         last = c + 1
         if len(values[c]) > max_message_bytes:
-            rejects.append(polled.rejection(
-                c, RejectReason.OVERSIZED,
+            rejects.append(rejection(
+                polled, c, RejectReason.OVERSIZED,
                 f"container of {len(values[c])} bytes exceeds {max_message_bytes}"))
             continue
         records = split_container(values[c])
         if records is None:
-            rejects.append(polled.rejection(c, RejectReason.UNDECODABLE,
-                                            "malformed container: count, length or reserved "
-                                            "bytes do not add up"))
+            rejects.append(rejection(polled, c, RejectReason.UNDECODABLE,
+                                     "malformed container: count, length or reserved bytes do "
+                                     "not add up"))
             continue
         k = len(records)
         parts.append(np.full(k, polled.partition[c]))
@@ -205,18 +152,12 @@ class ValidRows:
 
 @dataclass(frozen=True)
 class Decoded:
-    """A batch's records decoded (one RecordBatch per dimension) and the rows that did not
-    decode; ``study_hashes`` are the distinct 16-byte study hashes the records carry."""
+    """A batch's records decoded (one RecordBatch per dimension), the rows that did not decode,
+    and the distinct 16-byte study hashes the records carry."""
 
     batches: list[RecordBatch]
     bad: list[tuple[int, RejectReason, str]]
-
-    @property
-    def study_hashes(self) -> list[bytes]:
-        if not self.batches:
-            return []
-        keys = np.concatenate([b.study_hash for b in self.batches]).view("V16").ravel()
-        return [bytes(k) for k in np.unique(keys)]
+    study_hashes: list[bytes]
 
 
 Resolved = Study | MalformedRecord | None
@@ -238,7 +179,10 @@ class Validator:
     def decode(self, rows: Polled) -> Decoded:
         """Decode ``rows`` (containers already split), vectorised per dimension."""
         batches, bad = decode_batch(rows.values, self.max_message_bytes)
-        return Decoded(batches, [(i, err.reason, err.detail) for i, err in bad])
+        keys = np.concatenate([b.study_hash for b in batches]).view("V16").ravel() \
+            if batches else np.zeros(0, "V16")
+        return Decoded(batches, [(i, err.reason, err.detail) for i, err in bad],
+                       [bytes(k) for k in np.unique(keys)])
 
     def validate(self, rows: Polled, decoded: Decoded, studies: dict[bytes, Resolved],
                  registered: dict[str, bool], now_ms: int
@@ -282,7 +226,7 @@ class Validator:
                 row, rid, q, p = row[order], rid[order], q[order], p[order]
             out.append(ValidRows(study, row, rid, q, p))
         bad_rows.sort(key=lambda x: x[0])
-        return [rows.rejection(i, reason, detail) for i, reason, detail in bad_rows], out
+        return [rejection(rows, i, reason, detail) for i, reason, detail in bad_rows], out
 
     @staticmethod
     def unmatched_headers(rows: Polled, decoded: Decoded,

@@ -44,8 +44,12 @@ def _where(code) -> str | None:
     try:
         rel = path.resolve().relative_to(ROOT).as_posix()
     except ValueError:
-        # the same layout under another checkout (PYTHONPATH=... for a before/after count)
+        # the same layout under another checkout (PYTHONPATH=... for a before/after count);
+        # installed packages are not the project, even where a folder is named like a room
+        # (kafka-python's kafka/producer/)
         parts = path.parts
+        if "site-packages" in parts or "dist-packages" in parts:
+            return None
         hits = [i for i, p in enumerate(parts) if p in ROLES]
         if not hits:
             return None

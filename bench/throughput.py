@@ -375,7 +375,7 @@ def replay_bytes(r, study_id: str) -> int:
 def _replay_batch(r, replay: ReplayIds, study_id: str, ids: np.ndarray, now_ms: int) -> int:
     """One fold's worth of replay work: check under WATCH, append in MULTI; returns the hits."""
     with r.pipeline() as pipe:
-        pipe.watch(replay.watch_key(study_id))
+        pipe.watch(state.replay_key(study_id))
         hits = int(replay.seen(pipe, study_id, ids).sum())
         pipe.multi()
         replay.add(pipe, study_id, ids, now_ms)
@@ -433,7 +433,7 @@ def replay_memory(sizes: list[int], checks: int = 10**6) -> list[list[str]]:
                 used = int(r.info("memory")["used_memory"]) - base
                 fresh = _random_ids(rng, checks, bits)
                 with r.pipeline() as pipe:
-                    pipe.watch(replay.watch_key("mem"))
+                    pipe.watch(state.replay_key("mem"))
                     t0 = time.perf_counter()
                     false_pos = int(replay.seen(pipe, "mem", fresh).sum())
                     t_check = time.perf_counter() - t0

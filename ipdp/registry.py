@@ -160,8 +160,14 @@ def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
     return created
 
 
-def _load_key(r: redis.Redis, study_id: str,
-              trusted: TrustedKeys | None) -> tuple[Study, StudyStatus] | None:
+def load_study(r: redis.Redis, study_id: str,
+               trusted: TrustedKeys | None = None) -> tuple[Study, StudyStatus] | None:
+    """(study, status) from Redis, or None if unknown.
+
+    With ``trusted`` keys the study comes from its stored envelope, verified; raises
+    :class:`SignatureError` when that signature does not verify, :class:`MalformedValue` when
+    the stored study cannot be read.
+    """
     raw = r.hmget(study_key(study_id), ["json", "status", "envelope"])
     if raw[0] is None:
         return None
@@ -177,23 +183,12 @@ def _load_key(r: redis.Redis, study_id: str,
     return study, status
 
 
-def load_study(r: redis.Redis, study_id: str,
-               trusted: TrustedKeys | None = None) -> tuple[Study, StudyStatus] | None:
-    """(study, status) from Redis, or None if unknown.
-
-    With ``trusted`` keys the study comes from its stored envelope, verified; raises
-    :class:`SignatureError` when that signature does not verify, :class:`MalformedValue` when
-    the stored study cannot be read.
-    """
-    return _load_key(r, study_id, trusted)
-
-
 def study_by_hash(r: redis.Redis, h: bytes,
                   trusted: TrustedKeys | None = None) -> tuple[Study, StudyStatus] | None:
     """(study, status) for a 16-byte wire hash, or None if no study has it (``trusted`` as in
     :func:`load_study`)."""
     study_id = _text(r.hget(STUDY_HASHES, bytes(h)))
-    return None if study_id is None else _load_key(r, study_id, trusted)
+    return None if study_id is None else load_study(r, study_id, trusted)
 
 
 def close_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
@@ -237,7 +232,7 @@ def list_studies(r: redis.Redis) -> list[tuple[Study, StudyStatus]]:
     ids = sorted({_text(v) for v in r.hvals(STUDY_HASHES)})
     out = []
     for study_id in ids:
-        got = _load_key(r, study_id, None)
+        got = load_study(r, study_id)
         if got is not None:
             out.append(got)
     return out

@@ -62,19 +62,15 @@ def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no
     started = time.perf_counter()
     solution = solve_constrained(a + cal.delta_in * np.eye(study.d), b, study.eta)
     solve_s = time.perf_counter() - started
+    # The study's guarantee after rounds 1 … round_no for a device in each once (at the
+    # budget's δ when the study has a budget).
+    composed = compose(cal.epsilon, cal.guaranteed_delta, round_no, study.budget_delta)
     return ModelMessage(
         study_id=study.study_id, round=round_no, n=count, d=study.d, loss=study.loss,
         weights=solution.w.tolist(), constraint_active=solution.constrained,
-        privacy=PrivacyReport.from_calibration(cal, composed_after(study, round_no)),
+        privacy=PrivacyReport.from_calibration(cal, composed),
         round_closed_ms=closed_ms, published_ms=int(time.time() * 1000),
     ), solve_s
-
-
-def composed_after(study: Study, round_no: int):
-    """The study's guarantee after rounds 1 … round_no for a device in each once (at the
-    budget's δ when the study has a budget)."""
-    cal = study.calibration
-    return compose(cal.epsilon, cal.guaranteed_delta, round_no, study.budget_delta)
 
 
 class Trainer:

@@ -141,14 +141,13 @@ def _drain(consumer, max_records: int, want: int, columnar: bool) -> tuple[list,
     while len(rows) < want and idle < 40:
         polled = consumer.poll(timeout_ms=250, max_records=max_records)
         idle = 0 if polled else idle + 1
-        for tp, recs in sorted(polled.items()):
-            for r in recs:
-                assert (type(r) is tuple) == columnar  # ConsumerRecord otherwise
-                if columnar:
-                    rows.append((tp.partition, r[0], r[1], decode_headers(r[2])))
-                else:
-                    rows.append((tp.partition, r.offset, r.value, r.headers))
         if polled:
+            # The columnar fetch hands over Polled chunks, kafka-python ConsumerRecords.
+            assert all((type(recs[0]) is fetch.Polled) == columnar for recs in polled.values())
+            batch = fetch.batch_of(polled)
+            assert len(batch) <= max_records  # kafka-python counts a chunk by its records
+            rows += zip(batch.partition.tolist(), batch.offset.tolist(), batch.values,
+                        map(decode_headers, batch.headers), strict=True)
             positions.append({tp.partition: consumer.position(tp) for tp in
                               sorted(consumer.assignment())})
     return rows, positions

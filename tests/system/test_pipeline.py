@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from aggregator.settings import AggregatorSettings
 from ipdp import state
 from ipdp.redis_io import redis_client
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, services, total_stats, wait_for
@@ -16,12 +18,16 @@ def _models(kafka, topics, study_id):
     return list(ModelSubscriber(kafka, topics, study_id=study_id, from_beginning=True))
 
 
+@pytest.mark.parametrize("columnar_fetch", [True, False], ids=["columnar", "library_parser"])
 def test_one_round_publishes_the_direct_solve_of_exactly_the_produced_records(
-        kafka_settings, redis_settings, topics):
+        kafka_settings, redis_settings, topics, columnar_fetch):
+    """Either parser hands the fold the same batches (IPDP_AGGREGATOR_COLUMNAR_FETCH)."""
     study = create(kafka_settings, redis_settings, topics, study_id="one-round", d=5, n=300,
                    epsilon=1.0, delta=0.01, delta_in=0.5)
     q, p = contribute(study, kafka_settings, topics, study.n, seed=1)
-    with services(kafka_settings, redis_settings, topics):
+    agg_settings = AggregatorSettings(group=f"agg-{topics.records}",
+                                      columnar_fetch=columnar_fetch)
+    with services(kafka_settings, redis_settings, topics, agg_settings=agg_settings):
         wait_for(lambda: len(_models(kafka_settings, topics, study.study_id)) == 1,
                  GROUP_JOIN_TIMEOUT_S, "the round's model")
     (model,) = _models(kafka_settings, topics, study.study_id)
