@@ -23,21 +23,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ipdp.credentials import credentials_header
+from ipdp.credentials import credential_run_size, credentials_header
 from ipdp.metrics import GATEWAY_CONTAINER_RECORDS, GATEWAY_KAFKA_SECONDS
 from ipdp.wire import CONTAINER_HEADER_SIZE, container_of, record_size, study_headers
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ContainerRefused", "GroupCommit", "records_per_message"]
+__all__ = ["ContainerRefused", "GroupCommit"]
 
 #: Byte range of the record id inside a version-1 record (the Kafka key of a container).
 _RECORD_ID = slice(24, 40)
-
-
-def records_per_message(d: int, max_message_bytes: int) -> int:
-    """How many records of dimension d one container of at most ``max_message_bytes`` holds."""
-    return max(1, (max_message_bytes - CONTAINER_HEADER_SIZE) // record_size(d))
 
 
 class ContainerRefused(Exception):
@@ -54,6 +49,8 @@ class _Container:
     credentials: list[tuple[bytes, int]] = field(default_factory=list)
     """(device credential, its records' count) per request, in order, when the study requires
     credentials; the container's ``credentials`` header (ipdp.credentials)."""
+    header_bytes: int = 0
+    """Bytes of the ``credentials`` header so far (counted in the message size)."""
     waiters: list[asyncio.Future] = field(default_factory=list)
     linger: asyncio.TimerHandle | None = None
     deadline: asyncio.TimerHandle | None = None
@@ -86,7 +83,10 @@ class GroupCommit:
             raise ContainerRefused("not connected to Kafka yet")
         loop = asyncio.get_running_loop()
         size = record_size(d)
-        per = records_per_message(d, self.max_message_bytes)
+        # A credential travels in the container's header, once per request (a run): it counts
+        # against the message size with the records, or a full container of one-record devices
+        # would pass the limit Kafka and the aggregator hold it to.
+        run = 0 if credential is None else credential_run_size(credential)
         view = memoryview(records)
         waits = []
         while view:
@@ -94,16 +94,22 @@ class GroupCommit:
             if box is None:
                 box = self._open[study_id] = _Container(study_id)
                 box.linger = loop.call_later(self.linger_s, self._flush, box)
-            take = min(per - box.count, len(view) // size)
+            room = (self.max_message_bytes - CONTAINER_HEADER_SIZE - len(box.records)
+                    - box.header_bytes - run) // size
+            if room < 1 and box.count:
+                self._flush(box)
+                continue
+            take = min(max(room, 1), len(view) // size)
             box.records += view[:take * size]
             box.count += take
             if credential is not None:
                 box.credentials.append((credential, take))
+                box.header_bytes += run
             view = view[take * size:]
             waiter = loop.create_future()
             box.waiters.append(waiter)
             waits.append(waiter)
-            if box.count >= per:
+            if room - take < 1:
                 self._flush(box)
         for waiter in waits:
             await waiter

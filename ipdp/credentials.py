@@ -74,10 +74,25 @@ from ipdp.errors import IpdpError
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.wire import RejectReason
 
-__all__ = ["CREDENTIALS_HEADER", "MAX_TREE_HEIGHT", "TOKEN_SIZE", "Credential",
-           "CredentialRefused", "CredentialVerifier", "credential_id", "credentials_header",
-           "issue_batch", "issue_credential", "parse_token", "slot_record_ids", "token_from_text",
-           "token_size", "token_text", "tokens_of_header"]
+__all__ = [
+    "CREDENTIALS_HEADER",
+    "MAX_TREE_HEIGHT",
+    "TOKEN_SIZE",
+    "Credential",
+    "CredentialRefused",
+    "CredentialVerifier",
+    "credential_id",
+    "credential_run_size",
+    "credentials_header",
+    "issue_batch",
+    "issue_credential",
+    "parse_token",
+    "slot_record_ids",
+    "token_from_text",
+    "token_size",
+    "token_text",
+    "tokens_of_header",
+]
 
 TOKEN_VERSION = 1
 SIGNED_SIZE = 57
@@ -377,6 +392,11 @@ class CredentialVerifier:
             raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
                                     f"not valid before {cred.issued_ms} ms, now {now_ms} ms")
         return cred
+
+
+def credential_run_size(token: bytes) -> int:
+    """Bytes one (count, token) run takes in the ``credentials`` header."""
+    return _RUN.size + len(token)
 
 
 def credentials_header(runs: list[tuple[bytes, int]]) -> tuple[str, bytes]:

@@ -153,6 +153,35 @@ def test_records_per_device_holds_across_two_gateway_workers_and_a_restart(
 
 
 
+def test_credentials_count_against_the_message_size_of_a_shared_container(
+        kafka_settings, redis_settings, env_topics, tmp_path, monkeypatch):
+    topics = env_topics
+    issuer = generate_key_files(tmp_path / "issuer")
+    monkeypatch.setenv("IPDP_TRUSTED_CREDENTIAL_KEYS", issuer.public_b64)
+    study = create(kafka_settings, redis_settings, topics, study_id="gc5",
+                   require_credentials=True, **PARAMS)
+    t = now_ms()
+    devices = [token_text(x) for x in issue_batch(issuer, study.hash, t, t + 600_000, 12)]
+    # Twelve one-record devices within one linger: their records alone (12 × 96 bytes) fit one
+    # 2,000-byte message, their credentials (12 × 290 bytes) do not.
+    limit = 2_000
+    with running_gateway(kafka_settings, topics, linger_ms=300.0,
+                         max_message_bytes=limit) as url:
+        known(url, "gc5")
+
+        def post(credential: str) -> int:
+            with GatewayClient(url) as c:
+                return c.post_records("gc5", device_records(study, credential),
+                                      credential=credential).status
+
+        with ThreadPoolExecutor(12) as pool:
+            assert list(pool.map(post, devices)) == [202] * 12
+    messages = read_records(kafka_settings, topics.records, expected=12, timeout_s=3)
+    assert sum(len(tokens_of_header(m.headers)) for m in messages) == 12
+    assert all(len(m.value) + len(dict(m.headers)["credentials"]) <= limit for m in messages)
+    assert len(messages) < 12  # still shared
+
+
 def test_the_browser_sdk_sends_its_credential_to_a_real_gateway(
         kafka_settings, redis_settings, env_topics, tmp_path, monkeypatch):
     """The TypeScript SDK (built producer/web, run by Node with the fetch and WebCrypto a

@@ -9,7 +9,6 @@ import uuid
 import numpy as np
 import pytest
 
-from gateway.batcher import records_per_message
 from ipdp import registry
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer
@@ -84,7 +83,6 @@ def test_json_records_are_encoded_exactly_as_the_binary_form(
 def test_a_request_above_the_message_size_is_split_into_several_containers(
         study, kafka_settings, topics):
     size = 8 + 10 * record_size(D)
-    assert records_per_message(D, size) == 10
     with running_gateway(kafka_settings, topics, max_message_bytes=size) as url:
         known(url, study.study_id)
         batch = records(study, 25)
