@@ -159,8 +159,12 @@ def test_a_budget_for_exactly_two_rounds_closes_the_study_before_the_third(
     assert [m.round for m in models] == [1, 2]
     assert r.hget(state.study_key(study.study_id), "status") == StudyStatus.CLOSED.value.encode()
     assert r.hget(state.counts_key(study.study_id), "folded") == str(2 * study.n).encode()
+    # Each round enters as the deployed mechanism's (ε, δ): δ and the norm check's share.
+    per_round_delta = study.calibration.guaranteed_delta
+    assert per_round_delta == pytest.approx(0.01001, rel=1e-12)
     for m in models:
         assert (m.privacy.rounds_composed, m.privacy.composed_delta) == (m.round, 0.05)
-        assert m.privacy.composed_epsilon == composed_epsilon(1.0, 0.01, m.round, 0.05) <= 2.0
+        assert m.privacy.composed_epsilon == composed_epsilon(1.0, per_round_delta, m.round,
+                                                             0.05) <= 2.0
         assert "Kairouz" in m.privacy.composition and "one device" in m.privacy.unit
-    assert composed_epsilon(1.0, 0.01, 3, 0.05) > 2.0
+    assert composed_epsilon(1.0, per_round_delta, 3, 0.05) > 2.0
