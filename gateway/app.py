@@ -229,17 +229,17 @@ class Gateway:
                     request_timeout_ms=max(1000, timeout_ms - 100),
                     # send() runs on the event loop: bound how long it may block on metadata.
                     max_block_ms=min(timeout_ms, 2000),
-                    # The group commit has lingered already: send each container at once.
+                    # The group commit decides when a container goes: send each one at once.
                     linger_ms=0,
                     max_request_size=max(self.settings.max_message_bytes + 1024, 1 << 20))
                 log.info("gateway: Kafka producer connected to %s", self.kafka.bootstrap)
-                if self.owns_process:
-                    settle_heap()
             except Exception as exc:  # noqa: BLE001 - keep trying; /readyz says not ready
                 log.warning("gateway: cannot connect to Kafka at %s: %r", self.kafka.bootstrap,
                             exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
+        if self.owns_process:
+            settle_heap()
 
     def ready(self) -> tuple[bool, str]:
         """Ready: producer bootstrapped, no Kafka failure in the last ``kafka_timeout_s``, and

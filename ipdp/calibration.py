@@ -88,6 +88,12 @@ class Calibration(BaseModel):
         return self.delta + self.norm_check_delta
 
     @property
+    def guaranteed_delta_split(self) -> dict[str, float]:
+        """The parts of ``guaranteed_delta``: the calibration's ``delta_split`` and the norm
+        check's share (``norm_check``)."""
+        return {**self.delta_split, "norm_check": self.norm_check_delta}
+
+    @property
     def norm_check_delta(self) -> float:
         """(1 + e^ε)·n·π with π = :func:`honest_rejection_probability`: REJECTION_DELTA_SHARE·δ."""
         return REJECTION_DELTA_SHARE * self.delta

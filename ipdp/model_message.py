@@ -70,7 +70,7 @@ class PrivacyReport(BaseModel):
         fields = cal.model_dump(include=set(cls.model_fields))
         # The deployed mechanism's δ: the calibration's and the norm check's share.
         fields["delta"] = cal.guaranteed_delta
-        fields["delta_split"] = {**cal.delta_split, "norm_check": cal.norm_check_delta}
+        fields["delta_split"] = cal.guaranteed_delta_split
         if composed is not None:
             fields |= {"composed_epsilon": composed.epsilon, "composed_delta": composed.delta,
                        "rounds_composed": composed.rounds, "composition": composed.composition}

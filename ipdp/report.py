@@ -47,7 +47,7 @@ def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
     rows += [
         ("linear sensitivity", fmt(cal.linear_sensitivity)),
         ("ε split", _split(cal.epsilon_split)),
-        ("δ split", _split({**cal.delta_split, "norm_check": cal.norm_check_delta})),
+        ("δ split", _split(cal.guaranteed_delta_split)),
     ]
     local = (f"({fmt(cal.local_epsilon, 5)}, {fmt(cal.local_delta)})  — each record alone is "
              "only weakly protected; the central guarantee is the one to quote")

@@ -35,14 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from ipdp.calibration import (
-    REJECTION_DELTA_SHARE,
-    Calibration,
-    Mode,
-    RecordNormBounds,
-    calibrate,
-    record_norm_bounds,
-)
+from ipdp.calibration import Calibration, Mode, RecordNormBounds, calibrate, record_norm_bounds
 from ipdp.errors import CalibrationError, ConfigurationError, MalformedValue
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
@@ -252,9 +245,8 @@ class Study(BaseModel):
             return self.max_rounds
         from ipdp.accounting import rounds_within_budget
 
-        # Each round's δ is the deployed mechanism's (Calibration.guaranteed_delta).
-        within = rounds_within_budget(self.epsilon,
-                                      self.delta * (1.0 + REJECTION_DELTA_SHARE),
+        # Each round's δ is the deployed mechanism's, the norm check's share included.
+        within = rounds_within_budget(self.epsilon, self.calibration.guaranteed_delta,
                                       self.budget_epsilon,
                                       self.budget_delta,
                                       limit=self.max_rounds or BUDGET_ROUNDS_COUNTED)

@@ -30,6 +30,12 @@ export interface Credential {
   readonly expiresMs: number;
 }
 
+/** Where each version's token holds the fields a device reads (docs/wire-format.md). */
+const LAYOUTS = {
+  1: { credentialId: 17, issuedMs: 33, expiresMs: 41 },
+  2: { credentialId: 142, issuedMs: 17, expiresMs: 25 },
+} as const;
+
 /** Read a credential's fields (not its signature: the gateway checks that). */
 export function parseCredential(text: string): Credential {
   const trimmed = text.trim();
@@ -39,24 +45,19 @@ export function parseCredential(text: string): Credential {
   const binary = atob(trimmed.replace(/-/g, "+").replace(/_/g, "/") +
     "=".repeat((4 - (trimmed.length % 4)) % 4));
   const raw = Uint8Array.from(binary, (c) => c.charCodeAt(0));
-  const view = new DataView(raw.buffer);
-  if (raw[0] === 1 && raw.length === TOKEN_SIZE) {
-    return {
-      text: trimmed,
-      studyHash: raw.slice(1, 17),
-      credentialId: raw.slice(17, 33),
-      issuedMs: Number(view.getBigInt64(33, true)),
-      expiresMs: Number(view.getBigInt64(41, true)),
-    };
-  }
   const height = raw[41] ?? Infinity;
-  if (raw[0] === 2 && height <= MAX_TREE_HEIGHT && raw.length === BATCH_PATH_AT + 32 * height) {
+  const layout =
+    raw[0] === 1 && raw.length === TOKEN_SIZE ? LAYOUTS[1]
+    : raw[0] === 2 && height <= MAX_TREE_HEIGHT && raw.length === BATCH_PATH_AT + 32 * height
+      ? LAYOUTS[2] : undefined;
+  if (layout !== undefined) {
+    const view = new DataView(raw.buffer);
     return {
       text: trimmed,
       studyHash: raw.slice(1, 17),
-      credentialId: raw.slice(142, 158),
-      issuedMs: Number(view.getBigInt64(17, true)),
-      expiresMs: Number(view.getBigInt64(25, true)),
+      credentialId: raw.slice(layout.credentialId, layout.credentialId + 16),
+      issuedMs: Number(view.getBigInt64(layout.issuedMs, true)),
+      expiresMs: Number(view.getBigInt64(layout.expiresMs, true)),
     };
   }
   throw new IpdpError(
