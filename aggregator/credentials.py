@@ -2,11 +2,11 @@
 only with a valid credential whose slots include their record id (ipdp.credentials).
 
 Runs after the stateless checks, on the rows of one study, and only for such studies. Each
-message's ``credentials`` header is read once (a container's records share it); each distinct
-token is checked once per process, and a version-2 batch's signature once for all its devices
-(ipdp.credentials.CredentialVerifier); the record ids of a credential are compared with its
-slots' ids in one numpy comparison. A slot used twice is
-refused by the fold's replay check (``credential_reused``), where the fold is exactly-once.
+message's ``credentials`` header is read once (a container's records share it) and each distinct
+token of a poll checked once (ipdp.credentials.CredentialVerifier: a version-1 token's signature
+once per process, a version-2 batch's once for all its devices, then a few hashes per device);
+the record ids of a credential are compared with its slots' ids in one numpy comparison. A slot
+used twice is refused by the fold's replay check (``credential_reused``), where the fold is exactly-once.
 """
 
 from __future__ import annotations

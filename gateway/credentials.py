@@ -1,10 +1,10 @@
 """The gateway's per-request credential check, for studies that require credentials.
 
 A device sends its credential as ``Authorization: IPDP-Credential <token>`` (ipdp.credentials).
-Admission verifies it once per token and process (cached by its bytes; a version-2 batch's
-signature once for all its devices) before the body is read; the records' ids must then be
-slots of that credential, each once in the request. A credential
-used again in another request, another worker or after a restart is answered 202 here and
+Admission verifies it before the body is read (ipdp.credentials.CredentialVerifier: a version-1
+token's signature once per token and process, a version-2 batch's once for all its devices,
+then a few hashes per device); the records' ids must then be slots of that credential, each
+once in the request. A credential used again in another request, another worker or after a restart is answered 202 here and
 dead-lettered ``credential_reused`` by the aggregator, where the fold is exactly-once: the
 gateway keeps no state that workers would have to share.
 """

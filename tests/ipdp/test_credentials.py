@@ -211,6 +211,35 @@ def test_the_verifier_checks_each_batch_signature_once(issuer, pinned, monkeypat
     assert len(calls) == 2
 
 
+def test_a_warm_verifier_decides_every_path_as_a_cold_one(issuer, pinned, monkeypatch):
+    # A tree taller than the verified nodes a verifier keeps (MEMO_LEVELS): a new device of a
+    # known batch hashes only up to the first verified node, and then its remaining path must
+    # equal the verified siblings, so an altered path is refused whatever was seen before.
+    study = Study(study_id="s", require_credentials=True, **PARAMS)
+    t = now()
+    height = credentials.MEMO_LEVELS + 2
+    tokens = issue_batch(issuer, study.hash, t, t + 60_000, 1 << height)
+    warm = CredentialVerifier(pinned)
+    for token in tokens[::7]:
+        warm.check(token, study.hash, t)
+    fresh = tokens[300]
+    path_at = len(fresh) - 32 * height
+    for at in [*range(path_at - 20, path_at), *range(path_at, len(fresh), 5)]:
+        altered = bytearray(fresh)
+        altered[at] ^= 0x01
+        assert refusal(warm, bytes(altered), study.hash, t) is RejectReason.CREDENTIAL_INVALID, at
+    hashed = []
+    real = hashlib.sha256
+    monkeypatch.setattr(credentials.hashlib, "sha256", lambda b: hashed.append(1) or real(b))
+    assert warm.check(fresh, study.hash, t).credential_id == credential_id(fresh)
+    assert len(hashed) <= 3  # leaf, then at most two levels below a verified node
+    hashed.clear()
+    assert CredentialVerifier(pinned).check(fresh, study.hash, t)
+    assert len(hashed) == height + 1  # a cold verifier walks the whole path
+    # No state per version-2 token: a million devices of one batch leave the heap as it was.
+    assert not warm._tokens._seen and len(warm._batches._seen) == 1
+
+
 def test_the_kafka_header_pairs_each_record_with_its_credential(issuer):
     a, b = (issue_credential(issuer, bytes(16), 0, 1) for _ in range(2))
     name, value = credentials_header([(a, 2), (b, 1)])
