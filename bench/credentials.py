@@ -15,9 +15,10 @@ process (time.process_time). With ``--http SECONDS``, also wrk (as in ``ipdp ben
 posting one record per request for SECONDS to a bare Starlette endpoint, then to one ``ipdp
 gateway`` worker for a study without credentials and for one that requires them, with version-1
 then version-2 tokens, each request a new device with its own credential (so every credential
-is verified once), on the embedded broker with an aggregator folding beside: requests/s against
-the bare endpoint, latency and the server's CPU per request; then what the aggregator folded and
-dead-lettered of the credential study. Prints markdown tables; nothing is asserted.
+is verified once), on the embedded broker, the aggregator paused while wrk runs and folding the
+backlog after each server, as in ``ipdp bench devices``: requests/s against the bare endpoint,
+latency and the server's CPU per request; then what the aggregator folded and dead-lettered of
+the credential study. Prints markdown tables; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -259,9 +260,10 @@ def credential_script(study: Study, tokens: list[bytes], threads: int) -> str:
 
 def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> dict:
     """wrk against a bare Starlette endpoint, then one ``ipdp gateway`` worker posting to a study
-    without credentials and to one that requires them (a new device per request), with an
-    aggregator folding beside, ``repeat`` times; the runs and the credential study's records."""
+    without credentials and to one that requires them (a new device per request), ``repeat``
+    times, the aggregator paused while wrk runs; the runs and the credential study's records."""
     import os
+    import signal
     import subprocess
     import sys
     import tempfile
@@ -292,10 +294,11 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
         for s_ in (plain, study):
             registry.create_study(r, producer, topics, s_)
         producer.close()
-        # More credentials than one run can use at this machine's rates (3,300 requests/s with
-        # credentials in the recorded run): no run reuses one.
-        tokens = {f"cred{v}": issue(key, study, int(seconds * 10_000) * repeat, v)
-                  for v in (1, 2)}
+        # More credentials than one run can use at this machine's rates (version 1: 4,400
+        # requests/s, version 2: 11,600 in the recorded runs), so no run reuses one: a reused
+        # credential would be dead-lettered, not folded, and its 202 would not be a device's.
+        tokens = {f"cred{v}": issue(key, study, int(seconds * per_s) * repeat, v)
+                  for v, per_s in ((1, 8_000), (2, 25_000))}
         scripts = {name: Path(tmp) / f"{name}.lua" for name in ("plain", "cred1", "cred2")}
         scripts["plain"].write_text(wrk_script(plain))
         env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
@@ -323,6 +326,10 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                     proc = subprocess.Popen(cmd, env=env)
                     try:
                         _wait_http(url, proc, "/healthz" if server == "bare" else "/readyz")
+                        # As in `ipdp bench devices`: the aggregator waits while wrk runs (on
+                        # two cores its CPU would go to the gateway's runs only) and folds
+                        # the backlog after each server's runs.
+                        os.kill(aggregator.pid, signal.SIGSTOP)
                         _wrk(f"{url}/studies/bench-plain/records", scripts["plain"], 1.0,
                              connections, threads)  # warm-up
                         targets = [("bare", plain, "plain")] if server == "bare" else \
@@ -341,6 +348,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                                 accepted += figures["accepted"]
                     finally:
                         _stop(proc)
+                        os.kill(aggregator.pid, signal.SIGCONT)
 
             def count(field: str) -> int:
                 return int(r.hget(state.counts_key(study.study_id), field) or 0)
@@ -380,8 +388,8 @@ def run(args: argparse.Namespace) -> int:
     if args.http:
         result = http_rows(args.http, args.connections, args.threads, args.repeat)
         print(f"\n#### Over HTTP: wrk -t{args.threads} -c{args.connections} -d{args.http:g}s, one "
-              "d = 14 record per request, 1 gateway worker, an aggregator beside; with "
-              "credentials each request is a new device\n")
+              "d = 14 record per request, 1 gateway worker, the aggregator paused while wrk "
+              "runs; with credentials each request is a new device\n")
         print("| run | server | requests/s | × bare | p50 ms | p99 ms | server CPU µs per "
               "request | non-202 |\n|---|---|---|---|---|---|---|---|")
         bare = {}

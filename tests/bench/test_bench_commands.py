@@ -79,3 +79,5 @@ def test_bench_credentials_prints_the_gateway_and_aggregator_costs():
     assert len(rates) == 4 and all(int(r.replace(",", "")) > 0 for r, _ in rates)
     assert rates[0][1] == "1.00"  # the bare endpoint is the yardstick
     assert "requests answered 202" in out.stdout
+    # Each request is a device of its own: nothing reused, so nothing dead-lettered.
+    assert "dead letters: none" in out.stdout
