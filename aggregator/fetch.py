@@ -109,69 +109,62 @@ class _Layout:
 
 def _template(buf: bytes, pos: int) -> _Layout:
     """Decode the record at ``pos`` (kafka-python's order and rules) into its layout."""
-    rel: list[int] = []
-    mask: list[int] = []
-    expect: list[int] = []
-
-    def same_bytes(start: int, end: int) -> None:
-        for i in range(start, end):
-            rel.append(i - pos)
-            mask.append(0xFF)
-            expect.append(buf[i])
-
-    def same_width(start: int, end: int) -> None:
-        for i in range(start, end):
-            rel.append(i - pos)
-            mask.append(0x80)
-            expect.append(0x80 if i < end - 1 else 0)
-
+    # (start, end, exact): bytes every record of the layout repeats exactly, or (not exact) a
+    # varint whose value may differ but whose width may not (only the continuation bits count).
+    spans: list[tuple[int, int, bool]] = []
     length, p = decode_varint(buf, pos)
-    same_bytes(pos, p)
+    spans.append((pos, p, True))
     body = p
     if length <= 0:
         raise ValueError(f"record length {length}")
     _, q = decode_varint(buf, p)  # attributes: kafka-python reads them as a varint
-    same_width(p, q)
+    spans.append((p, q, False))
     p = q
     _, q = decode_varint(buf, p)  # timestamp delta
-    same_width(p, q)
+    spans.append((p, q, False))
     p = q
     _, q = decode_varint(buf, p)  # offset delta
-    same_width(p, q)
+    spans.append((p, q, False))
     offset_rel, offset_width = p - pos, q - p
     if offset_width > MAX_OFFSET_DELTA_WIDTH:
         raise CorruptRecordError(f"offset delta of {offset_width} varint bytes")
     p = q
     key_len, q = decode_varint(buf, p)
-    same_bytes(p, q)
+    spans.append((p, q, True))
     p = q + max(key_len, 0)
     value_len, q = decode_varint(buf, p)
-    same_bytes(p, q)
+    spans.append((p, q, True))
     value_rel = q - pos
     p = q + max(value_len, 0)
     headers_rel = p - pos
     count, q = decode_varint(buf, p)
-    same_bytes(p, q)
+    spans.append((p, q, True))
     if count < 0:
         raise CorruptRecordError(f"Found invalid number of record headers {count}")
     p = q
     for _ in range(count):
         key_len, q = decode_varint(buf, p)
-        same_bytes(p, q)
+        spans.append((p, q, True))
         if key_len < 0:
             raise CorruptRecordError(f"Invalid negative header key size {key_len}")
         p = q + key_len
         value_len_h, q = decode_varint(buf, p)
-        same_bytes(p, q)
+        spans.append((p, q, True))
         p = q + max(value_len_h, 0)
     if p - body != length:
         raise CorruptRecordError(f"Invalid record size: expected to read {length} bytes in "
                                  f"record payload, but instead read {p - body}")
     if p > len(buf):
         raise ValueError("record runs past the batch")
-    return _Layout(p - pos, np.array(rel, np.int64), np.array(mask, np.uint8),
-                   np.array(expect, np.uint8), offset_rel, offset_width, value_rel, value_len,
-                   headers_rel, p - pos - headers_rel)
+    # Per byte: its position, whether it repeats exactly, and (a varint's width) whether its
+    # continuation bit is set: on every byte of a varint but the last.
+    at = [(i, exact, i < end - 1) for start, end, exact in spans for i in range(start, end)]
+    return _Layout(p - pos, np.array([i - pos for i, _, _ in at], np.int64),
+                   np.array([0xFF if exact else 0x80 for _, exact, _ in at], np.uint8),
+                   np.array([buf[i] if exact else 0x80 * more for i, exact, more in at],
+                            np.uint8),
+                   offset_rel, offset_width, value_rel, value_len, headers_rel,
+                   p - pos - headers_rel)
 
 
 def _zigzag_at(a: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:

@@ -8,7 +8,7 @@ Offsets are kept at two levels, as Kafka Streams keeps state per task:
 - the **group's checkpoint** (``state.offsets_key``): per partition, where to read next. It is
   moved forward (never back) after every study of the batch has committed, in one atomic
   script that also counts the batch's stateless refusals;
-- each **study's offsets** (``state.study_offsets_key``): per partition, the offset below which
+- each **study's offsets** (``state.StudyKeys.offsets``): per partition, the offset below which
   this study's records are folded. They are written in the study's transaction, with its
   statistics, its replay ids and its counts — every key of it in the study's hash slot.
 
@@ -24,6 +24,12 @@ retires every study's offsets of the old log at once.
 The phases of one study's fold are explicit: :meth:`Folder._read` (under WATCH) returns a
 :class:`StudyState`, :func:`decide` turns it and the study's rows into a :class:`StudyFold`
 without touching Redis, :func:`write_fold` queues that fold's writes after MULTI.
+
+Lua scripts go with ``EVAL`` (``execute_command``), which Redis caches by SHA, on one Redis as
+on a cluster: redis-py's cluster pipeline has neither ``eval`` nor EVALSHA script loading
+(redis-py issue #2914), and an unknown SHA inside MULTI would fail that one command at EXEC
+while the others still apply. Every key a script touches is passed as a key, so a cluster
+routes it to that slot.
 """
 
 from __future__ import annotations
@@ -50,7 +56,6 @@ from aggregator.validate import (
 )
 from ipdp import metrics, registry, state
 from ipdp.errors import MalformedValue, SignatureError
-from ipdp.redis_io import run_script
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus
 from ipdp.wire import MalformedRecord, RejectReason
@@ -254,45 +259,44 @@ def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
                      study_closed, True, offsets, rejected)
 
 
-def write_fold(pipe, fold: StudyFold, replay: ReplayIds, *, group: str, topic: str,
-               now_ms: int) -> None:
+def write_fold(pipe, fold: StudyFold, keys: state.StudyKeys, replay: ReplayIds, *, group: str,
+               topic: str, now_ms: int) -> None:
     """The write phase of one study: queue (after MULTI) everything ``fold`` decided; every
     key is in the study's hash slot."""
-    sid = fold.study.study_id
     for c in fold.closed:
         a_raw, b_raw = state.pack_stats(c.a, c.b)
-        pipe.hset(state.closed_key(sid, c.round_no), mapping={
+        pipe.hset(keys.closed(c.round_no), mapping={
             "A": a_raw, "b": b_raw, "count": fold.study.n, "closed_ms": now_ms})
-        pipe.sadd(state.unannounced_key(sid), c.round_no)
+        pipe.sadd(keys.unannounced, c.round_no)
     if fold.study_closed:
-        pipe.delete(state.open_key(sid))
-        pipe.hset(state.study_key(sid), "status", StudyStatus.CLOSED.value)
+        pipe.delete(keys.open)
+        pipe.hset(keys.study, "status", StudyStatus.CLOSED.value)
     elif len(fold.folded_ids):
         a_raw, b_raw = state.pack_stats(fold.a, fold.b)
-        pipe.hset(state.open_key(sid), mapping={"round": fold.round_no, "count": fold.count,
-                                                "A": a_raw, "b": b_raw})
+        pipe.hset(keys.open, mapping={"round": fold.round_no, "count": fold.count,
+                                      "A": a_raw, "b": b_raw})
     if len(fold.folded_ids):
-        replay.add(pipe, sid, fold.folded_ids, now_ms)
+        replay.add(pipe, keys, fold.folded_ids, now_ms)
     counts = {"folded": len(fold.folded_ids), "rounds_closed": len(fold.closed)}
     for x in fold.rejected:
         name = f"{state.REJECTED_FIELD}{x.reason.value}"
         counts[name] = counts.get(name, 0) + 1
     for name, k in counts.items():
         if k:
-            pipe.hincrby(state.counts_key(sid), name, k)
+            pipe.hincrby(keys.counts, name, k)
     if fold.offsets:
-        pipe.hset(state.study_offsets_key(sid, group, topic), mapping=fold.offsets)
+        pipe.hset(keys.offsets(group, topic), mapping=fold.offsets)
 
 
-def announce(r: redis.Redis, study_id: str, rounds: Sequence[int]) -> None:
+def announce(r: redis.Redis, keys: state.StudyKeys, rounds: Sequence[int]) -> None:
     """Put closed rounds on the trainer's stream, then forget them as unannounced. A crash in
     between announces them twice; the trainer skips a round already published."""
     if not rounds:
         return
     with r.pipeline(transaction=False) as pipe:
         for round_no in rounds:
-            pipe.xadd(state.ROUNDS_STREAM, {"study": study_id, "round": round_no})
-        pipe.srem(state.unannounced_key(study_id), *rounds)
+            pipe.xadd(state.ROUNDS_STREAM, {"study": keys.study_id, "round": round_no})
+        pipe.srem(keys.unannounced, *rounds)
         pipe.execute()
 
 
@@ -322,6 +326,7 @@ class Folder:
         self.trusted = trusted
         self._refused: dict[bytes, tuple[float, str]] = {}
         self.offsets_key = state.offsets_key(group, topic)
+        self.rejected_key = state.rejected_key(group, topic)
         self.clock = clock
         self._studies: dict[bytes, Study] = {}
         self.validator = Validator(replay_window_s=replay_window_s,
@@ -343,8 +348,9 @@ class Folder:
         """Announce every study's closed rounds that a crash left off the trainer's stream."""
         pending = 0
         for sid in sorted({v.decode() for v in self.r.hvals(state.STUDY_HASHES)}):
-            rounds = sorted(int(x) for x in self.r.smembers(state.unannounced_key(sid)))
-            announce(self.r, sid, rounds)
+            keys = state.StudyKeys(sid)
+            rounds = sorted(int(x) for x in self.r.smembers(keys.unannounced))
+            announce(self.r, keys, rounds)
             pending += len(rounds)
         return pending
 
@@ -395,61 +401,58 @@ class Folder:
         for v in sorted(valid, key=lambda v: v.study.study_id):
             self._fold_study(rows, v, spans, checkpoint, now_ms, dead_letter, result)
         if spans.first:
-            run_script(self.r, _CHECKPOINT_LUA,
-                       [self.offsets_key, state.rejected_key(self.group, self.topic)],
-                       [len(spans.last), *(x for p, last in spans.last.items()
-                                            for x in (p, last + 1)),
-                        *(y for x in stateless for y in (x.message.partition, x.message.offset,
-                                                         x.reason.value))])
+            self.r.execute_command(
+                "EVAL", _CHECKPOINT_LUA, 2, self.offsets_key, self.rejected_key,
+                len(spans.last), *(x for p, last in spans.last.items() for x in (p, last + 1)),
+                *(y for x in stateless for y in (x.message.partition, x.message.offset,
+                                                 x.reason.value)))
         return result
 
     def _fold_study(self, rows: Polled, v: ValidRows, spans: Spans, checkpoint: Checkpoint,
                     now_ms: int, dead_letter, result: FoldResult) -> None:
         """One study's transaction: read under WATCH, decide, write, EXEC (redone on conflict)."""
-        sid = v.study.study_id
+        keys = state.StudyKeys(v.study.study_id)
         sent: set[tuple[str, RejectReason]] = set()
         with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(state.study_key(sid), state.open_key(sid),
-                               state.replay_key(sid),
-                               state.study_offsets_key(sid, self.group, self.topic))
-                    fold = decide(rows, v, self._read(pipe, rows, v, checkpoint), spans,
+                    pipe.watch(keys.study, keys.open, keys.replay,
+                               keys.offsets(self.group, self.topic))
+                    fold = decide(rows, v, self._read(pipe, keys, rows, v, checkpoint), spans,
                                   checkpoint)
                     fresh = [x for x in fold.rejected if (x.source, x.reason) not in sent]
                     if dead_letter and fresh:
                         dead_letter(fresh)
                     sent.update((x.source, x.reason) for x in fresh)
                     pipe.multi()
-                    write_fold(pipe, fold, self.replay, group=self.group, topic=self.topic,
-                               now_ms=now_ms)
+                    write_fold(pipe, fold, keys, self.replay, group=self.group,
+                               topic=self.topic, now_ms=now_ms)
                     pipe.execute()
                     break
                 except redis.WatchError:
                     result.conflicts += 1
-        announce(self.r, sid, [c.round_no for c in fold.closed])
+        announce(self.r, keys, [c.round_no for c in fold.closed])
+        sid = keys.study_id
         result.rejected += fold.rejected
         if fold.was_open:
             result.folded[sid] = len(fold.folded_ids)
             result.closed_rounds += [(sid, c.round_no) for c in fold.closed]
             result.open_rounds[sid] = (fold.round_no, fold.count, fold.study.n)
 
-    def _read(self, pipe, rows: Polled, v: ValidRows, checkpoint: Checkpoint) -> StudyState:
+    def _read(self, pipe, keys: state.StudyKeys, rows: Polled, v: ValidRows,
+              checkpoint: Checkpoint) -> StudyState:
         """The read phase of one study, under WATCH."""
-        sid, d = v.study.study_id, v.study.d
         partitions = np.unique(rows.partition[v.row]).tolist()
-        status, (round_no, count, a_raw, b_raw), below = run_script(
-            pipe, _READ_STUDY_LUA,
-            [state.study_key(sid), state.open_key(sid),
-             state.study_offsets_key(sid, self.group, self.topic)],
-            [checkpoint.field(p) for p in partitions])
-        a, b = state.unpack_stats(a_raw, b_raw, d)
+        status, (round_no, count, a_raw, b_raw), below = pipe.execute_command(
+            "EVAL", _READ_STUDY_LUA, 3, keys.study, keys.open,
+            keys.offsets(self.group, self.topic), *(checkpoint.field(p) for p in partitions))
+        a, b = state.unpack_stats(a_raw, b_raw, v.study.d)
         return StudyState(
             None if status is None else StudyStatus(status.decode()),
             int(round_no) if round_no is not None else 1,
             int(count) if count is not None else 0, a, b,
             {p: int(x) for p, x in zip(partitions, below, strict=True) if x is not None},
-            self.replay.seen(pipe, sid, v.record_id))
+            self.replay.seen(pipe, keys, v.record_id))
 
     def _resolve(self, hashes: list[bytes]) -> dict[bytes, Resolved]:
         """Each study hash's study, refusal (a study whose signature does not verify, or whose
@@ -502,7 +505,7 @@ class Folder:
         if ask:
             with self.r.pipeline(transaction=False) as pipe:
                 for x in ask:
-                    pipe.exists(state.study_key(x))
+                    pipe.exists(state.StudyKeys(x).study)
                 for x, exists in zip(ask, pipe.execute(), strict=True):
                     out[x] = bool(exists)
                     if exists:

@@ -11,7 +11,8 @@ is up to a span behind the one that drops it. Nothing is kept per id but its 8 b
 Membership is decided here, with numpy, on this process's copy of the study's ids: under the
 fold's WATCH of the index, one script call reads the index and ships what other folds appended
 since this process last looked (and checks the copy is still a prefix of each bucket), then the
-batch is looked up in a few sorted arrays. The fold's MULTI appends the batch's blob; a concurrent fold of the same study
+batch is looked up in a few sorted arrays (the script goes with EVAL, as aggregator/fold.py
+says why). The fold's MULTI appends the batch's blob; a concurrent fold of the same study
 changes the index, so the EXEC fails and the fold is redone on fresh state. Truncating an id to
 64 bits makes a fresh id look replayed with probability ≈ (ids in the window) / 2⁶⁴ per check
 (docs/operations.md); a replay is never missed.
@@ -27,7 +28,6 @@ import numpy as np
 import redis
 
 from ipdp import state
-from ipdp.redis_io import run_script
 
 BUCKETS_PER_WINDOW = 24
 MIN_BUCKET_MS = 1000
@@ -84,11 +84,11 @@ class ReplayIds:
         self._lua = importlib.resources.files("aggregator").joinpath("replay.lua").read_text()
         self._studies: dict[str, _StudyIds] = {}
 
-    def seen(self, pipe, study_id: str, ids: np.ndarray) -> np.ndarray:
+    def seen(self, pipe, keys: state.StudyKeys, ids: np.ndarray) -> np.ndarray:
         """Whether each 16-byte id (rows of uint8) was folded within the window; ``pipe`` is in
-        its WATCH phase (commands run at once) with the study's ``state.replay_key``, the index
-        every fold of the study changes, watched."""
-        mine = self._studies.setdefault(study_id, _StudyIds())
+        its WATCH phase (commands run at once) with the study's ``keys.replay``, the index every
+        fold of the study changes, watched."""
+        mine = self._studies.setdefault(keys.study_id, _StudyIds())
         # One call reads the index and what is new in the buckets this process knows of; when
         # the index names another bucket (a new span, or another aggregator's), a second call
         # reads them all. The ids themselves are shipped only while the legacy sorted set
@@ -99,10 +99,9 @@ class ReplayIds:
             for end in ends:
                 b = mine.buckets.get(end, _Bucket())
                 args += [end, b.blobs, b.digest]
-            reply = run_script(
-                pipe, self._lua,
-                [state.seen_key(study_id), state.replay_key(study_id)]
-                + [state.replay_bucket_key(study_id, e) for e in ends], [*args, "read"])
+            reply = pipe.execute_command(
+                "EVAL", self._lua, 2 + len(ends), keys.seen, keys.replay,
+                *(keys.replay_bucket(e) for e in ends), *args, "read")
             current = sorted(int(e) for e in reply[1])
             if set(current) <= set(ends):
                 break
@@ -137,20 +136,19 @@ class ReplayIds:
         hit = np.empty(len(prefixes), bool)
         hit[order] = mine.contains(prefixes[order])
         if reply[0] and len(ids):  # the legacy sorted set still exists: check it as well
-            flags = run_script(pipe, self._lua,
-                               [state.seen_key(study_id), state.replay_key(study_id)],
-                               [np.ascontiguousarray(ids).tobytes(), "read"])
+            flags = pipe.execute_command("EVAL", self._lua, 2, keys.seen, keys.replay,
+                                         np.ascontiguousarray(ids).tobytes(), "read")
             hit |= np.frombuffer(flags[0], np.uint8) == ord("1")
         return hit
 
-    def add(self, pipe, study_id: str, ids: np.ndarray, now_ms: int) -> None:
+    def add(self, pipe, keys: state.StudyKeys, ids: np.ndarray, now_ms: int) -> None:
         """Queue (inside MULTI) the append of ``ids`` and the drop of expired buckets."""
         end = (now_ms // self.bucket_ms + 1) * self.bucket_ms
         # One span more than the stale check needs: the margin for aggregators' clocks.
         cutoff = now_ms - self.window_ms - self.skew_ms - self.bucket_ms
-        expired = [e for e in self._studies.get(study_id, _StudyIds()).buckets if e <= cutoff]
-        run_script(
-            pipe, self._lua,
-            [state.replay_key(study_id), state.replay_bucket_key(study_id, end),
-             state.seen_key(study_id)] + [state.replay_bucket_key(study_id, e) for e in expired],
-            [end, id_prefixes(ids).tobytes(), cutoff, *expired, "add"])
+        expired = [e for e in self._studies.get(keys.study_id, _StudyIds()).buckets
+                   if e <= cutoff]
+        pipe.execute_command(
+            "EVAL", self._lua, 3 + len(expired), keys.replay, keys.replay_bucket(end), keys.seen,
+            *(keys.replay_bucket(e) for e in expired),
+            end, id_prefixes(ids).tobytes(), cutoff, *expired, "add")

@@ -23,13 +23,13 @@ import numpy as np
 
 from aggregator.credentials import CredentialCheck
 from aggregator.fetch import NOT_IN_CONTAINER, Polled
-from ipdp.acceptance import RecordWindow, norm_failures
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study
 from ipdp.wire import (
     CONTAINER_VERSION,
     MalformedRecord,
     RecordBatch,
+    RecordWindow,
     RejectReason,
     decode_batch,
     split_container,
@@ -268,7 +268,7 @@ class Validator:
             return rows.take(np.zeros(len(rows), bool))
         sq_q, sq_p = ((rows.sq_q, rows.sq_p) if rows.sq_q is not None
                       else squared_norms(rows.q, rows.p))
-        checks = (norm_failures(study.norm_bounds, sq_q, sq_p)
+        checks = (study.norm_bounds.failures(sq_q, sq_p)
                   + self.window.failures(rows.created_ms, now_ms))
         ok = np.ones(len(rows), bool)
         for bad, reason, detail in checks:

@@ -351,7 +351,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                         os.kill(aggregator.pid, signal.SIGCONT)
 
             def count(field: str) -> int:
-                return int(r.hget(state.counts_key(study.study_id), field) or 0)
+                return int(r.hget(state.StudyKeys(study.study_id).counts, field) or 0)
 
             def refused() -> dict[str, int]:
                 return state.rejected_counts(r, AggregatorSettings().group, topics.records)

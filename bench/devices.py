@@ -218,7 +218,7 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
                "IPDP_GATEWAY_RATE_LIMIT_BURST": "1000000000"}
         aggregator = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"],
                                       env=env)
-        key = state.counts_key(STUDY_ID)
+        key = state.StudyKeys(STUDY_ID).counts
 
         def folded_now() -> int:
             return int(r.hget(key, "folded") or 0)

@@ -133,7 +133,7 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                     raise TimeoutError("the gateway accepted nothing within 60 s")
                 time.sleep(0.2)
             time.sleep(3 if workers > 1 else 0)
-            key = state.counts_key(study.study_id)
+            key = state.StudyKeys(study.study_id).counts
             deadline = time.monotonic() + 60
             while int(r.hget(key, "folded") or 0) < 1:
                 if time.monotonic() > deadline:

@@ -249,7 +249,7 @@ def _solve(study: Study, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def closed_rounds(r, study: Study) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
     """round → (A, b, count) of every closed round of `study` still in Redis."""
     out = {}
-    for key in r.scan_iter(match=state.closed_key(study.study_id, 0)[:-1] + "*"):
+    for key in r.scan_iter(match=state.StudyKeys(study.study_id).closed(0)[:-1] + "*"):
         raw = r.hmget(key, ["A", "b", "count"])
         a, b = state.unpack_stats(raw[0], raw[1], study.d)
         out[int(key.decode().rsplit(":", 1)[1])] = (a, b, int(raw[2]))
@@ -257,7 +257,7 @@ def closed_rounds(r, study: Study) -> dict[int, tuple[np.ndarray, np.ndarray, in
 
 
 def _open_round(r, study: Study) -> tuple[np.ndarray, np.ndarray, int]:
-    raw = r.hmget(state.open_key(study.study_id), ["A", "b", "count"])
+    raw = r.hmget(state.StudyKeys(study.study_id).open, ["A", "b", "count"])
     a, b = state.unpack_stats(raw[0], raw[1], study.d)
     return a, b, int(raw[2] or 0)
 
@@ -322,9 +322,9 @@ def run(args: argparse.Namespace) -> int:
             snapshot = (closed_rounds(r, study), _open_round(r, study))
             if args.partitions > 1:
                 trainer.start()
-            rounds_closed = int(r.hget(state.counts_key(study.study_id), "rounds_closed") or 0)
+            rounds_closed = int(r.hget(state.StudyKeys(study.study_id).counts, "rounds_closed") or 0)
             published = _wait(lambda: trainer.check() or r.hlen(
-                state.published_key(study.study_id)) == rounds_closed, DRAIN_TIMEOUT_S)
+                state.StudyKeys(study.study_id).published) == rounds_closed, DRAIN_TIMEOUT_S)
         finally:
             load.stop.set()
             aggregator.stop()
@@ -335,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
         models = {m.round: m for m in sub}
         letters, letter_messages = _dead_letters(kafka, topics.dead_letter, set(load.bad))
         q, p, _ = load.honest()
-        folded = int(r.hget(state.counts_key(study.study_id), "folded") or 0)
+        folded = int(r.hget(state.StudyKeys(study.study_id).counts, "folded") or 0)
         rejected = state.rejected_counts(r, "ipdp-aggregator", topics.records)
         expected_rejected: dict[str, int] = {}
         for reason in load.bad.values():
@@ -369,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
             (load.error is None, f"the load thread failed: {load.error!r}"),
             (stalled == 0, f"{stalled} restarted aggregator(s) made no progress within 60 s"),
             (drained, f"not drained: {consumed()} of {load.sent} records consumed"),
-            (published, (f"{r.hlen(state.published_key(study.study_id))} of {rounds_closed}"
+            (published, (f"{r.hlen(state.StudyKeys(study.study_id).published)} of {rounds_closed}"
                          " closed rounds published")),
             (not aggregator.died, f"the aggregator exited by itself: codes {aggregator.died}"),
             (not trainer.died, f"the trainer exited by itself: codes {trainer.died}"),

@@ -114,7 +114,7 @@ def fold_path(k14: int, figures: dict | None = None) -> list[list[str]]:
             rows.append([str(d), "5000", "decode + validate, no Redis",
                          f"{k / (time.perf_counter() - t0):,.0f}", "—"])
             for batch in (500, 2000, 5000, 20000):
-                r.delete(state.offsets_key("bench", f"t{d}"), state.open_key(study.study_id),
+                r.delete(state.offsets_key("bench", f"t{d}"), state.StudyKeys(study.study_id).open,
                          *_replay_keys(r, study.study_id))
                 wall0, cpu0 = time.perf_counter(), time.process_time()
                 for s in range(0, k, batch):
@@ -203,7 +203,7 @@ def scale_out(k_per_process: int, batch: int = 5000,
                     redis_cpu = sum(_cpu_seconds(pid) for pid in pids) - redis_cpu0
                     for w in workers:
                         w.join()
-                    folded = sum(int(r.hget(state.counts_key(sid), "folded") or 0)
+                    folded = sum(int(r.hget(state.StudyKeys(sid).counts, "folded") or 0)
                                  for sid in set(ids))
                     r.close()
                 rows.append([SCALE_REDIS[kind], "1" if shared else str(procs), str(procs),
@@ -277,7 +277,7 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
         t_last = time.perf_counter()
         producer.send(topics.records, value=last).get(timeout=30)
         deadline = time.monotonic() + 60
-        while not r.hexists(state.published_key(study.study_id), "1"):
+        while not r.hexists(state.StudyKeys(study.study_id).published, "1"):
             if time.monotonic() > deadline:
                 raise TimeoutError("no model within 60 s")
             time.sleep(0.01)
@@ -316,7 +316,7 @@ def _aggregator(env: dict, extra: dict) -> subprocess.Popen:
 def _time_folds(agg: subprocess.Popen, r, study: Study, k: int) -> tuple[float, float]:
     """(records/s, aggregator CPU µs per record) until ``k`` records of ``study`` are folded;
     both clocks start at the first fold: start-up and the group join are not counted."""
-    key = state.counts_key(study.study_id)
+    key = state.StudyKeys(study.study_id).counts
     first, cpu0 = None, 0.0
     while (folded := int(r.hget(key, "folded") or 0)) < k:
         if agg.poll() is not None:
@@ -363,8 +363,8 @@ def solve_times() -> list[list[str]]:
 
 def _replay_keys(r, study_id: str) -> list[str]:
     """The index and every bucket of a study's replay state."""
-    index = state.replay_key(study_id)
-    return [index] + [state.replay_bucket_key(study_id, int(e)) for e in r.hkeys(index)]
+    keys = state.StudyKeys(study_id)
+    return [keys.replay] + [keys.replay_bucket(int(e)) for e in r.hkeys(keys.replay)]
 
 
 def replay_bytes(r, study_id: str) -> int:
@@ -374,11 +374,12 @@ def replay_bytes(r, study_id: str) -> int:
 
 def _replay_batch(r, replay: ReplayIds, study_id: str, ids: np.ndarray, now_ms: int) -> int:
     """One fold's worth of replay work: check under WATCH, append in MULTI; returns the hits."""
+    keys = state.StudyKeys(study_id)
     with r.pipeline() as pipe:
-        pipe.watch(state.replay_key(study_id))
-        hits = int(replay.seen(pipe, study_id, ids).sum())
+        pipe.watch(keys.replay)
+        hits = int(replay.seen(pipe, keys, ids).sum())
         pipe.multi()
-        replay.add(pipe, study_id, ids, now_ms)
+        replay.add(pipe, keys, ids, now_ms)
         pipe.execute()
     return hits
 
@@ -421,6 +422,7 @@ def replay_memory(sizes: list[int], checks: int = 10**6) -> list[list[str]]:
             with EmbeddedRedis(extra_args=["--appendonly", "no"]) as srv:
                 r = redis_client(srv.settings())
                 replay = ReplayIds(r, replay_window_s=86_400, max_future_skew_s=300)
+                keys = state.StudyKeys("mem")
                 now = int(time.time() * 1000)
                 base = int(r.info("memory")["used_memory"])
 
@@ -428,14 +430,14 @@ def replay_memory(sizes: list[int], checks: int = 10**6) -> list[list[str]]:
                     chunk = _random_ids(rng, min(100_000, n - s), bits)
                     with r.pipeline() as pipe:
                         for c in range(0, len(chunk), 5000):
-                            replay.add(pipe, "mem", chunk[c:c + 5000], now)
+                            replay.add(pipe, keys, chunk[c:c + 5000], now)
                         pipe.execute()
                 used = int(r.info("memory")["used_memory"]) - base
                 fresh = _random_ids(rng, checks, bits)
                 with r.pipeline() as pipe:
-                    pipe.watch(state.replay_key("mem"))
+                    pipe.watch(keys.replay)
                     t0 = time.perf_counter()
-                    false_pos = int(replay.seen(pipe, "mem", fresh).sum())
+                    false_pos = int(replay.seen(pipe, keys, fresh).sum())
                     t_check = time.perf_counter() - t0
                     pipe.unwatch()
                 per_id = replay_bytes(r, "mem")
@@ -459,8 +461,8 @@ def memory(quick: bool, figures: dict | None = None) -> list[list[str]]:
             for s in range(0, k, 100_000):
                 values = _records(study, min(100_000, k - s), seed=s)
                 folder.fold(_polled(values, 0, len(values), first_offset=s))
-            stats = r.memory_usage(state.open_key(study.study_id))
-            payload = sum(r.hstrlen(state.open_key(study.study_id), f) for f in ("A", "b"))
+            stats = r.memory_usage(state.StudyKeys(study.study_id).open)
+            payload = sum(r.hstrlen(state.StudyKeys(study.study_id).open, f) for f in ("A", "b"))
             offsets = r.memory_usage(state.offsets_key(f"mem{k}", "t"))
             seen = replay_bytes(r, study.study_id)
             rows.append([f"{k:,}", str(payload), str(stats), str(offsets), f"{seen:,}",

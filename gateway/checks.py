@@ -15,9 +15,8 @@ from math import hypot, isfinite
 
 import numpy as np
 
-from ipdp.acceptance import RecordWindow, norm_failures
 from ipdp.study import Study
-from ipdp.wire import WIRE_VERSION, RejectReason, record_size, squared_norms
+from ipdp.wire import WIRE_VERSION, RecordWindow, RejectReason, record_size, squared_norms
 
 __all__ = ["HTTP_STATUS", "RECORD_OK", "check_records", "first_rejection", "reason_of"]
 
@@ -87,7 +86,7 @@ def check_records(records: bytes, study: Study, window: RecordWindow, now_ms: in
     (:func:`reason_of`), uint8 (k,).
 
     Checks, in order: version, reserved bytes, the header's d against the study's, finite q̃ and
-    p̃, the study hash, then what the aggregator would dead-letter (ipdp.acceptance): norms
+    p̃, the study hash, then what the aggregator would dead-letter (RecordNormBounds and RecordWindow): norms
     outside the study's two-sided bounds, creation time outside ``window``. Every check is one
     comparison over all k rows of 64-bit words (the header word holds version, reserved bytes
     and d), so one record or ten thousand cost a handful of numpy calls. ``len(records)`` must be a multiple of the record size (see
@@ -108,7 +107,7 @@ def check_records(records: bytes, study: Study, window: RecordWindow, now_ms: in
     finite = np.isfinite(values).all(axis=1)
     sq_q, sq_p = squared_norms(values[:, :d], values[:, d:])
     # Assigned from the last check to the first, so each row keeps its first failure.
-    for bad, reason, _ in reversed(norm_failures(study.norm_bounds, sq_q, sq_p)
+    for bad, reason, _ in reversed(study.norm_bounds.failures(sq_q, sq_p)
                                    + window.failures(words[:, 5].view("<i8"), now_ms)):
         verdict[bad] = _CODES[reason]
     verdict[(words[:, 1] != study_hash[0]) | (words[:, 2] != study_hash[1])] = _STUDY_MISMATCH
@@ -168,10 +167,10 @@ def _inside(study: Study, values: memoryview, window: RecordWindow, created_ms: 
 
 
 def _acceptance_detail(record: bytes, study: Study, window: RecordWindow, now_ms: int) -> str:
-    """The detail of the first acceptance check (ipdp.acceptance) one record fails."""
+    """The detail of the first acceptance check (norms, then time window) one record fails."""
     values = np.frombuffer(record, "<f8", offset=48).reshape(1, -1)
     sq_q, sq_p = squared_norms(values[:, :study.d], values[:, study.d:])
-    checks = (norm_failures(study.norm_bounds, sq_q[0], sq_p[0])
+    checks = (study.norm_bounds.failures(sq_q[0], sq_p[0])
               + window.failures(_created_ms(record), now_ms))
     return next(detail for bad, _, detail in checks if bad)
 

@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ipdp.errors import CalibrationError
+from ipdp.wire import RejectReason
 
 Mode = Literal["rigorous", "paper"]
 
@@ -80,33 +81,22 @@ class Calibration(BaseModel):
     """Predicted error D of the direction of w, what Step 8 minimises for logistic loss (rigorous
     mode, logistic studies only); it reads no data."""
 
-    @property
-    def guaranteed_delta(self) -> float:
-        """δ of the deployed mechanism, the one ipdp reports: Steps 1–7 prove (ε, δ) for the
-        first n records, and the aggregator's norm check, which may refuse an honest record,
-        adds ``norm_check_delta`` (docs/privacy.md, "The norm check")."""
-        return self.delta + self.norm_check_delta
-
-    @property
-    def guaranteed_delta_split(self) -> dict[str, float]:
-        """The parts of ``guaranteed_delta``: the calibration's ``delta_split`` and the norm
-        check's share (``norm_check``)."""
-        return {**self.delta_split, "norm_check": self.norm_check_delta}
-
-    @property
-    def norm_check_delta(self) -> float:
-        """(1 + e^ε)·n·π with π = :func:`honest_rejection_probability`: REJECTION_DELTA_SHARE·δ."""
-        return REJECTION_DELTA_SHARE * self.delta
-
-    @property
-    def noise_std_q(self) -> float:
-        """Per-coordinate standard deviation of u, √(σ_u²/n)."""
-        return math.sqrt(self.sigma_u2 / self.n)
-
-    @property
-    def noise_std_p(self) -> float:
-        """Per-coordinate standard deviation of r, √(σ_b²/n)."""
-        return math.sqrt(self.sigma_b2 / self.n)
+    noise_std_q: float
+    """Per-coordinate standard deviation of u, √(σ_u²/n)."""
+    noise_std_p: float
+    """Per-coordinate standard deviation of r, √(σ_b²/n)."""
+    norm_check_delta: float
+    """δ the aggregator's norm check adds, which may refuse an honest record:
+    (1 + e^ε)·n·π = REJECTION_DELTA_SHARE·δ (docs/privacy.md, "The norm check")."""
+    honest_rejection_probability: float
+    """π = REJECTION_DELTA_SHARE·δ/((1 + e^ε)·n): the per-record false-rejection budget of the
+    norm check (record_norm_bounds)."""
+    guaranteed_delta: float
+    """δ of the deployed mechanism, the one ipdp reports: Steps 1–7 prove (ε, δ) for the first n
+    records, and the norm check adds ``norm_check_delta``."""
+    guaranteed_delta_split: dict[str, float]
+    """The parts of ``guaranteed_delta``: ``delta_split`` and the norm check's share
+    (``norm_check``)."""
 
 
 def kifer_sigma_b2(zeta: float, epsilon: float, delta: float) -> float:
@@ -754,14 +744,21 @@ def objective_perturbation(
 
 
 def _finish(**kw) -> Calibration:
-    n, lam, p_bound = kw["n"], kw["lam"], kw["p_bound"]
+    """The Calibration of a mode's noise, with every number derived from it computed here, once."""
+    n, lam, p_bound, epsilon, delta = kw["n"], kw["lam"], kw["p_bound"], kw["epsilon"], kw["delta"]
     std_q = math.sqrt(kw["sigma_u2"] / n)
     std_p = math.sqrt(kw["sigma_b2"] / n)
     local = local_epsilon(
         sensitivity_over_sigma=_pair_mu(2.0 * math.sqrt(lam), std_q, 2.0 * p_bound, std_p),
-        delta=kw["delta"],
+        delta=delta,
     )
-    return Calibration(**kw, local_epsilon=local, local_delta=kw["delta"])
+    norm_check = REJECTION_DELTA_SHARE * delta
+    return Calibration(
+        **kw, local_epsilon=local, local_delta=delta, noise_std_q=std_q, noise_std_p=std_p,
+        norm_check_delta=norm_check,
+        honest_rejection_probability=norm_check / ((1.0 + math.exp(min(epsilon, 700.0))) * n),
+        guaranteed_delta=delta + norm_check,
+        guaranteed_delta_split={**kw["delta_split"], "norm_check": norm_check})
 
 
 def _pair_mu(sens_q: float, std_q: float, sens_p: float, std_p: float) -> float:
@@ -903,7 +900,9 @@ ipdp.losses.clip_rows can come out a few ulps above B."""
 
 @dataclass(frozen=True)
 class RecordNormBounds:
-    """The records the aggregator accepts: q_low ≤ ‖q̃‖ ≤ q_high and p_low ≤ ‖p̃‖ ≤ p_high."""
+    """The records the aggregator folds and the gateway admits: q_low ≤ ‖q̃‖ ≤ q_high and
+    p_low ≤ ‖p̃‖ ≤ p_high (one definition for both: aggregator/validate.py dead-letters what
+    fails, gateway/checks.py refuses it at once)."""
 
     q_low: float
     q_high: float
@@ -912,10 +911,20 @@ class RecordNormBounds:
     probability: float
     """π: an honest record is rejected with probability ≤ π, whatever its clean (q, p)."""
 
-
-def honest_rejection_probability(cal: Calibration) -> float:
-    """π = REJECTION_DELTA_SHARE·δ/((1 + e^ε)·n): the per-record false-rejection budget."""
-    return REJECTION_DELTA_SHARE * cal.delta / ((1.0 + math.exp(min(cal.epsilon, 700.0))) * cal.n)
+    def failures(self, sq_q, sq_p) -> list[tuple[object, RejectReason, str]]:
+        """Where the squared norms (ipdp.wire.squared_norms, so that a record at a bound gets one
+        verdict wherever it is checked) fail this check: ``(where, reason, detail)`` triples in
+        the order the aggregator and the gateway apply them, for arrays or scalars."""
+        return [
+            (sq_q > self.q_high**2, RejectReason.NORM_OUT_OF_BOUNDS,
+             f"‖q̃‖ exceeds {self.q_high:.4g}"),
+            (sq_p > self.p_high**2, RejectReason.NORM_OUT_OF_BOUNDS,
+             f"‖p̃‖ exceeds {self.p_high:.4g}"),
+            (sq_q < self.q_low**2, RejectReason.NORM_OUT_OF_BOUNDS,
+             f"‖q̃‖ is below {self.q_low:.4g}: less noise than any honest device adds"),
+            (sq_p < self.p_low**2, RejectReason.NORM_OUT_OF_BOUNDS,
+             f"‖p̃‖ is below {self.p_low:.4g}: less noise than any honest device adds"),
+        ]
 
 
 def record_norm_bounds(cal: Calibration, probability: float | None = None) -> RecordNormBounds:
@@ -924,21 +933,15 @@ def record_norm_bounds(cal: Calibration, probability: float | None = None) -> Re
     With s the noise std and c the clean vector (‖c‖ ≤ B: √λ for q, P for p), ‖c + g‖²/s² is
     noncentral χ²_d(‖c‖²/s²), stochastically increasing in ‖c‖: the upper tail is largest at
     ‖c‖ = B, the lower tail at c = 0. Each of the four tails gets π/4, so an honest record is
-    rejected with probability ≤ π (default: honest_rejection_probability).
+    rejected with probability ≤ π (default: ``cal.honest_rejection_probability``).
     """
     if probability is None:
-        probability = honest_rejection_probability(cal)
+        probability = cal.honest_rejection_probability
     if not 0.0 < probability < 1.0:
         raise CalibrationError(f"rejection probability {probability} must lie in (0, 1)")
-    return _record_norm_bounds(cal.noise_std_q, cal.noise_std_p, cal.d, math.sqrt(cal.lam),
-                               cal.p_bound, probability)
-
-
-@lru_cache(maxsize=256)
-def _record_norm_bounds(std_q: float, std_p: float, d: int, q_bound: float, p_bound: float,
-                        probability: float) -> RecordNormBounds:
-    q_low, q_high = noisy_norm_interval(std_q, d, q_bound, probability / 4.0)
-    p_low, p_high = noisy_norm_interval(std_p, d, p_bound, probability / 4.0)
+    q_low, q_high = noisy_norm_interval(cal.noise_std_q, cal.d, math.sqrt(cal.lam),
+                                        probability / 4.0)
+    p_low, p_high = noisy_norm_interval(cal.noise_std_p, cal.d, cal.p_bound, probability / 4.0)
     return RecordNormBounds(q_low, q_high, p_low, p_high, probability)
 
 

@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import threading
+from dataclasses import dataclass
 
 from ipdp import metrics
 
@@ -33,12 +34,13 @@ def install_signal_handlers(stop_event: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
 
+@dataclass
 class Backoff:
     """Delays initial·2^k, capped at `maximum`, each drawn uniformly from [delay/2, delay]."""
 
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial, self.maximum = initial, maximum
-        self.attempt = 0
+    initial: float
+    maximum: float
+    attempt: int = 0
 
     def next(self) -> float:
         """The next delay in seconds."""

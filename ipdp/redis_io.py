@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import redis
-from redis.commands.core import Script
 
 from ipdp.errors import ConfigurationError, RedisAuthError
 from ipdp.settings import RedisSettings
 
-__all__ = ["check_redis", "describe", "redis_client", "run_script"]
+__all__ = ["check_redis", "describe", "redis_client"]
 
 
 def redis_client(s: RedisSettings) -> redis.Redis:
@@ -52,26 +51,6 @@ def redis_client(s: RedisSettings) -> redis.Redis:
             kw["ssl"] = True
         return redis.RedisCluster(**kw)
     return redis.Redis(connection_pool=pool)
-
-
-_SCRIPTS: dict[str, Script] = {}
-
-
-def run_script(client, text: str, keys: list, args: list):
-    """Run the Lua script ``text`` with its keys declared, on a client, a pipeline (queued
-    after MULTI, or at once while watching) or their cluster forms.
-
-    On one Redis this is EVALSHA (a pipeline loads the script before its EXEC). A cluster
-    pipeline refuses EVALSHA (redis-py issue #2914), and an unknown SHA inside MULTI would
-    fail that one command at EXEC while the others still apply, so on a cluster the text is
-    sent with EVAL (Redis caches it by its SHA): every key in ``keys`` routes it to its slot.
-    """
-    if isinstance(client, redis.RedisCluster):  # a ClusterPipeline is one too
-        return client.execute_command("EVAL", text, len(keys), *keys, *args)
-    script = _SCRIPTS.get(text)
-    if script is None:
-        script = _SCRIPTS[text] = Script(client, text)
-    return script(keys=keys, args=args, client=client)
 
 
 def _without_password(url: str) -> str:

@@ -35,7 +35,7 @@ from ipdp.errors import ConfigurationError, SignatureError, StudyExists, Unknown
 from ipdp.kafka_io import send_and_wait
 from ipdp.settings import TopicSettings
 from ipdp.signing import SigningKey, TrustedKeys
-from ipdp.state import STUDY_HASHES, published_key, study_key
+from ipdp.state import STUDY_HASHES, StudyKeys
 from ipdp.study import Study, StudyStatus, parse_study_message, study_message
 from ipdp.topic_values import invalid_fields, load_json_object
 
@@ -99,7 +99,7 @@ def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None 
     exists, a given key re-signs its current status. Raises :class:`StudyExists` if the id is
     taken by different parameters, or its wire hash by another id.
     """
-    key = study_key(study.study_id)
+    key = StudyKeys(study.study_id).study
     with r.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -156,7 +156,7 @@ def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
                     "refuse it, and anyone who can write the studies topic can redefine it for "
                     "devices that do not (docs/security.md)", study.study_id)
     _, _, created = register_study(r, study, signing_key)
-    _publish(producer, topics, study.study_id, r.hget(study_key(study.study_id), "envelope"))
+    _publish(producer, topics, study.study_id, r.hget(StudyKeys(study.study_id).study, "envelope"))
     return created
 
 
@@ -168,7 +168,7 @@ def load_study(r: redis.Redis, study_id: str,
     :class:`SignatureError` when that signature does not verify, :class:`MalformedValue` when
     the stored study cannot be read.
     """
-    raw = r.hmget(study_key(study_id), ["json", "status", "envelope"])
+    raw = r.hmget(StudyKeys(study_id).study, ["json", "status", "envelope"])
     if raw[0] is None:
         return None
     status = StudyStatus(_text(raw[1]) or StudyStatus.OPEN)
@@ -200,7 +200,7 @@ def close_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
     nothing changes. Closing an already closed study re-publishes the closed state. Raises
     :class:`UnknownStudy`.
     """
-    key = study_key(study_id)
+    key = StudyKeys(study_id).study
     with r.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -240,4 +240,4 @@ def list_studies(r: redis.Redis) -> list[tuple[Study, StudyStatus]]:
 
 def rounds_published(r: redis.Redis, study_id: str) -> int:
     """How many rounds of the study have a published model."""
-    return int(r.hlen(published_key(study_id)))
+    return int(r.hlen(StudyKeys(study_id).published))

@@ -15,8 +15,8 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
-    from ipdp.acceptance import RecordWindow
     from ipdp.signing import TrustedKeys
+    from ipdp.wire import RecordWindow
 
 
 class KafkaSettings(BaseSettings):
@@ -96,7 +96,7 @@ class TopicSettings(BaseSettings):
 
 class RecordWindowSettings(BaseSettings):
     """When a record may have been created: what the aggregator folds and the gateway admits
-    (ipdp.acceptance.RecordWindow). AggregatorSettings extends it, so both read the same
+    (ipdp.wire.RecordWindow). AggregatorSettings extends it, so both read the same
     IPDP_AGGREGATOR_* variables."""
 
     model_config = SettingsConfigDict(env_prefix="IPDP_AGGREGATOR_", extra="ignore")
@@ -108,7 +108,7 @@ class RecordWindowSettings(BaseSettings):
 
     def window(self) -> RecordWindow:
         """The window these settings define, in milliseconds."""
-        from ipdp.acceptance import RecordWindow
+        from ipdp.wire import RecordWindow
 
         return RecordWindow(self.replay_window_s * 1000, self.max_future_skew_s * 1000)
 

@@ -42,54 +42,40 @@ REJECTED_FIELD = "rejected:"
 """Prefix of a study's counts field holding the refusals of one reason."""
 
 
-def study_key(study_id: str) -> str:
-    """Study definition and status."""
-    return f"{PREFIX}:{{{study_id}}}:study"
+class StudyKeys:
+    """Every Redis key of one study, named once: the hash tag ``{<id>}`` puts them all in one
+    slot, so one transaction may touch any of them (the table above says what each holds)."""
 
+    def __init__(self, study_id: str) -> None:
+        self.study_id = study_id
+        self._tag = f"{PREFIX}:{{{study_id}}}"
+        self.study = f"{self._tag}:study"
+        """Study definition and status."""
+        self.open = f"{self._tag}:open"
+        """The open round's running statistics."""
+        self.unannounced = f"{self._tag}:unannounced"
+        """Closed rounds whose entry on ROUNDS_STREAM is not written yet."""
+        self.published = f"{self._tag}:published"
+        """Which rounds have a published model."""
+        self.replay = f"{self._tag}:replay"
+        """The replay buckets: bucket end time (ms) → number of blobs appended to it."""
+        self.seen = f"{self._tag}:seen"
+        """The replay set of earlier versions (a sorted set): read until its ids expire."""
+        self.counts = f"{self._tag}:counts"
+        """Per-study counters kept exactly (updated in the fold transaction)."""
 
-def open_key(study_id: str) -> str:
-    """The open round's running statistics."""
-    return f"{PREFIX}:{{{study_id}}}:open"
+    def closed(self, round_no: int) -> str:
+        """A closed round's statistics, kept until its model is published."""
+        return f"{self._tag}:closed:{round_no}"
 
+    def offsets(self, group: str, topic: str) -> str:
+        """Per partition (and epoch), the offset below which this study's records are folded
+        by ``group`` reading ``topic``."""
+        return f"{self._tag}:offsets:{group}:{topic}"
 
-def closed_key(study_id: str, round_no: int) -> str:
-    """A closed round's statistics, kept until its model is published."""
-    return f"{PREFIX}:{{{study_id}}}:closed:{round_no}"
-
-
-def unannounced_key(study_id: str) -> str:
-    """Closed rounds whose entry on ROUNDS_STREAM is not written yet."""
-    return f"{PREFIX}:{{{study_id}}}:unannounced"
-
-
-def published_key(study_id: str) -> str:
-    """Which rounds have a published model."""
-    return f"{PREFIX}:{{{study_id}}}:published"
-
-
-def study_offsets_key(study_id: str, group: str, topic: str) -> str:
-    """Per partition (and epoch), the offset below which this study's records are folded."""
-    return f"{PREFIX}:{{{study_id}}}:offsets:{group}:{topic}"
-
-
-def seen_key(study_id: str) -> str:
-    """The replay set of earlier versions (a sorted set): read until its ids expire, never written."""
-    return f"{PREFIX}:{{{study_id}}}:seen"
-
-
-def replay_key(study_id: str) -> str:
-    """The study's replay buckets: bucket end time (ms) → number of blobs appended to it."""
-    return f"{PREFIX}:{{{study_id}}}:replay"
-
-
-def replay_bucket_key(study_id: str, end_ms: int) -> str:
-    """One replay bucket: the truncated ids folded before ``end_ms``, one blob per fold."""
-    return f"{PREFIX}:{{{study_id}}}:replay:{end_ms}"
-
-
-def counts_key(study_id: str) -> str:
-    """Per-study counters kept exactly (updated in the fold transaction)."""
-    return f"{PREFIX}:{{{study_id}}}:counts"
+    def replay_bucket(self, end_ms: int) -> str:
+        """One replay bucket: the truncated ids folded before ``end_ms``, one blob per fold."""
+        return f"{self._tag}:replay:{end_ms}"
 
 
 def offsets_key(group: str, topic: str) -> str:
@@ -111,7 +97,7 @@ def rejected_counts(r: redis.Redis, group: str, topic: str) -> dict[str, int]:
     """Every refusal by reason: the group's, plus those each registered study counted."""
     totals = {k.decode(): int(v) for k, v in r.hgetall(rejected_key(group, topic)).items()}
     for sid in sorted({v.decode() for v in r.hvals(STUDY_HASHES)}):
-        for k, v in r.hgetall(counts_key(sid)).items():
+        for k, v in r.hgetall(StudyKeys(sid).counts).items():
             name = k.decode()
             if name.startswith(REJECTED_FIELD):
                 reason = name[len(REJECTED_FIELD):]
@@ -144,10 +130,10 @@ def _legacy_target(key: bytes) -> str | None:
     if m is None:
         return None
     if m.group(4) is not None:
-        return closed_key(m.group(4).decode(), int(m.group(5)))
+        return StudyKeys(m.group(4).decode()).closed(int(m.group(5)))
     kind, sid, end = m.group(1).decode(), m.group(2).decode(), m.group(3)
     if end is not None:
-        return replay_bucket_key(sid, int(end)) if kind == "replay" else None
+        return StudyKeys(sid).replay_bucket(int(end)) if kind == "replay" else None
     return f"{PREFIX}:{{{sid}}}:{kind}"
 
 

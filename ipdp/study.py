@@ -4,7 +4,7 @@ Validated once here, then trusted. The calibration is a pure function of these p
 contributors, aggregator and trainer each derive the same σ_u, σ_b and Δ_in from the study alone.
 The studies-topic codec lives here too: the message every device reads to learn a study.
 
-**Canonical text.** ``Study.canonical_text()`` is the study's parameters plus the noise stds a
+**Canonical text.** ``Study.canonical_text`` is the study's parameters plus the noise stds a
 device adds (``noise: {std_q, std_p}``), as ``json.dumps(sort_keys=True, separators=(",", ":"),
 ensure_ascii=True, allow_nan=False)``. Its SHA-256 (first 16 bytes) is the study hash every record
 carries, so a record names every parameter it was perturbed under, not just the study id.
@@ -224,17 +224,15 @@ class Study(BaseModel):
 
     @cached_property
     def norm_bounds(self) -> RecordNormBounds:
-        """The two-sided bounds on ‖q̃‖ and ‖p̃‖ every record must meet (ipdp.acceptance). The
-        first study a process checks imports scipy.stats (about a second): a reader computes
-        them when it learns the study, not when the first record arrives."""
+        """The two-sided bounds on ‖q̃‖ and ‖p̃‖ every record must meet (their ``failures``
+        say which do not). The first study a process checks imports scipy.stats (about a
+        second): a reader computes them when it learns the study, not when the first record
+        arrives."""
         return record_norm_bounds(self.calibration)
 
+    @cached_property
     def canonical_text(self) -> str:
         """The signed study JSON: every parameter plus the noise stds a device adds."""
-        return self._canonical_text
-
-    @cached_property
-    def _canonical_text(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"),
                           ensure_ascii=True, allow_nan=False)
 
@@ -255,7 +253,7 @@ class Study(BaseModel):
     @cached_property
     def hash(self) -> bytes:
         """The 16-byte study hash carried by every record: SHA-256 of the canonical text."""
-        return study_hash(self.canonical_text())
+        return study_hash(self.canonical_text)
 
     def to_json(self) -> str:
         """Canonical JSON (the form stored in Redis and on the studies topic)."""
@@ -271,7 +269,7 @@ def study_message(study: Study, status: StudyStatus | str,
                   signing_key: SigningKey | None = None) -> bytes:
     """The studies-topic value (format 2); unsigned (empty key id and signature) without a key."""
     status = _status(status)
-    text = study.canonical_text()
+    text = study.canonical_text
     kid, signature = ("", "") if signing_key is None else signing_key.sign(
         signed_bytes(status, text))
     return json.dumps({"format": STUDY_MESSAGE_FORMAT, "study": text, "status": status.value,
@@ -311,7 +309,7 @@ def parse_study_message(value: bytes, trusted: TrustedKeys | None = None,
         raise invalid_fields("study text", exc) from None
     except (TypeError, ValueError, ArithmeticError) as exc:  # raised inside a validator
         raise MalformedValue("invalid", f"study text: {type(exc).__name__}") from None
-    if study.canonical_text() != text:
+    if study.canonical_text != text:
         raise MalformedValue(
             "invalid", f"study {study.study_id!r}: its text is not the canonical text of its "
             "parameters (not the form this version writes)")

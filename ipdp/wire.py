@@ -94,6 +94,27 @@ class MalformedRecord(ValueError):
         return f"{self.reason.value}: {self.detail}"
 
 
+@dataclass(frozen=True)
+class RecordWindow:
+    """The creation times accepted at ``now_ms``: from now − the replay window (an older record's
+    id may be forgotten already, so it could be replayed: ``stale``) to now + the largest clock
+    lead of a device (``future``). One definition for the aggregator (aggregator/validate.py)
+    and the gateway (gateway/checks.py). Settings: ipdp.settings.RecordWindowSettings."""
+
+    replay_window_ms: int
+    max_future_skew_ms: int
+
+    def failures(self, created_ms, now_ms: int) -> list[tuple[object, RejectReason, str]]:
+        """Stale, then future, for one creation time or an array of them: ``(where it fails,
+        reason, detail)`` triples, as :meth:`ipdp.calibration.RecordNormBounds.failures`."""
+        return [
+            (created_ms < now_ms - self.replay_window_ms, RejectReason.STALE,
+             "created before the replay window"),
+            (created_ms > now_ms + self.max_future_skew_ms, RejectReason.FUTURE,
+             "created too far in the future"),
+        ]
+
+
 def study_hash(study_text: str) -> bytes:
     """Return the 16-byte wire identifier of a study: SHA-256 of its UTF-8 canonical text
     (ipdp.study.Study.canonical_text: every parameter and the noise stds), truncated."""

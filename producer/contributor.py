@@ -5,7 +5,7 @@ public bounds → add the study's Gaussian noise → wire-encode → produce. Th
 the call: they are not stored, logged, or sent; only (q̃, p̃), the study hash, a random record id
 and the creation time go on the wire (ipdp.wire).
 
-Noise comes from the operating system's CSPRNG (:class:`ipdp.noise.SystemNoise`: ``os.urandom``,
+Noise comes from the operating system's CSPRNG (:class:`ipdp.losses.SystemNoise`: ``os.urandom``,
 Box–Muller) unless another ``noise`` source is passed (tests only; the load generator passes its
 fast seeded generator to :func:`perturb_records`, because its devices are simulated). Record ids
 are always 16 bytes from ``os.urandom`` (UUID4-shaped), never from the noise source: replay
@@ -31,8 +31,7 @@ from ipdp.errors import (
     TooManyRecords,
     UnknownStudy,
 )
-from ipdp.losses import prepare
-from ipdp.noise import NoiseSource, SystemNoise
+from ipdp.losses import NoiseSource, SystemNoise, prepare
 from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
 from ipdp.signing import TrustedKeys, parse_trusted_keys
 from ipdp.study import Study
@@ -261,7 +260,7 @@ class Contributor:
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait for every queued record; raise :class:`ContributionError` if any new failure."""
         self.producer.flush(timeout=timeout_s)
-        failed = self.failed
+        _, failed = self._delivery.snapshot()
         if failed > self._reported_failures:
             new = failed - self._reported_failures
             self._reported_failures = failed

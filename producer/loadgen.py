@@ -6,7 +6,7 @@ encodes the rows in one structured-array pass, and each value goes to ``producer
 record id as the key. The only per-record Python work is the ``send`` call itself.
 
 Simulated devices draw their noise from numpy's PCG64 (OS-seeded unless an ``rng`` is passed, in
-tests), not from the CSPRNG real devices use (ipdp.noise): a simulator needs speed and
+tests), not from the CSPRNG real devices use (ipdp.losses.SystemNoise): a simulator needs speed and
 reproducibility, and its records protect no one. ``--seed`` on the command line seeds only the
 simulated dataset. Record ids always come from ``os.urandom``.
 """

@@ -23,7 +23,7 @@ def bad_signature() -> str:
 
 def signed_text(owner: SigningKey, study_id: str = "evil", **changes) -> bytes:
     """A study envelope signed by ``owner`` whose text holds ``changes`` (numbers as JSON text)."""
-    fields = json.loads(Study(study_id=study_id, **PARAMS).canonical_text())
+    fields = json.loads(Study(study_id=study_id, **PARAMS).canonical_text)
     fields.update({k: f"@{k}@" for k in changes})
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     for k, v in changes.items():

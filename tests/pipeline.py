@@ -121,8 +121,8 @@ def total_stats(redis_settings: RedisSettings, study: Study) -> tuple[np.ndarray
     """Σ over the open and all unpublished closed rounds of (A, b, count)."""
     r = redis_client(redis_settings)
     a, b, count = np.zeros((study.d, study.d)), np.zeros(study.d), 0
-    keys = [state.open_key(study.study_id)] + [
-        k.decode() for k in r.scan_iter(match=state.closed_key(study.study_id, 0)[:-1] + "*")]
+    keys = [state.StudyKeys(study.study_id).open] + [
+        k.decode() for k in r.scan_iter(match=state.StudyKeys(study.study_id).closed(0)[:-1] + "*")]
     for key in keys:
         raw = r.hmget(key, ["A", "b", "count"])
         if raw[0] is None:

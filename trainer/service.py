@@ -150,12 +150,13 @@ class Trainer:
         """Publish nothing for this round, say why in the log and in Redis, and move on."""
         log.error("study %s round %d: %s", sid, round_no, exc)
         metrics.ROUNDS_REFUSED.labels(sid).inc()
-        self.redis.hset(state.published_key(sid), str(round_no), f"refused: {exc}")
+        self.redis.hset(state.StudyKeys(sid).published, str(round_no), f"refused: {exc}")
         self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
 
     def _handle(self, entry_id: bytes, fields: dict) -> None:
         sid, round_no = fields[b"study"].decode(), int(fields[b"round"])
-        raw = self.redis.hgetall(state.closed_key(sid, round_no))
+        keys = state.StudyKeys(sid)
+        raw = self.redis.hgetall(keys.closed(round_no))
         if not raw:
             log.info("study %s round %d already published", sid, round_no)
             self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
@@ -181,8 +182,8 @@ class Trainer:
         # The study's keys in one transaction (one hash slot); the stream's acknowledgement after
         # it: a crash in between redelivers the entry, whose round is then found published.
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(state.closed_key(sid, round_no))
-            pipe.hset(state.published_key(sid), str(round_no), message.published_ms)
+            pipe.delete(keys.closed(round_no))
+            pipe.hset(keys.published, str(round_no), message.published_ms)
             pipe.execute()
         self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
         self.published += 1

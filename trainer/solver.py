@@ -29,10 +29,12 @@ is not unique and a ValueError is raised.
 
 Why an eigendecomposition: it is exact (no iterative linear solves), d is at most ~1000
 here, and it costs one O(d³) factorisation per round after which every μ costs O(d).
+Norms are ``math.hypot``'s, which neither overflows nor underflows in the squares.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,14 +61,6 @@ class Solution:
     w: np.ndarray
     multiplier: float
     constrained: bool
-
-
-def _norm(x: np.ndarray) -> float:
-    """Euclidean norm without overflow/underflow in the squares."""
-    m = float(np.max(np.abs(x))) if x.size else 0.0
-    if m == 0.0 or not np.isfinite(m):
-        return m
-    return m * float(np.sqrt(np.dot(x / m, x / m)))
 
 
 def _validate(H, b, eta) -> tuple[np.ndarray, np.ndarray, float]:
@@ -122,19 +116,19 @@ def solve_constrained(H: np.ndarray, b: np.ndarray, eta: float) -> Solution:
     lam[null] = 0.0
 
     c = V.T @ b
-    c_norm = _norm(c)
+    c_norm = math.hypot(*c)
     singular = bool(np.any(null))
     if singular:
         # Components of c on the null space below the rounding level of Vᵀb are zero.
-        if _norm(c[null]) <= d * _EPS * c_norm:
+        if math.hypot(*c[null]) <= d * _EPS * c_norm:
             c[null] = 0.0
-            c_norm = _norm(c)
+            c_norm = math.hypot(*c)
             range_ = ~null
-            free_norm = _norm(c[range_] / lam[range_])  # ‖H⁺b‖
+            free_norm = math.hypot(*(c[range_] / lam[range_]))  # ‖H⁺b‖
         else:
             free_norm = np.inf  # ‖p(μ)‖ → ∞ as μ → 0⁺
     else:
-        free_norm = _norm(c / lam)  # ‖H⁻¹b‖
+        free_norm = math.hypot(*(c / lam))  # ‖H⁻¹b‖
 
     if free_norm <= eta:
         if singular:
@@ -144,14 +138,14 @@ def solve_constrained(H: np.ndarray, b: np.ndarray, eta: float) -> Solution:
                 "the minimiser is not unique; H must be positive definite here"
             )
         w = V @ (c / lam)
-        wn = _norm(w)
+        wn = math.hypot(*w)
         if wn > eta:  # ‖c/λ‖ ≤ η but rounding in V·(c/λ) pushed it out by an ulp or so
             w *= eta / wn
         return Solution(w=w, multiplier=0.0, constrained=False)
 
     mu = _secular_root(lam, c, c_norm, eta)
     w = V @ (c / (lam + mu))
-    wn = _norm(w)
+    wn = math.hypot(*w)
     if wn != eta:
         w *= eta / wn
     return Solution(w=w, multiplier=float(mu), constrained=True)
@@ -172,7 +166,7 @@ def _secular_root(lam: np.ndarray, c: np.ndarray, c_norm: float, eta: float) -> 
     for _ in range(_MAX_ITER):
         den = lam + mu
         p = c / den
-        q = _norm(p)
+        q = math.hypot(*p)
         if q == eta:
             return mu
         if q > eta:

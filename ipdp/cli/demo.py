@@ -124,7 +124,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "waiting for the model …")
             model = _first_model(kafka, topics, study.study_id, children)
             folded = int(redis_client(rt.redis_settings()).hget(
-                state.counts_key(study.study_id), "folded") or 0)
+                state.StudyKeys(study.study_id).counts, "folded") or 0)
         finally:
             _stop_services(children)
     result = _evaluate(study, model, train, test)

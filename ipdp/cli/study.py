@@ -90,8 +90,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     cal = study.calibration
     if args.json:
         # "delta" is the calibration's; "guaranteed_delta" the published models' (docs/privacy.md).
-        print(json.dumps({**cal.model_dump(), "guaranteed_delta": cal.guaranteed_delta,
-                          "norm_check_delta": cal.norm_check_delta}, sort_keys=True))
+        print(json.dumps(cal.model_dump(), sort_keys=True))
     else:
         print(calibration_table(cal))
     return 0
@@ -138,14 +137,14 @@ def _int(v) -> int | None:
 
 def _study_info(r, study_id: str) -> dict:
     from ipdp.registry import envelope_signer, load_study, rounds_published
-    from ipdp.state import open_key, study_key
+    from ipdp.state import StudyKeys
 
     got = load_study(r, study_id)
     if got is None:
         raise UnknownStudy(f"unknown study {study_id!r}")
     study, status = got
-    created_ms, envelope = r.hmget(study_key(study_id), ["created_ms", "envelope"])
-    rnd, count = r.hmget(open_key(study_id), ["round", "count"])
+    created_ms, envelope = r.hmget(StudyKeys(study_id).study, ["created_ms", "envelope"])
+    rnd, count = r.hmget(StudyKeys(study_id).open, ["round", "count"])
     return {
         "study": study,
         "status": status,

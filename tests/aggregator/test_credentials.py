@@ -86,7 +86,7 @@ def test_only_records_with_a_valid_unused_credential_slot_are_folded(
     before = {reason: _dead_lettered(reason) for reason in REASONS}
     r = redis_client(redis_settings)
     with services(kafka_settings, redis_settings, topics, trainer=False):
-        wait_for(lambda: int(r.hget(state.counts_key("c1"), "folded") or 0) == 8
+        wait_for(lambda: int(r.hget(state.StudyKeys("c1").counts, "folded") or 0) == 8
                  and sum(_rejected(r, topics).values()) == 6, 60,
                  "the valid records folded and the bad ones dead-lettered")
     # A device that restarts and sends slot 0 again, to a restarted aggregator.
@@ -97,7 +97,7 @@ def test_only_records_with_a_valid_unused_credential_slot_are_folded(
     producer.close()
 
     assert total_stats(redis_settings, study)[2] == 8
-    assert int(r.hget(state.counts_key("c1"), "folded")) == 8
+    assert int(r.hget(state.StudyKeys("c1").counts, "folded")) == 8
     expected = {"credential_expired": 1, "credential_wrong_study": 1, "credential_untrusted": 1,
                 "credential_invalid": 1, "credential_missing": 1, "credential_bad_slot": 1,
                 "credential_reused": 1}
@@ -133,7 +133,7 @@ def test_loadgen_devices_with_issued_credentials_fold_once_each(
     assert short.returncode == 2 and "one per device" in short.stderr
     r = redis_client(redis_settings)
     with services(kafka_settings, redis_settings, topics, trainer=False):
-        wait_for(lambda: int(r.hget(state.counts_key("c3"), "folded") or 0) == 30
+        wait_for(lambda: int(r.hget(state.StudyKeys("c3").counts, "folded") or 0) == 30
                  and _rejected(r, topics).get("credential_reused", 0) == 30, 60,
                  "30 records folded and 30 reused slots dead-lettered")
     assert _rejected(r, topics) == \

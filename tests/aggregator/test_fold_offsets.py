@@ -131,9 +131,9 @@ def test_a_round_closed_but_not_announced_before_a_crash_is_announced_at_the_nex
     assert r.xlen(state.ROUNDS_STREAM) == 1
     # The state a crash after the fold's EXEC and before its XADD leaves behind.
     r.delete(state.ROUNDS_STREAM)
-    r.sadd(state.unannounced_key(study.study_id), 1)
+    r.sadd(state.StudyKeys(study.study_id).unannounced, 1)
     assert folder_for(redis_settings).announce_pending() == 1
     assert [(e[b"study"], e[b"round"]) for _, e in r.xrange(state.ROUNDS_STREAM)] == [
         (study.study_id.encode(), b"1")]
-    assert not r.exists(state.unannounced_key(study.study_id))
-    assert r.exists(state.closed_key(study.study_id, 1))
+    assert not r.exists(state.StudyKeys(study.study_id).unannounced)
+    assert r.exists(state.StudyKeys(study.study_id).closed(1))

@@ -76,7 +76,7 @@ def test_records_perturbed_under_a_forged_study_are_dead_lettered_never_folded(
         wait_for(lambda: state.rejected_counts(r, f"agg-{topics.records}", topics.records).get("study_mismatch", 0) == DEVICES + 10, 90,
                  "every forged record dead-lettered")
     assert total_stats(redis_settings, study)[2] == 0
-    assert not r.exists(state.open_key("s1"))
+    assert not r.exists(state.StudyKeys("s1").open)
     assert _sample("ipdp_records_dead_lettered_total",
                    {"reason": "study_mismatch"}) - before == DEVICES + 10
     capsys.readouterr()

@@ -161,7 +161,7 @@ def test_every_hostile_record_is_rejected_with_its_reason_and_leaves_the_statist
     assert count == 20
     np.testing.assert_allclose(a, q.T @ q, rtol=0, atol=ATOL)
     np.testing.assert_allclose(b, p.sum(axis=0), rtol=0, atol=ATOL)
-    assert not r.exists(state.open_key("closed"))
+    assert not r.exists(state.StudyKeys("closed").open)
 
 
 def test_replayed_record_is_rejected_in_the_same_batch_and_in_a_later_one(
@@ -189,13 +189,13 @@ def test_replay_ids_expire_after_the_window_and_are_the_only_thing_kept(redis_se
     t0 = int(clock[0] * 1000)
     old, _, _ = honest(study, 1, seed=3, created_ms=t0)
     r = redis_client(redis_settings)
-    index = state.replay_key(study.study_id)
+    index = state.StudyKeys(study.study_id).replay
     assert folder.fold([Message(0, 0, old[0])]).folded == {"hostile": 1}
     old_id = old[0][24:40]
     (end,) = [int(k) for k in r.hkeys(index)]  # one bucket of 1 s (window / 24, at least 1 s)
     assert t0 < end <= t0 + 1000
     # Only the first 8 bytes of the id, in the bucket of its fold time.
-    assert r.lrange(state.replay_bucket_key(study.study_id, end), 0, -1) == [old_id[:8]]
+    assert r.lrange(state.StudyKeys(study.study_id).replay_bucket(end), 0, -1) == [old_id[:8]]
 
     clock[0] += 5  # inside the window: a replay is caught by its id
     replay = folder.fold([Message(0, 1, old[0])])
@@ -204,9 +204,9 @@ def test_replay_ids_expire_after_the_window_and_are_the_only_thing_kept(redis_se
     clock[0] += 9  # past window + skew + a span: the bucket is dropped whole at the next fold...
     new, _, _ = honest(study, 1, seed=4, created_ms=int(clock[0] * 1000))
     assert folder.fold([Message(0, 2, new[0])]).folded == {"hostile": 1}
-    assert not r.exists(state.replay_bucket_key(study.study_id, end))
+    assert not r.exists(state.StudyKeys(study.study_id).replay_bucket(end))
     (later,) = [int(k) for k in r.hkeys(index)]
-    assert r.lrange(state.replay_bucket_key(study.study_id, later), 0, -1) == [new[0][24:32]]
+    assert r.lrange(state.StudyKeys(study.study_id).replay_bucket(later), 0, -1) == [new[0][24:32]]
     # ...and the replay is still refused: it is too old to be accepted at all.
     late = folder.fold([Message(0, 3, old[0])])
     assert [x.reason for x in late.rejected] == [RejectReason.STALE]
@@ -367,7 +367,7 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
     assert count == 200
     np.testing.assert_allclose(a, q.T @ q, rtol=0, atol=ATOL)
     np.testing.assert_allclose(b, p.sum(axis=0), rtol=0, atol=ATOL)
-    assert int(r.hget(state.counts_key(study.study_id), "folded")) == 200
+    assert int(r.hget(state.StudyKeys(study.study_id).counts, "folded")) == 200
 
 
 def test_a_record_dated_ahead_of_the_aggregator_clock_cannot_be_replayed_after_the_window(

@@ -40,7 +40,7 @@ def reasons(result) -> list[RejectReason]:
 
 
 def folded(redis_settings, study: Study) -> int:
-    return int(redis_client(redis_settings).hget(state.counts_key(study.study_id), "folded") or 0)
+    return int(redis_client(redis_settings).hget(state.StudyKeys(study.study_id).counts, "folded") or 0)
 
 
 def test_a_replay_is_rejected_within_a_batch_across_batches_and_across_rounds(redis_settings):
@@ -127,25 +127,25 @@ def test_a_bucket_is_dropped_once_window_plus_skew_has_passed_and_its_records_ar
     t0 = int(clock[0] * 1000)
     early, _, _ = honest(study, 2, seed=15, created_ms=t0)
     assert folder.fold([Message(0, 0, early[0])]).folded == {study.study_id: 1}
-    (first,) = [int(k) for k in r.hkeys(state.replay_key(study.study_id))]
+    (first,) = [int(k) for k in r.hkeys(state.StudyKeys(study.study_id).replay)]
     assert first - 2000 <= t0 < first
     clock[0] += 47  # inside the window: kept, and the record is not stale yet
     late, _, _ = honest(study, 1, seed=16, created_ms=int(clock[0] * 1000))
     assert reasons(folder.fold([Message(0, 1, early[0]), Message(0, 2, late[0])])) == [
         RejectReason.REPLAYED]
-    assert r.exists(state.replay_bucket_key(study.study_id, first))
+    assert r.exists(state.StudyKeys(study.study_id).replay_bucket(first))
     # At window + skew past its end the bucket is still kept: one span more is the margin for
     # an aggregator whose clock is behind the one that drops it.
     clock[0] = first / 1000 + 48 + 4
     kept, _, _ = honest(study, 1, seed=21, created_ms=int(clock[0] * 1000))
     assert folder.fold([Message(0, 3, kept[0])]).folded == {study.study_id: 1}
-    assert r.exists(state.replay_bucket_key(study.study_id, first))
+    assert r.exists(state.StudyKeys(study.study_id).replay_bucket(first))
     clock[0] = first / 1000 + 48 + 4 + 2  # the bucket's end is window + skew + a span old
     now, _, _ = honest(study, 1, seed=20, created_ms=int(clock[0] * 1000))
     dropping = folder.fold([Message(0, 4, early[1]), Message(0, 5, now[0])])
     assert reasons(dropping) == [RejectReason.STALE]
-    assert not r.exists(state.replay_bucket_key(study.study_id, first))
-    assert first not in [int(k) for k in r.hkeys(state.replay_key(study.study_id))]
+    assert not r.exists(state.StudyKeys(study.study_id).replay_bucket(first))
+    assert first not in [int(k) for k in r.hkeys(state.StudyKeys(study.study_id).replay)]
     # The forgotten record is stale by its own time, so it is still never folded twice.
     assert reasons(folder.fold([Message(0, 6, early[0])])) == [RejectReason.STALE]
     assert folded(redis_settings, study) == 4
@@ -160,7 +160,7 @@ def test_the_sorted_set_of_earlier_versions_is_read_until_it_expires(redis_setti
     t0 = int(clock[0] * 1000)
     good, _, _ = honest(study, 2, seed=17, created_ms=t0)
     r = redis_client(redis_settings)
-    legacy = state.seen_key(study.study_id)
+    legacy = state.StudyKeys(study.study_id).seen
     r.zadd(legacy, {good[0][24:40]: t0})  # folded by the previous version
     result = folder.fold([Message(0, 0, good[0]), Message(0, 1, good[1])])
     assert result.folded == {study.study_id: 1} and reasons(result) == [RejectReason.REPLAYED]
@@ -178,9 +178,9 @@ def test_redis_keeps_at_most_16_bytes_per_remembered_id(redis_settings, k):
     for s in range(0, k, 5000):
         folder.fold([Message(0, s + i, v) for i, v in enumerate(values[s:s + 5000])])
     r = redis_client(redis_settings)
-    keys = [state.replay_key(study.study_id)] + [
-        state.replay_bucket_key(study.study_id, int(e))
-        for e in r.hkeys(state.replay_key(study.study_id))]
+    study_keys = state.StudyKeys(study.study_id)
+    keys = [study_keys.replay] + [study_keys.replay_bucket(int(e))
+                                  for e in r.hkeys(study_keys.replay)]
     used = sum(r.memory_usage(key, samples=0) for key in keys)
     assert folded(redis_settings, study) == k
     assert used / k <= 16

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 
 from aggregator.validate import Message, Polled, Validator
 from gateway.checks import RECORD_OK, check_records, first_rejection, reason_of
-from ipdp.acceptance import RecordWindow
 from ipdp.study import Study
-from ipdp.wire import RejectReason, record_size
+from ipdp.wire import RecordWindow, RejectReason, record_size
 from producer.contributor import perturb_records
 
 STUDY = Study(study_id="checks", d=3, n=1000, epsilon=1.0, delta=0.01)

@@ -140,7 +140,7 @@ def test_records_per_device_holds_across_two_gateway_workers_and_a_restart(
         assert post(c, devices[10], device_records(study, devices[10], 2)) == 202
     r = redis_client(redis_settings)
     with services(kafka_settings, redis_settings, topics, trainer=False):
-        wait_for(lambda: int(r.hget(state.counts_key("gc4"), "folded") or 0) == 22
+        wait_for(lambda: int(r.hget(state.StudyKeys("gc4").counts, "folded") or 0) == 22
                  and _rejected(r, topics).get("credential_reused", 0) == 11, 60,
                  "22 records folded (11 devices × 2) and 11 reused slots dead-lettered")
         time.sleep(1.0)  # nothing more arrives
@@ -218,6 +218,6 @@ def test_the_browser_sdk_sends_its_credential_to_a_real_gateway(
         (401, "credential_invalid")
     r = redis_client(redis_settings)
     with services(kafka_settings, redis_settings, topics, trainer=False):
-        wait_for(lambda: int(r.hget(state.counts_key("gc-web"), "folded") or 0) == 2
+        wait_for(lambda: int(r.hget(state.StudyKeys("gc-web").counts, "folded") or 0) == 2
                  and _rejected(r, topics).get("credential_reused", 0) == 1, 60,
                  "both slots folded once and the reused slot dead-lettered")

@@ -34,5 +34,5 @@ def test_n_records_through_the_gateway_give_exactly_one_model_of_n(
         wait_for(lambda: len(models()) >= 1, 90, "the round's model")
     got = models()
     assert [(m.round, m.n) for m in got] == [(1, n)]
-    counts = redis_client(redis_settings).hgetall(state.counts_key(study.study_id))
+    counts = redis_client(redis_settings).hgetall(state.StudyKeys(study.study_id).counts)
     assert int(counts[b"folded"]) == n

@@ -545,7 +545,7 @@ BEFORE_DIRECTION = json.loads(
 def test_a_study_created_before_the_error_rule_keeps_its_noise_and_its_hash(stored):
     study, _ = parse_study_message(stored["envelope"].encode())
     assert study.hash.hex() == stored["study_hash"]
-    assert study.canonical_text() == json.loads(stored["envelope"])["study"]
+    assert study.canonical_text == json.loads(stored["envelope"])["study"]
     cal = study.calibration
     assert cal.sigma_u2 == pytest.approx(stored["sigma_u2"], rel=1e-12)
     assert cal.sigma_b2 == pytest.approx(stored["sigma_b2"], rel=1e-12)

@@ -64,17 +64,17 @@ def test_a_study_without_credentials_keeps_its_canonical_text_and_hash():
     assert study.hash.hex() == "a7551dca5ce1c9dbfa325e14425f453d"
     budgeted = Study(study_id="old", budget_epsilon=2.0, budget_delta=0.02, max_rounds=3, **PARAMS)
     assert budgeted.hash.hex() == "c2fb9ca841ef02748d48094b97da0957"
-    assert "require_credentials" not in study.canonical_text()
-    assert "records_per_device" not in study.canonical_text()
+    assert "require_credentials" not in study.canonical_text
+    assert "records_per_device" not in study.canonical_text
     assert study.hash.hex() == Study.model_validate_json(study.to_json()).hash.hex()
     legacy = ('{"d":4,"delta":0.01,"delta_in":null,"epsilon":1.0,"eta":1.0,"lam":1.0,'
               '"loss":"squared","max_rounds":null,"mode":"rigorous","n":1000,"noise":')
-    assert study.canonical_text().startswith(legacy)
+    assert study.canonical_text.startswith(legacy)
     required = Study(study_id="old", require_credentials=True, **PARAMS)
     assert required.hash != study.hash
-    assert '"require_credentials":true' in required.canonical_text()
+    assert '"require_credentials":true' in required.canonical_text
     three = Study(study_id="old", require_credentials=True, records_per_device=3, **PARAMS)
-    assert '"records_per_device":3' in three.canonical_text() and three.hash != required.hash
+    assert '"records_per_device":3' in three.canonical_text and three.hash != required.hash
 
 
 def test_records_per_device_needs_credentials():

@@ -23,7 +23,7 @@ from ipdp.registry import (
     load_study,
     study_by_hash,
 )
-from ipdp.state import STUDY_HASHES, published_key, study_key
+from ipdp.state import STUDY_HASHES, StudyKeys
 from ipdp.studies_topic import read_studies_topic
 from ipdp.study import Study, StudyStatus
 from ipdp.subscriber import ModelSubscriber
@@ -61,7 +61,7 @@ def test_study_round_trip_in_redis_and_on_topic(r, producer, kafka_settings, top
     assert load_study(r, "reg-1") == (study, OPEN)
     assert study_by_hash(r, study.hash) == (study, OPEN)
     assert r.hget(STUDY_HASHES, study.hash) == b"reg-1"
-    assert int(r.hget(study_key("reg-1"), "created_ms")) > 0
+    assert int(r.hget(StudyKeys("reg-1").study, "created_ms")) > 0
     assert read_studies_topic(kafka_settings, topics) == {"reg-1": (study, OPEN)}
 
     other = Study(study_id="reg-2", loss="logistic", **PARAMS)
@@ -80,9 +80,9 @@ def test_study_round_trip_in_redis_and_on_topic(r, producer, kafka_settings, top
 def test_create_is_idempotent_and_refuses_changes(r, producer, kafka_settings, topics):
     study = Study(study_id="reg-idem", **PARAMS)
     assert create_study(r, producer, topics, study) is True
-    created_ms = r.hget(study_key("reg-idem"), "created_ms")
+    created_ms = r.hget(StudyKeys("reg-idem").study, "created_ms")
     assert create_study(r, producer, topics, Study(study_id="reg-idem", **PARAMS)) is False
-    assert r.hget(study_key("reg-idem"), "created_ms") == created_ms
+    assert r.hget(StudyKeys("reg-idem").study, "created_ms") == created_ms
     with pytest.raises(StudyExists, match="different parameters"):
         create_study(r, producer, topics, Study(study_id="reg-idem", **{**PARAMS, "n": 20_000}))
     assert load_study(r, "reg-idem") == (study, OPEN)
@@ -248,7 +248,7 @@ def test_study_cli_round_trip(env_topics, kafka_settings, r, capsys, tmp_path):
     capsys.readouterr()
     assert load_study(r, "cli-2")[0].n == 8000
 
-    r.hset(published_key("cli-1"), mapping={"1": 111, "2": 222})
+    r.hset(StudyKeys("cli-1").published, mapping={"1": 111, "2": 222})
     assert _run(["study", "show", "cli-1", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["status"] == "open" and shown["rounds_published"] == 2
@@ -387,7 +387,7 @@ def test_a_study_stored_before_the_error_rule_keeps_its_hash_and_noise_in_redis(
     old_hash = bytes.fromhex(stored["study_hash"])
     sid = text["study_id"]
     params = {k: v for k, v in text.items() if k != "noise"}
-    r.hset(study_key(sid), mapping={"json": json.dumps(params), "status": "open",
+    r.hset(StudyKeys(sid).study, mapping={"json": json.dumps(params), "status": "open",
                                     "created_ms": 0, "envelope": stored["envelope"]})
     r.hset(STUDY_HASHES, old_hash, sid)
     for study, _ in (load_study(r, sid), study_by_hash(r, old_hash)):

@@ -38,7 +38,7 @@ def test_key_files_are_a_0600_pem_and_a_one_line_base64_public_key(owner):
 
 def test_the_study_hash_binds_every_parameter_and_the_noise():
     s = Study(**BASE)
-    text = s.canonical_text()
+    text = s.canonical_text
     obj = json.loads(text)
     assert obj["noise"] == {"std_q": s.calibration.noise_std_q, "std_p": s.calibration.noise_std_p}
     assert s.hash == hashlib.sha256(text.encode()).digest()[:16]
@@ -51,7 +51,7 @@ def test_a_signed_study_verifies_under_its_owner_key_only(owner, tmp_path):
     s = Study(**BASE)
     value = study_message(s, "open", key)
     env = json.loads(value)
-    assert env["format"] == 2 and env["key_id"] == key.key_id and env["study"] == s.canonical_text()
+    assert env["format"] == 2 and env["key_id"] == key.key_id and env["study"] == s.canonical_text
     assert parse_study_message(value, parse_trusted_keys(f"{prefix}.pub")) == (s, StudyStatus.OPEN)
     stranger = generate_key_files(tmp_path / "stranger")
     with pytest.raises(SignatureError, match="signature"):
@@ -65,7 +65,7 @@ def test_a_forged_calibration_or_status_does_not_verify(owner):
     trusted = parse_trusted_keys(key.public_b64)
     env = json.loads(study_message(Study(**BASE), "closed", key))
     forged = Study(**{**BASE, "epsilon": 100.0})
-    for change in ({"study": forged.canonical_text()}, {"status": "open"}):
+    for change in ({"study": forged.canonical_text}, {"status": "open"}):
         with pytest.raises(SignatureError, match="signature does not verify"):
             parse_study_message(json.dumps({**env, **change}).encode(), trusted)
 

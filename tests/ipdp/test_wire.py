@@ -554,7 +554,7 @@ def test_the_wire_format_page_example_is_what_the_code_produces():
     page = (Path(__file__).resolve().parents[2] / "docs" / "wire-format.md").read_text()
     study = Study(study_id="example-study", d=2, n=1000, epsilon=1, delta=0.01)
     text = re.search(r"whose canonical text is\n\n```\n(.*?)\n```", page, re.DOTALL)[1]
-    assert text == study.canonical_text()
+    assert text == study.canonical_text
     dump = re.search(r"as produced by `encode_record`:\n\n```\n(.*?)\n```", page, re.DOTALL)[1]
     shown = bytes.fromhex("".join(line[10:].replace(" ", "") for line in dump.splitlines()))
     assert shown == encode_record(study.hash, uuid.UUID("3f2a9c1e-7b4d-4e8a-9c21-5d6e7f801a2b").bytes,

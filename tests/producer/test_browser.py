@@ -157,6 +157,6 @@ def test_n_records_from_the_page_in_chromium_make_exactly_one_model_of_those_byt
     # Exactly one model, of exactly the n records; nothing dead-lettered.
     assert [(m.round, m.n) for m in models()] == [(1, n)]
     assert dead == []
-    counts = redis_client(redis_settings).hgetall(state.counts_key(study.study_id))
+    counts = redis_client(redis_settings).hgetall(state.StudyKeys(study.study_id).counts)
     assert int(counts[b"folded"]) == n
     assert screenshot.stat().st_size > 10_000

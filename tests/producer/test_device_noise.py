@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ipdp.losses import clip, encode, perturb
-from ipdp.noise import SystemNoise
+from ipdp.losses import SystemNoise, clip, encode, perturb
 from ipdp.study import Study
 from ipdp.wire import decode_batch
 from producer import contributor, loadgen

@@ -97,7 +97,7 @@ def build_vectors() -> dict:
                      epsilon=0.5, delta=1e-5, lam=0.25, p_bound=0.5, mode="paper")
     studies = []
     for study, status in ((squared, "open"), (logistic, "closed")):
-        text = study.canonical_text()
+        text = study.canonical_text
         studies.append({
             "name": f"{study.study_id} ({status})",
             "envelope": json.loads(study_message(study, status, owner)),

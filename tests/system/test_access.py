@@ -66,7 +66,7 @@ def test_the_aggregator_folds_with_the_right_credentials(
     worker.start()
     try:
         r = redis_client(rs)
-        wait_for(lambda: r.hget(state.counts_key("auth"), "folded") == b"100",
+        wait_for(lambda: r.hget(state.StudyKeys("auth").counts, "folded") == b"100",
                  GROUP_JOIN_TIMEOUT_S, "100 records folded")
     finally:
         agg.stop_event.set()
@@ -233,4 +233,4 @@ def test_every_command_builds_its_kafka_clients_from_the_sasl_and_tls_settings(
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     r = redis_client(_settings(auth_redis, ACL_USER, ACL_PASSWORD))
-    assert r.hget(state.study_key("sasl"), "status") == b"closed"
+    assert r.hget(state.StudyKeys("sasl").study, "status") == b"closed"

@@ -24,7 +24,12 @@ def test_calibrate_json_has_the_documented_keys(mode, sigma_u2):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert {"sigma_u2", "sigma_b2", "delta_in", "mode", "local_epsilon", "neighbouring",
-            "linear_sensitivity", "epsilon_split", "delta_split", "proven"} <= result.keys()
+            "linear_sensitivity", "epsilon_split", "delta_split", "proven", "guaranteed_delta",
+            "norm_check_delta", "guaranteed_delta_split"} <= result.keys()
+    # The published models' δ: the calibration's and the norm check's share, split into both.
+    assert result["guaranteed_delta"] == pytest.approx(result["delta"] + result["norm_check_delta"])
+    assert sum(result["guaranteed_delta_split"].values()) == pytest.approx(
+        result["guaranteed_delta"])
     assert result["neighbouring"] == "replace-one"
     assert result["proven"] == (mode == "rigorous")
     assert sum(result["epsilon_split"].values()) == pytest.approx(1.0)

@@ -36,7 +36,7 @@ def test_the_pipeline_runs_on_a_redis_cluster_through_aggregator_kills(
     r = redis_client(rs)
     studies = [create(kafka_settings, rs, topics, study_id=f"cl-{i}", d=3, n=200,
                       epsilon=1.0, delta=0.01, delta_in=0.5) for i in range(STUDIES)]
-    homes = {r.get_node_from_key(state.study_key(s.study_id)).name for s in studies}
+    homes = {r.get_node_from_key(state.StudyKeys(s.study_id).study).name for s in studies}
     assert len(homes) >= 2, "the studies should live on more than one primary"
 
     group = f"agg-{topics.records}"
@@ -48,7 +48,7 @@ def test_the_pipeline_runs_on_a_redis_cluster_through_aggregator_kills(
     aggregator = start(["aggregator", "run"], env, tmp_path, "aggregator")
 
     def folded() -> int:
-        return sum(int(r.hget(state.counts_key(s.study_id), "folded") or 0) for s in studies)
+        return sum(int(r.hget(state.StudyKeys(s.study_id).counts, "folded") or 0) for s in studies)
 
     try:
         for wave in range(ROUNDS):
@@ -64,7 +64,7 @@ def test_the_pipeline_runs_on_a_redis_cluster_through_aggregator_kills(
             aggregator.proc.wait()
             aggregator = start(["aggregator", "run"], env, tmp_path, "aggregator")
             wait_for(lambda t=target: folded() == t, GROUP_JOIN_TIMEOUT_S, f"{target} folded")
-        wait_for(lambda: all(r.hlen(state.published_key(s.study_id)) == ROUNDS
+        wait_for(lambda: all(r.hlen(state.StudyKeys(s.study_id).published) == ROUNDS
                              for s in studies), GROUP_JOIN_TIMEOUT_S, "every model published")
         aggregator.check_alive()
         trainer.check_alive()
@@ -74,7 +74,7 @@ def test_the_pipeline_runs_on_a_redis_cluster_through_aggregator_kills(
 
     assert state.rejected_counts(r, group, topics.records) == {}
     for s in studies:
-        assert r.hget(state.counts_key(s.study_id), "rounds_closed") == str(ROUNDS).encode()
+        assert r.hget(state.StudyKeys(s.study_id).counts, "rounds_closed") == str(ROUNDS).encode()
         models = list(ModelSubscriber(kafka_settings, topics, study_id=s.study_id,
                                       from_beginning=True))
         per_round = collections.Counter(m.round for m in models)

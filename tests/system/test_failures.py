@@ -47,7 +47,7 @@ ATOL = 1e-9
 
 
 def folded(r, study_id: str) -> int:
-    return int(r.hget(state.counts_key(study_id), "folded") or 0)
+    return int(r.hget(state.StudyKeys(study_id).counts, "folded") or 0)
 
 
 def assert_clean_fold(redis_settings, study, q: np.ndarray, p: np.ndarray) -> None:
@@ -158,7 +158,7 @@ def test_aggregator_sigkilled_at_random_moments_folds_every_record_exactly_once(
     rounds = closed_rounds(r, study)
     assert sorted(rounds) == list(range(1, len(q) // study.n + 1))
     assert all(count == study.n for _, _, count in rounds.values())
-    assert r.hmget(state.open_key(study.study_id), ["round", "count"]) == [
+    assert r.hmget(state.StudyKeys(study.study_id).open, ["round", "count"]) == [
         str(len(q) // study.n + 1).encode(), str(len(q) % study.n).encode()]
 
     # Each published model is the solve of exactly its closed round.
@@ -267,7 +267,7 @@ def test_trainer_killed_around_publishing_still_publishes_the_round_once_per_key
     assert "fault injection" in log and "Traceback" not in log
     published_before_ack = 1 if fault == "after" else 0
     assert len(_raw_models(kafka_settings, topics)) == published_before_ack
-    assert r.exists(state.closed_key(study.study_id, 1))  # the round is not lost...
+    assert r.exists(state.StudyKeys(study.study_id).closed(1))  # the round is not lost...
     assert r.xpending(state.ROUNDS_STREAM, group)["pending"] == 1  # ...nor acknowledged
 
     assert _run_trainer(runtime, topics, tmp_path) == 0
@@ -280,9 +280,9 @@ def test_trainer_killed_around_publishing_still_publishes_the_round_once_per_key
     assert (model.round, model.n) == (1, study.n)
     expected = solve_constrained(a + 0.5 * np.eye(study.d), b, study.eta).w
     np.testing.assert_allclose(model.weights, expected, rtol=0, atol=ATOL)
-    assert not r.exists(state.closed_key(study.study_id, 1))
+    assert not r.exists(state.StudyKeys(study.study_id).closed(1))
     assert r.xpending(state.ROUNDS_STREAM, group)["pending"] == 0
-    assert r.hexists(state.published_key(study.study_id), "1")
+    assert r.hexists(state.StudyKeys(study.study_id).published, "1")
 
 
 # --------------------------------------------------------------------------- backend outages
@@ -304,14 +304,14 @@ def test_redis_killed_mid_load_loses_no_acknowledged_fold_and_the_aggregator_res
         # What Redis acknowledged just before it dies (one MULTI: offsets and counts agree).
         with r.pipeline() as pipe:
             acked_offsets, acked_folded = pipe.hgetall(offsets_key).hget(
-                state.counts_key(study.study_id), "folded").execute()
+                state.StudyKeys(study.study_id).counts, "folded").execute()
         os.killpg(fresh_redis.pid, signal.SIGKILL)  # a crash: no shutdown, no final fsync
         fresh_redis.proc.wait()
         time.sleep(3.0)  # an outage: every fold attempt fails meanwhile
         fresh_redis.restart()  # same port, same AOF
         with r.pipeline() as pipe:
             offsets, now_folded = pipe.hgetall(offsets_key).hget(
-                state.counts_key(study.study_id), "folded").execute()
+                state.StudyKeys(study.study_id).counts, "folded").execute()
         assert int(now_folded) >= int(acked_folded)
         assert all(int(offsets[k]) >= int(v) for k, v in acked_offsets.items())
         time.sleep(1.0)

@@ -74,7 +74,7 @@ def test_gateways_and_devices_keep_going_past_every_hostile_study_value(
     with running_gateway(kafka_settings, topics) as url:
         wait_for(lambda: _served(url, "before"), 15, "the gateway to serve 'before'")
         late = Study(study_id="late", **PARAMS)
-        forged = json.dumps({"format": 2, "study": late.canonical_text(), "status": "open",
+        forged = json.dumps({"format": 2, "study": late.canonical_text, "status": "open",
                              "key_id": owner.key_id, "signature": bad_signature()}).encode()
         _send(kafka_settings, topics.studies, [*_hostile(owner), (b"late", forged)])
         _create(kafka_settings, redis_settings, topics, late, owner)
@@ -131,7 +131,7 @@ def test_the_aggregator_keeps_folding_past_hostile_values_and_an_unreadable_stor
     fields = json.loads(good.to_json()) | {"study_id": "evil"}
     text = json.dumps(fields).replace('"epsilon": 1.0', '"epsilon": 1e-308')
     assert "1e-308" in text
-    r.hset(state.study_key("evil"), mapping={"json": text, "status": "open",
+    r.hset(state.StudyKeys("evil").study, mapping={"json": text, "status": "open",
                                              "envelope": signed_bytes("open", text)})
     r.hset(state.STUDY_HASHES, evil_hash, "evil")
     now = int(time.time() * 1000)

@@ -38,8 +38,8 @@ def test_one_round_publishes_the_direct_solve_of_exactly_the_produced_records(
     assert model.privacy.mode == "rigorous"
     r = redis_client(redis_settings)
     # Published rounds leave no statistics behind; the open round is empty.
-    assert not r.exists(state.closed_key(study.study_id, 1))
-    assert r.hmget(state.open_key(study.study_id), ["round", "count"]) == [b"2", b"0"]
+    assert not r.exists(state.StudyKeys(study.study_id).closed(1))
+    assert r.hmget(state.StudyKeys(study.study_id).open, ["round", "count"]) == [b"2", b"0"]
 
 
 def test_two_and_a_half_rounds_give_two_models_of_exactly_n_and_keep_the_rest_open(
@@ -51,14 +51,14 @@ def test_two_and_a_half_rounds_give_two_models_of_exactly_n_and_keep_the_rest_op
         wait_for(lambda: len(_models(kafka_settings, topics, study.study_id)) == 2,
                  GROUP_JOIN_TIMEOUT_S, "two models")
         wait_for(lambda: redis_client(redis_settings).hget(
-            state.open_key(study.study_id), "count") == b"200", 30, "200 records in round 3")
+            state.StudyKeys(study.study_id).open, "count") == b"200", 30, "200 records in round 3")
     models = _models(kafka_settings, topics, study.study_id)
     assert sorted(m.round for m in models) == [1, 2]
     assert all(m.n == 400 for m in models)
     r = redis_client(redis_settings)
-    assert r.hget(state.open_key(study.study_id), "round") == b"3"
-    assert r.hget(state.counts_key(study.study_id), "folded") == b"1000"
-    assert r.hget(state.counts_key(study.study_id), "rounds_closed") == b"2"
+    assert r.hget(state.StudyKeys(study.study_id).open, "round") == b"3"
+    assert r.hget(state.StudyKeys(study.study_id).counts, "folded") == b"1000"
+    assert r.hget(state.StudyKeys(study.study_id).counts, "rounds_closed") == b"2"
     # What stayed open is exactly the 200 records no model used (rounds are order-dependent
     # across partitions, so compare the total).
     a_open, _, count = total_stats(redis_settings, study)
@@ -107,10 +107,10 @@ def test_redis_holds_only_statistics_and_bookkeeping_whose_size_does_not_grow_wi
         rows[n] = contribute(study, kafka_settings, topics, n, seed=n)
     with services(kafka_settings, redis_settings, topics, trainer=False):
         wait_for(lambda: all(
-            r.hget(state.counts_key(f"size-{n}"), "folded") == str(n).encode()
+            r.hget(state.StudyKeys(f"size-{n}").counts, "folded") == str(n).encode()
             for n in (500, 2000)), GROUP_JOIN_TIMEOUT_S, "both studies folded")
     for n in (500, 2000):
-        key = state.open_key(f"size-{n}")
+        key = state.StudyKeys(f"size-{n}").open
         sizes[n] = (sorted(r.hkeys(key)), r.hstrlen(key, "A") + r.hstrlen(key, "b"),
                     r.memory_usage(key))
     # Same fields, and A and b are exactly (d² + d) float64s at n and at 4n.
@@ -157,8 +157,8 @@ def test_a_budget_for_exactly_two_rounds_closes_the_study_before_the_third(
                  "the third round's records dead-lettered")
     models = sorted(_models(kafka_settings, topics, study.study_id), key=lambda m: m.round)
     assert [m.round for m in models] == [1, 2]
-    assert r.hget(state.study_key(study.study_id), "status") == StudyStatus.CLOSED.value.encode()
-    assert r.hget(state.counts_key(study.study_id), "folded") == str(2 * study.n).encode()
+    assert r.hget(state.StudyKeys(study.study_id).study, "status") == StudyStatus.CLOSED.value.encode()
+    assert r.hget(state.StudyKeys(study.study_id).counts, "folded") == str(2 * study.n).encode()
     # Each round enters as the deployed mechanism's (ε, δ): δ and the norm check's share.
     per_round_delta = study.calibration.guaranteed_delta
     assert per_round_delta == pytest.approx(0.01001, rel=1e-12)

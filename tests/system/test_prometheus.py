@@ -137,9 +137,9 @@ def test_prometheus_with_the_compose_scrape_config_sees_the_ingestion_rate_and_t
             own = children["aggregator"].scrape()
             assert ps.value(own, "ipdp_records_folded_total", study="prom") == 600
             from ipdp.redis_io import redis_client
-            from ipdp.state import counts_key
+            from ipdp.state import StudyKeys
 
-            assert redis_client(redis_settings).hget(counts_key("prom"), "folded") == b"600"
+            assert redis_client(redis_settings).hget(StudyKeys("prom").counts, "folded") == b"600"
             # 600 records at n = 400: one model, seen through Prometheus too.
             wait_for(lambda: prom.scalar(
                 'sum(ipdp_models_published_total{job="trainer",study="prom"})') == 1, 60,

@@ -46,7 +46,7 @@ def test_the_tutorial_contributor_and_consumer_run_against_the_real_runtime(
         assert contributor.returncode == 0, contributor.stderr
         assert re.fullmatch(r"contributed record [0-9a-f]{32}\n", contributor.stdout)
         # The tutorial's record is valid: folded, not dead-lettered.
-        wait_for(lambda: r.hget(state.counts_key("tutorial"), "folded") == b"1",
+        wait_for(lambda: r.hget(state.StudyKeys("tutorial").counts, "folded") == b"1",
                  GROUP_JOIN_TIMEOUT_S, "the tutorial's record to be folded")
         assert not state.rejected_counts(r, f"agg-{topics.records}", topics.records)
 
