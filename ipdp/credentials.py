@@ -107,6 +107,8 @@ NODE_TAG = b"ipdp-credential-node-v2\n"
 #: The tallest batch tree: 2^20 credentials under one signature, tokens of 798 bytes.
 MAX_TREE_HEIGHT = 20
 _BATCH_HEADER = struct.Struct("<B16sqq8sB32s")
+#: Where a version-2 token holds its tree height h (after version, study hash, validity, key id).
+_HEIGHT_AT = struct.calcsize("<B16sqq8s")
 #: A version-2 token's batch header and signature: the part every credential of a batch shares.
 BATCH_PREFIX_SIZE = _BATCH_HEADER.size + 64
 _LEAF = struct.Struct("<I16s")
@@ -119,6 +121,10 @@ MAX_RECORDS_PER_HEADER = 1 << 20
 #: The HTTP Authorization scheme of a device's credential.
 AUTH_SCHEME = "IPDP-Credential"
 _PAYLOAD = struct.Struct("<B16s16sqq8s")
+#: Where a version-1 token holds its credential id (after version and study hash), and where a
+#: version-2 leaf holds it (after the leaf index).
+_V1_ID_AT = struct.calcsize("<B16s")
+_LEAF_ID_AT = struct.calcsize("<I")
 _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
 _RUN = struct.Struct("<I")
 
@@ -212,14 +218,16 @@ def token_size(buffer: bytes, at: int = 0) -> int | None:
     version = buffer[at] if len(buffer) > at else None
     if version == TOKEN_VERSION:
         return TOKEN_SIZE
-    if version == BATCH_VERSION and len(buffer) > at + 41 and buffer[at + 41] <= MAX_TREE_HEIGHT:
-        return _PATH_AT + 32 * buffer[at + 41]
+    if version == BATCH_VERSION and len(buffer) > at + _HEIGHT_AT:
+        height = buffer[at + _HEIGHT_AT]
+        if height <= MAX_TREE_HEIGHT:
+            return _PATH_AT + 32 * height
     return None
 
 
 def credential_id(token: bytes) -> bytes:
     """The credential id of a well-formed token of either version (its slots derive from it)."""
-    at = 17 if token[0] == TOKEN_VERSION else BATCH_PREFIX_SIZE + 4
+    at = _V1_ID_AT if token[0] == TOKEN_VERSION else BATCH_PREFIX_SIZE + _LEAF_ID_AT
     return bytes(token[at:at + 16])
 
 
