@@ -25,15 +25,17 @@ from dataclasses import dataclass, field
 
 from ipdp.credentials import credential_run_size, credentials_header
 from ipdp.metrics import GATEWAY_CONTAINER_RECORDS, GATEWAY_KAFKA_SECONDS
-from ipdp.wire import CONTAINER_HEADER_SIZE, container_of, record_size, study_headers
+from ipdp.wire import (
+    CONTAINER_HEADER_SIZE,
+    RECORD_ID_BYTES,
+    container_of,
+    record_size,
+    study_headers,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ContainerRefused", "GroupCommit"]
-
-#: Byte range of the record id inside a version-1 record (the Kafka key of a container).
-_RECORD_ID = slice(24, 40)
-
 
 class ContainerRefused(Exception):
     """Kafka did not acknowledge a container holding some of the request's records."""
@@ -132,7 +134,7 @@ class GroupCommit:
         if box.credentials:
             headers.append(credentials_header(box.credentials))
         try:
-            sent = producer.send(self.topic, key=bytes(box.records[_RECORD_ID]),
+            sent = producer.send(self.topic, key=bytes(box.records[RECORD_ID_BYTES]),
                                  value=container_of(box.records, box.count),
                                  headers=headers)
         except Exception as exc:  # noqa: BLE001 - any failure to hand over is a refusal

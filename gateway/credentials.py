@@ -4,9 +4,9 @@ A device sends its credential as ``Authorization: IPDP-Credential <token>`` (ipd
 Admission verifies it before the body is read (ipdp.credentials.CredentialVerifier: a version-1
 token's signature once per token and process, a version-2 batch's once for all its devices,
 then a few hashes per device); the records' ids must then be slots of that credential, each
-once in the request. A credential used again in another request, another worker or after a restart is answered 202 here and
-dead-lettered ``credential_reused`` by the aggregator, where the fold is exactly-once: the
-gateway keeps no state that workers would have to share.
+once in the request. A credential used again in another request, another worker or after a
+restart is answered 202 here and dead-lettered ``credential_reused`` by the aggregator, where
+the fold is exactly-once: the gateway keeps no state that workers would have to share.
 """
 
 from __future__ import annotations
@@ -22,12 +22,9 @@ from ipdp.credentials import (
 )
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study
-from ipdp.wire import RejectReason, record_size
+from ipdp.wire import RECORD_ID_BYTES, RejectReason, record_size
 
 __all__ = ["DeviceCredentials"]
-
-#: Where a version-1 record holds its id.
-_RECORD_ID_OFFSET = 24
 
 
 class DeviceCredentials:
@@ -64,8 +61,7 @@ class DeviceCredentials:
         slots = credential.slot_set(m)
         seen: set[bytes] = set()
         for i in range(k):  # k ≤ records_per_device: a few ids
-            at = i * size + _RECORD_ID_OFFSET
-            record_id = records[at:at + 16]
+            record_id = records[i * size:(i + 1) * size][RECORD_ID_BYTES]
             if record_id not in slots:
                 raise CredentialRefused(RejectReason.CREDENTIAL_BAD_SLOT,
                                         f"record {i}: its id is none of the credential's {m} "

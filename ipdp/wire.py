@@ -35,6 +35,8 @@ WIRE_VERSION: int = 1
 HEADER_SIZE: int = 48
 
 _ID_SIZE = 16
+#: Byte range of the record id inside a version-1 record (the layout table above).
+RECORD_ID_BYTES = slice(24, 24 + _ID_SIZE)
 _I64_MIN = -(2**63)
 _I64_MAX = 2**63 - 1
 
@@ -436,7 +438,7 @@ def _parse_group(
             else:
                 rejects.append((int(idx[r]), err))
     # Writeable, C-contiguous arrays of their own (not views of the input): one copy each.
-    columns = (raw[:, 8:24], raw[:, 24:40], words[:, 5].view("<i8"), q, p)
+    columns = (raw[:, 8:24], raw[:, RECORD_ID_BYTES], words[:, 5].view("<i8"), q, p)
     if ok.all():
         study_hash, record_id, created_ms, q, p = (a.copy() for a in columns)
     else:
