@@ -6,7 +6,8 @@ message's ``credentials`` header is read once (a container's records share it) a
 token of a poll checked once (ipdp.credentials.CredentialVerifier: a version-1 token's signature
 once per process, a version-2 batch's once for all its devices, then a few hashes per device);
 the record ids of a credential are compared with its slots' ids in one numpy comparison. A slot
-used twice is refused by the fold's replay check (``credential_reused``), where the fold is exactly-once.
+used twice is refused by the fold's replay check (``credential_reused``), where the fold is
+exactly-once.
 """
 
 from __future__ import annotations

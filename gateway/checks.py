@@ -86,11 +86,12 @@ def check_records(records: bytes, study: Study, window: RecordWindow, now_ms: in
     (:func:`reason_of`), uint8 (k,).
 
     Checks, in order: version, reserved bytes, the header's d against the study's, finite q̃ and
-    p̃, the study hash, then what the aggregator would dead-letter (RecordNormBounds and RecordWindow): norms
-    outside the study's two-sided bounds, creation time outside ``window``. Every check is one
-    comparison over all k rows of 64-bit words (the header word holds version, reserved bytes
-    and d), so one record or ten thousand cost a handful of numpy calls. ``len(records)`` must be a multiple of the record size (see
-    :func:`first_rejection`, which says why a body is not).
+    p̃, the study hash, then what the aggregator would dead-letter (``RecordNormBounds`` and
+    ``RecordWindow``): norms outside the study's two-sided bounds, creation time outside
+    ``window``. Every check is one comparison over all k rows of 64-bit words (the header word
+    holds version, reserved bytes and d), so one record or ten thousand cost a handful of numpy
+    calls. ``len(records)`` must be a multiple of the record size (see :func:`first_rejection`,
+    which says why a body is not).
 
     A device's request holds one record, and for one record the numpy calls cost more than the
     checks: :func:`first_rejection` accepts a single good record through the same checks on

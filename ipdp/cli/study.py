@@ -143,8 +143,9 @@ def _study_info(r, study_id: str) -> dict:
     if got is None:
         raise UnknownStudy(f"unknown study {study_id!r}")
     study, status = got
-    created_ms, envelope = r.hmget(StudyKeys(study_id).study, ["created_ms", "envelope"])
-    rnd, count = r.hmget(StudyKeys(study_id).open, ["round", "count"])
+    keys = StudyKeys(study_id)
+    created_ms, envelope = r.hmget(keys.study, ["created_ms", "envelope"])
+    rnd, count = r.hmget(keys.open, ["round", "count"])
     return {
         "study": study,
         "status": status,
