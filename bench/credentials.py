@@ -7,7 +7,8 @@ Times, on this machine and in this process, one Ed25519 verification; the verifi
 new device's credential (``ipdp.credentials.CredentialVerifier``) for version-1 tokens (one
 signature each) and version-2 tokens (batches of BATCH under one signature); the gateway's
 admission of a request (``gateway.credentials.DeviceCredentials``: parse the Authorization
-header, verify or find the cached credential, check the record ids against its slots) for a
+header, verify the credential (a version-1 token found in the verifier's cache when seen
+before), check the record ids against its slots) for a
 credential seen for the first time and for one already verified; and the aggregator's stateless
 validation of a poll (``aggregator.validate.Validator``) of one-record messages and of gateway
 containers, with and without credentials of either version. Figures are CPU time of this
@@ -270,11 +271,10 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
     from pathlib import Path
 
     from aggregator.settings import AggregatorSettings
-    from bench.devices import _stop, _wait_http, _wrk, wrk_script
+    from bench.devices import _stop, _wrk, start_server, wrk_script
     from bench.gateway_load import _cpu_seconds
     from ipdp import registry, state
     from ipdp.embedded import EmbeddedRuntime
-    from ipdp.embedded.children import free_port
     from ipdp.kafka_io import ensure_topics, kafka_producer
     from ipdp.redis_io import redis_client
     from ipdp.settings import TopicSettings
@@ -316,16 +316,8 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                     scripts[name].write_text(credential_script(
                         study, pool[rep * per_run:(rep + 1) * per_run], threads))
                 for server in ("bare", "gateway"):
-                    port = free_port()
-                    url = f"http://127.0.0.1:{port}"
-                    cmd = ([sys.executable, "-m", "uvicorn", "bench.devices:bare_app", "--host",
-                            "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level",
-                            "warning", "--no-server-header"] if server == "bare" else
-                           [sys.executable, "-m", "ipdp.cli", "gateway", "--host", "127.0.0.1",
-                            "--port", str(port), "--workers", "1"])
-                    proc = subprocess.Popen(cmd, env=env)
+                    proc, url = start_server(server, env)
                     try:
-                        _wait_http(url, proc, "/healthz" if server == "bare" else "/readyz")
                         # As in `ipdp bench devices`: the aggregator waits while wrk runs (on
                         # two cores its CPU would go to the gateway's runs only) and folds
                         # the backlog after each server's runs.

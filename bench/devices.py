@@ -129,6 +129,27 @@ def _wrk(url: str, script: Path, seconds: float, connections: int, threads: int)
     return figures
 
 
+def start_server(server: str, env: dict, workers: int = 1) -> tuple[subprocess.Popen, str]:
+    """A ``bare`` Starlette endpoint or an ``ipdp gateway`` of ``workers`` workers on a free
+    loopback port, ready to serve: the process and its base URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    if server == "bare":
+        cmd = [sys.executable, "-m", "uvicorn", "bench.devices:bare_app", "--host", "127.0.0.1",
+               "--port", str(port), "--no-access-log", "--log-level", "warning",
+               "--no-server-header"]
+    else:
+        cmd = [sys.executable, "-m", "ipdp.cli", "gateway", "--host", "127.0.0.1", "--port",
+               str(port), "--workers", str(workers)]
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        _wait_http(url, proc, "/healthz" if server == "bare" else "/readyz")
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc, url
+
+
 def _wait_http(url: str, proc: subprocess.Popen, ready: str) -> None:
     with GatewayClient(url, timeout_s=5) as c:
         c.wait_ready(60, ready, alive=lambda: proc.poll() is None)
@@ -236,20 +257,8 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
             _settled(folded_now, 1, quiet_s=0)
             for rep in range(repeat):
                 for server, n_workers in [("bare", 1), *(("gateway", w) for w in workers)]:
-                    port = free_port()
-                    url = f"http://127.0.0.1:{port}"
-                    if server == "bare":
-                        cmd = [sys.executable, "-m", "uvicorn", "bench.devices:bare_app",
-                               "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
-                               "--log-level", "warning", "--no-server-header"]
-                        ready = "/healthz"
-                    else:
-                        cmd = [sys.executable, "-m", "ipdp.cli", "gateway", "--host",
-                               "127.0.0.1", "--port", str(port), "--workers", str(n_workers)]
-                        ready = "/readyz"
-                    proc = subprocess.Popen(cmd, env=env)
+                    proc, url = start_server(server, env, n_workers)
                     try:
-                        _wait_http(url, proc, ready)
                         post = f"{url}/studies/{STUDY_ID}/records"
                         if not fold_while_loading:
                             os.kill(aggregator.pid, signal.SIGSTOP)
