@@ -54,7 +54,7 @@ from aggregator.validate import (
     rejection,
     split_containers,
 )
-from ipdp import metrics, registry, state
+from ipdp import metrics, state
 from ipdp.errors import MalformedValue, SignatureError
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus
@@ -140,12 +140,9 @@ class Checkpoint:
 
     offset: dict[int, int]
     """partition → next offset to read (absent: never read)."""
-    epoch: dict[int, int]
-    """partition → epoch (0 until a resume moves the partition to another log)."""
-
-    def field(self, partition: int) -> str:
-        """The partition's field in a study's offsets hash."""
-        return f"{partition}:{self.epoch.get(partition, 0)}"
+    field: dict[int, str]
+    """partition → its field in a study's offsets hash, ``<partition>:<epoch>`` (the epoch is 0
+    until a resume moves the partition to another log); named once per batch."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +216,7 @@ def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
     study, sid = v.study, v.study.study_id
     todo = rows.offset[v.row] >= _per_row(seen.folded_below, rows.partition[v.row])
     row, ids, q, p = v.row[todo], v.record_id[todo], v.q[todo], v.p[todo]
-    offsets = {checkpoint.field(x): spans.last[x] + 1
+    offsets = {checkpoint.field[x]: spans.last[x] + 1
                for x in np.unique(rows.partition[row]).tolist()}
     if seen.status != StudyStatus.OPEN:
         reason = RejectReason.UNKNOWN_STUDY if seen.status is None else RejectReason.CLOSED_STUDY
@@ -360,8 +357,8 @@ class Folder:
         k = len(partitions)
         return Checkpoint({p: int(x) for p, x in zip(partitions, raw[:k], strict=True)
                            if x is not None},
-                          {p: int(x) for p, x in zip(partitions, raw[k:], strict=True)
-                           if x is not None})
+                          {p: f"{p}:{int(x) if x is not None else 0}"
+                           for p, x in zip(partitions, raw[k:], strict=True)})
 
     def fold(
         self,
@@ -445,7 +442,7 @@ class Folder:
         partitions = np.unique(rows.partition[v.row]).tolist()
         status, (round_no, count, a_raw, b_raw), below = pipe.execute_command(
             "EVAL", _READ_STUDY_LUA, 3, keys.study, keys.open,
-            keys.offsets(self.group, self.topic), *(checkpoint.field(p) for p in partitions))
+            keys.offsets(self.group, self.topic), *(checkpoint.field[p] for p in partitions))
         a, b = state.unpack_stats(a_raw, b_raw, v.study.d)
         return StudyState(
             None if status is None else StudyStatus(status.decode()),
@@ -481,7 +478,7 @@ class Folder:
 
     def _load(self, key: bytes, study_id: str) -> Resolved:
         try:
-            found = registry.load_study(self.r, study_id, self.trusted)
+            found = state.load_study(self.r, study_id, self.trusted)
         except (SignatureError, MalformedValue) as exc:
             metrics.STUDIES_REFUSED.labels("aggregator").inc()
             log.error("refusing records of study hash %s: %s", key.hex(), exc)

@@ -273,7 +273,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
     from aggregator.settings import AggregatorSettings
     from bench.devices import _stop, _wrk, start_server, wrk_script
     from bench.gateway_load import _cpu_seconds
-    from ipdp import registry, state
+    from ipdp import state
     from ipdp.embedded import EmbeddedRuntime
     from ipdp.kafka_io import ensure_topics, kafka_producer
     from ipdp.redis_io import redis_client
@@ -292,7 +292,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
         r = redis_client(rt.redis_settings())
         producer = kafka_producer(kafka)
         for s_ in (plain, study):
-            registry.create_study(r, producer, topics, s_)
+            state.create_study(r, producer, topics, s_)
         producer.close()
         # More credentials than one run can use at this machine's rates (version 1: 4,400
         # requests/s, version 2: 11,600 in the recorded runs), so no run reuses one: a reused

@@ -40,7 +40,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bench.gateway_load import _cpu_seconds
-from ipdp import registry, state
+from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
 from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
@@ -228,7 +228,7 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
         study = Study(study_id=STUDY_ID, d=D, n=10**8, epsilon=1.0, delta=0.01)
         r = redis_client(rt.redis_settings())
         producer = kafka_producer(kafka)
-        registry.create_study(r, producer, topics, study)
+        state.create_study(r, producer, topics, study)
         producer.close()
         script = Path(tmp) / "device.lua"
         script.write_text(wrk_script(study))

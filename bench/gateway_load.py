@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from gateway.checks import first_rejection
-from ipdp import registry, state
+from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
 from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
@@ -103,7 +103,7 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
         study = Study(study_id="bench-gateway", d=d, n=records + 1, epsilon=1.0, delta=0.01)
         r = redis_client(rt.redis_settings())
         producer = kafka_producer(kafka)
-        registry.create_study(r, producer, topics, study)
+        state.create_study(r, producer, topics, study)
         producer.close()
         bodies = _bodies(study, records, per_request, seed=1)
 

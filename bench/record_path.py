@@ -23,7 +23,7 @@ import numpy as np
 
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
-from ipdp import registry
+from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import ensure_topics, kafka_producer
 from ipdp.redis_io import redis_client
@@ -79,7 +79,7 @@ def main() -> None:
         ensure_topics(kafka, topics)
         study = Study(study_id="path", d=4, n=300, epsilon=1.0, delta=0.01, delta_in=0.5)
         producer = kafka_producer(kafka)
-        registry.create_study(redis_client(rs), producer, topics, study)
+        state.create_study(redis_client(rs), producer, topics, study)
         device = Contributor(study, producer, topics.records, records_per_device=study.n)
         aggregator = Aggregator(kafka, rs, topics, AggregatorSettings(group="path"))
         trainer = Trainer(kafka, rs, topics, TrainerSettings(group="path", block_ms=200))

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ipdp import registry, state
+from ipdp import state
 from ipdp.embedded.runtime import EmbeddedRuntime
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         kafka, r = rt.kafka_settings(), redis_client(rt.redis_settings())
         study = Study(study_id="soak", d=args.d, n=args.n, epsilon=1.0, delta=0.01)
         producer = kafka_producer(kafka)
-        registry.create_study(r, producer, topics, study)
+        state.create_study(r, producer, topics, study)
         producer.close()
         env = {**_inherited_env(), **rt.env(),
                "IPDP_AGGREGATOR_SESSION_TIMEOUT_MS": str(args.session_timeout_ms),

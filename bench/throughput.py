@@ -26,7 +26,7 @@ from aggregator.fold import Folder
 from aggregator.replay import ReplayIds
 from aggregator.validate import Polled
 from bench.markdown import replace_block
-from ipdp import registry, state
+from ipdp import state
 from ipdp.embedded import EmbeddedRedis, EmbeddedRuntime
 from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
@@ -94,7 +94,7 @@ def fold_path(k14: int, figures: dict | None = None) -> list[list[str]]:
         r = redis_client(srv.settings())
         for d, k in ((14, k14), (100, max(10_000, k14 // 4))):
             study = Study(study_id=f"bench-{d}", d=d, n=10**9, epsilon=1.0, delta=0.01)
-            registry.register_study(r, study)
+            state.register_study(r, study)
             values = _records(study, k, seed=d)
             batches, _ = decode_batch(values)
             q, p = batches[0].q, batches[0].p
@@ -132,7 +132,7 @@ def _fold_partition(redis_settings, study_id: str, partition: int, k: int, batch
                     go, out) -> None:
     """One aggregator process folding partition `partition` of study `study_id` (no broker)."""
     r = redis_client(redis_settings)
-    study = registry.load_study(r, study_id)[0]
+    study = state.load_study(r, study_id)[0]
     values = _records(study, k, seed=100 + partition)
     folder = Folder(r, group="scale", topic="t", replay_window_s=86_400, max_future_skew_s=300,
                     max_message_bytes=1 << 20)
@@ -185,7 +185,7 @@ def scale_out(k_per_process: int, batch: int = 5000,
                     r = redis_client(settings)
                     ids = ["scale-0"] * procs if shared else [f"scale-{i}" for i in range(procs)]
                     for sid in sorted(set(ids)):
-                        registry.register_study(r, Study(study_id=sid, d=14, n=10**9,
+                        state.register_study(r, Study(study_id=sid, d=14, n=10**9,
                                                          epsilon=1.0, delta=0.01))
                     ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
                     workers = [ctx.Process(target=_fold_partition, args=(
@@ -226,7 +226,7 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
         study = Study(study_id="bench-e2e", d=14, n=k + 1, epsilon=1.0, delta=0.01)
         r = redis_client(rt.redis_settings())
         producer = kafka_producer(kafka)
-        registry.create_study(r, producer, topics, study)
+        state.create_study(r, producer, topics, study)
         values = _records(study, k, seed=1)
         t0 = time.perf_counter()
         for v in values:
@@ -261,7 +261,7 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
         agg.terminate()
         agg.wait(timeout=60)
         r.flushall()
-        registry.register_study(r, study)
+        state.register_study(r, study)
         # The trainer is up (its group on the rounds stream exists) before the aggregator
         # starts, so the latency below is the trainer's work, not its start-up.
         trainer = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "trainer", "run",
@@ -455,7 +455,7 @@ def memory(quick: bool, figures: dict | None = None) -> list[list[str]]:
         r = redis_client(srv.settings())
         for k in (10**3, 10**4 if quick else 10**6):
             study = Study(study_id=f"mem-{k}", d=14, n=10**9, epsilon=1.0, delta=0.01)
-            registry.register_study(r, study)
+            state.register_study(r, study)
             folder = Folder(r, group=f"mem{k}", topic="t", replay_window_s=86_400,
                             max_future_skew_s=300, max_message_bytes=1 << 20)
             for s in range(0, k, 100_000):

@@ -14,7 +14,7 @@ import numpy as np
 
 from aggregator.fold import Folder
 from aggregator.validate import Polled
-from ipdp import registry
+from ipdp import state
 from ipdp.embedded import EmbeddedRedis
 from ipdp.redis_io import redis_client
 from ipdp.study import Study
@@ -59,7 +59,7 @@ def main() -> None:
     print("| records | folded or rejected per second |\n|---|---|")
     with EmbeddedRedis() as srv:
         r = redis_client(srv.settings())
-        registry.register_study(r, study)
+        state.register_study(r, study)
         for i, (what, hashes) in enumerate(cases.items()):
             print(f"| {what} | {_rate(r, _values(hashes, study.d, i), f'g{i}'):,.0f} |")
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
-from ipdp import registry, state
+from ipdp import state
 from ipdp.kafka_io import kafka_producer
 from ipdp.losses import prepare
 from ipdp.redis_io import redis_client
@@ -40,7 +40,7 @@ def create(kafka: KafkaSettings, redis_settings: RedisSettings, topics: TopicSet
     study = Study(**params)
     producer = kafka_producer(kafka)
     try:
-        registry.create_study(redis_client(redis_settings), producer, topics, study)
+        state.create_study(redis_client(redis_settings), producer, topics, study)
     finally:
         producer.close()
     return study

@@ -72,7 +72,7 @@ def test_only_the_cli_tests_and_bench_import_the_embedded_runtime():
 def test_the_device_sdk_imports_neither_redis_nor_the_study_store():
     device = [REPO / "producer" / f for f in ("contributor.py", "studies.py", "gateway_client.py")]
     bad = violations(device, lambda m: top(m) == "redis"
-                     or m.startswith(("ipdp.registry", "ipdp.redis_io")))
+                     or m.startswith(("ipdp.state", "ipdp.redis_io")))
     assert not bad, "\n".join(bad)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import redis
 from kafka.errors import KafkaError
 
-from ipdp import accounting, metrics, registry, state
+from ipdp import accounting, metrics, state
 from ipdp.accounting import compose
 from ipdp.errors import IpdpError, MalformedValue, SignatureError, UnknownStudy
 from ipdp.kafka_io import kafka_producer
@@ -162,7 +162,7 @@ class Trainer:
             self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
             return
         try:
-            found = registry.load_study(self.redis, sid, self.trusted)
+            found = state.load_study(self.redis, sid, self.trusted)
         except (SignatureError, MalformedValue) as exc:
             metrics.STUDIES_REFUSED.labels("trainer").inc()
             self._refuse(entry_id, sid, round_no, exc)

@@ -50,9 +50,9 @@ def cmd_credentials_issue(args: argparse.Namespace) -> int:
         issue_credential,
         token_text,
     )
-    from ipdp.registry import load_study
     from ipdp.settings import TrustSettings
     from ipdp.signing import load_signing_key
+    from ipdp.state import load_study
 
     window_s = AggregatorSettings().replay_window_s
     valid_for = window_s if args.valid_for is None else args.valid_for

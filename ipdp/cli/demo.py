@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from ipdp import registry, state
+from ipdp import state
 from ipdp.cli.common import UsageError, format_validation_error
 from ipdp.embedded.children import free_port
 from ipdp.embedded.runtime import EmbeddedRuntime
@@ -101,7 +101,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         say(f"runtime: kafka {rt.broker.bootstrap}, redis {rt.redis.url} (in {rt.directory})")
         kafka, topics = rt.kafka_settings(), rt.topics
         producer = kafka_producer(kafka)
-        registry.create_study(redis_client(rt.redis_settings()), producer, topics, study)
+        state.create_study(redis_client(rt.redis_settings()), producer, topics, study)
         producer.close()
         say(table(calibration_rows(study.calibration), title=f"study {study.study_id}"))
         roles = ("aggregator", "trainer", "gateway") if args.via_gateway else (
@@ -159,7 +159,7 @@ def serve_web(study: Study, port: int | None) -> int:
         owner = generate_key_files(directory / "study-owner")
         kafka, topics = rt.kafka_settings(), rt.topics
         producer = kafka_producer(kafka)
-        registry.create_study(redis_client(rt.redis_settings()), producer, topics, study, owner)
+        state.create_study(redis_client(rt.redis_settings()), producer, topics, study, owner)
         producer.close()
         say(table(calibration_rows(study.calibration), title=f"study {study.study_id}"))
         port = port or free_port()

@@ -70,7 +70,7 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
     from kafka.errors import KafkaError
 
     from ipdp.errors import UnknownStudy
-    from ipdp.registry import load_study
+    from ipdp.state import load_study
     from producer.contributor import trusted_study_keys
     from producer.studies import find_study
 

@@ -97,8 +97,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_study_create(args: argparse.Namespace) -> int:
-    from ipdp.registry import create_study
     from ipdp.report import calibration_table
+    from ipdp.state import create_study
 
     base = load_study_file(args.file) if args.file else None
     study = study_from_args(args, base)
@@ -136,8 +136,7 @@ def _int(v) -> int | None:
 
 
 def _study_info(r, study_id: str) -> dict:
-    from ipdp.registry import envelope_signer, load_study, rounds_published
-    from ipdp.state import StudyKeys
+    from ipdp.state import StudyKeys, envelope_signer, load_study, rounds_published
 
     got = load_study(r, study_id)
     if got is None:
@@ -192,7 +191,7 @@ def cmd_study_show(args: argparse.Namespace) -> int:
 
 
 def cmd_study_close(args: argparse.Namespace) -> int:
-    from ipdp.registry import close_study
+    from ipdp.state import close_study
 
     with redis_connection(args) as r, kafka_producer_for(args) as producer:
         close_study(r, producer, topic_settings(), args.study_id, _signing_key(args))
@@ -201,8 +200,8 @@ def cmd_study_close(args: argparse.Namespace) -> int:
 
 
 def cmd_study_list(args: argparse.Namespace) -> int:
-    from ipdp.registry import list_studies, rounds_published
     from ipdp.report import fmt
+    from ipdp.state import list_studies, rounds_published
 
     with redis_connection(args) as r:
         studies = [(s, st, rounds_published(r, s.study_id)) for s, st in list_studies(r)]

@@ -21,9 +21,9 @@ from ipdp.cli.main import main
 from ipdp.errors import SignatureError
 from ipdp.kafka_io import kafka_producer
 from ipdp.redis_io import redis_client
-from ipdp.registry import create_study
 from ipdp.settings import TrustSettings
 from ipdp.signing import generate_key_files, parse_trusted_keys
+from ipdp.state import create_study
 from ipdp.study import Study, study_message
 from producer.contributor import Contributor
 from producer.studies import find_study

@@ -19,7 +19,7 @@ from aggregator.fold import Folder
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
 from aggregator.validate import Message
-from ipdp import registry, state
+from ipdp import state
 from ipdp.calibration import record_norm_bounds
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.losses import prepare
@@ -125,7 +125,7 @@ def studies(kafka_settings, redis_settings, topics):
                     epsilon=1.0, delta=0.01)
     producer = kafka_producer(kafka_settings)
     try:
-        registry.close_study(redis_client(redis_settings), producer, topics, "closed")
+        state.close_study(redis_client(redis_settings), producer, topics, "closed")
     finally:
         producer.close()
     return study, closed
@@ -493,7 +493,7 @@ def test_an_unknown_study_hash_is_remembered_and_a_study_created_later_is_found_
     folder = make_folder(redis_settings, unknown_study_ttl_s=ttl_s)
     first = folder.fold([Message(0, 0, values[0])])
     assert [x.reason for x in first.rejected] == [RejectReason.UNKNOWN_STUDY]
-    registry.register_study(redis_client(redis_settings), study)
+    state.register_study(redis_client(redis_settings), study)
     created = time.monotonic()
     # Still remembered as unknown: no lookup per record while the TTL runs.
     cached = folder.fold([Message(0, 1, values[1])])

@@ -12,7 +12,7 @@ import pytest
 
 from aggregator.fold import Folder
 from aggregator.validate import Message
-from ipdp import registry, state
+from ipdp import state
 from ipdp.redis_io import redis_client
 from ipdp.study import Study
 from ipdp.wire import RejectReason
@@ -31,7 +31,7 @@ def folder_for(redis_settings, group: str | None = None, clock=time.time, **kw) 
 
 def study_in(redis_settings, n: int = 10**5) -> Study:
     study = Study(study_id=f"replay-{uuid.uuid4().hex[:6]}", d=3, n=n, epsilon=1.0, delta=0.01)
-    registry.register_study(redis_client(redis_settings), study)
+    state.register_study(redis_client(redis_settings), study)
     return study
 
 

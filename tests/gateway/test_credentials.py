@@ -23,8 +23,8 @@ from ipdp.credentials import (
 )
 from ipdp.kafka_io import kafka_producer
 from ipdp.redis_io import redis_client
-from ipdp.registry import create_study
 from ipdp.signing import generate_key_files
+from ipdp.state import create_study
 from ipdp.study import Study
 from producer.contributor import Contributor
 from producer.gateway_client import GatewayClient

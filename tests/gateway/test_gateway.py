@@ -9,7 +9,7 @@ import uuid
 import numpy as np
 import pytest
 
-from ipdp import registry
+from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer
 from ipdp.redis_io import redis_client
@@ -170,7 +170,7 @@ def test_every_bad_request_gets_its_4xx_and_reason_and_nothing_reaches_kafka(
     producer = kafka_producer(kafka_settings)
     closed = create(kafka_settings, redis_settings, topics, study_id="gw-closed", d=D, n=1000,
                     epsilon=1.0, delta=0.01)
-    registry.close_study(redis_client(redis_settings), producer, topics, closed.study_id)
+    state.close_study(redis_client(redis_settings), producer, topics, closed.study_id)
     producer.close()
     with running_gateway(kafka_settings, topics, max_body_bytes=10 * record_size(D)) as url:
         known(url, study.study_id)
@@ -264,7 +264,7 @@ def test_a_device_verifies_the_study_the_gateway_serves(kafka_settings, redis_se
     signed = Study(study_id="gw-signed", d=D, n=1000, epsilon=1.0, delta=0.01)
     producer = kafka_producer(kafka_settings)
     try:
-        registry.create_study(redis_client(redis_settings), producer, topics, signed,
+        state.create_study(redis_client(redis_settings), producer, topics, signed,
                               signing_key=owner)
     finally:
         producer.close()

@@ -281,7 +281,7 @@ def test_credentials_issue_runs_from_a_shell(env_topics, kafka_settings, redis_s
               "--count", "2", "--token-version", "1", "--json")
     assert one.returncode == 0, one.stderr
     from ipdp.redis_io import redis_client
-    from ipdp.registry import load_study
+    from ipdp.state import load_study
 
     study = load_study(redis_client(redis_settings), "cred")[0]
     pinned = parse_trusted_keys(str(tmp_path / "issuer.pub"))

@@ -22,8 +22,8 @@ import pytest
 from ipdp import state
 from ipdp.kafka_io import kafka_producer
 from ipdp.redis_io import redis_client
-from ipdp.registry import create_study
 from ipdp.signing import generate_key_files
+from ipdp.state import create_study
 from ipdp.study import Study
 from ipdp.subscriber import ModelSubscriber
 from ipdp.wire import decode_batch, record_size, split_container

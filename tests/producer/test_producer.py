@@ -213,7 +213,7 @@ def test_loadgen_cli(kafka_settings, topics, redis_settings, monkeypatch, capsys
     from ipdp.cli.loadgen import add_commands
     from ipdp.kafka_io import kafka_producer
     from ipdp.redis_io import redis_client
-    from ipdp.registry import create_study
+    from ipdp.state import create_study
 
     for name, value in topics.model_dump().items():
         monkeypatch.setenv(f"IPDP_TOPIC_{name.upper()}", str(value))

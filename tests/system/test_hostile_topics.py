@@ -19,15 +19,15 @@ from ipdp import state
 from ipdp.cli.main import main
 from ipdp.kafka_io import kafka_producer
 from ipdp.redis_io import redis_client
-from ipdp.registry import create_study
 from ipdp.signing import generate_key_files
+from ipdp.state import create_study
 from ipdp.study import Study, signed_bytes
 from ipdp.wire import encode_record
 from producer.contributor import Contributor
 from producer.gateway_client import GatewayClient
 from tests.gateway.conftest import running_gateway
 from tests.hostile import HOSTILE_STUDY_VALUES, PARAMS, bad_signature
-from tests.ipdp.test_registry_and_subscriber import _model
+from tests.ipdp.test_study_store_and_subscriber import _model
 from tests.pipeline import total_stats, wait_for
 
 

@@ -16,14 +16,15 @@ from ipdp.kafka_io import kafka_producer
 from ipdp.losses import clip, encode, prepare
 from ipdp.model_message import ModelMessage, PrivacyReport
 from ipdp.redis_io import redis_client
-from ipdp.registry import (
+from ipdp.state import (
+    STUDY_HASHES,
+    StudyKeys,
     close_study,
     create_study,
     list_studies,
     load_study,
     study_by_hash,
 )
-from ipdp.state import STUDY_HASHES, StudyKeys
 from ipdp.studies_topic import read_studies_topic
 from ipdp.study import Study, StudyStatus
 from ipdp.subscriber import ModelSubscriber
@@ -52,7 +53,7 @@ def producer(kafka_settings):
     p.close()
 
 
-# --------------------------------------------------------------------------- registry
+# --------------------------------------------------------------------------- study store
 
 
 def test_study_round_trip_in_redis_and_on_topic(r, producer, kafka_settings, topics):
