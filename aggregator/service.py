@@ -20,8 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 import redis
-from kafka import TopicPartition
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
 from aggregator import fetch
