@@ -287,6 +287,10 @@ class _Remembered:
         return result
 
 
+#: Levels of a batch's tree below the root whose nodes a verifier remembers (see _Batch).
+MEMO_LEVELS = 8
+
+
 class _Batch:
     """A version-2 batch whose header's signature verified in this process, and the nodes of its
     tree verified since (kept for the top MEMO_LEVELS levels below the root: at most
@@ -331,10 +335,6 @@ def _on_signed_tree(token: bytes, index: int, height: int, root: bytes,
         if number >> (MEMO_LEVELS + 1) == 0:
             nodes[number] = value
     return True
-
-
-#: Levels of a batch's tree below the root whose nodes a verifier remembers (see _Batch).
-MEMO_LEVELS = 8
 
 
 def parse_token(token: bytes, trusted: TrustedKeys,
@@ -412,7 +412,7 @@ class CredentialVerifier:
         """:func:`parse_token`: a version-1 token's outcome cached by its bytes (a signature
         each); a version-2 token checked against its cached batch (a few hashes, no per-token
         state: a million devices of one batch do not grow the heap)."""
-        if token[:1] == b"\x02":
+        if token and token[0] == BATCH_VERSION:
             return parse_token(token, self.trusted, self._batches)
         return self._tokens.get(token, lambda: parse_token(token, self.trusted))
 

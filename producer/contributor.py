@@ -260,7 +260,7 @@ class Contributor:
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait for every queued record; raise :class:`ContributionError` if any new failure."""
         self.producer.flush(timeout=timeout_s)
-        _, failed = self._delivery.snapshot()
+        failed = self.failed
         if failed > self._reported_failures:
             new = failed - self._reported_failures
             self._reported_failures = failed
