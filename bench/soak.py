@@ -281,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
     with EmbeddedRuntime(work / "runtime", topics=topics) as rt:
         kafka, r = rt.kafka_settings(), redis_client(rt.redis_settings())
         study = Study(study_id="soak", d=args.d, n=args.n, epsilon=1.0, delta=0.01)
+        keys = state.StudyKeys(study.study_id)
         producer = kafka_producer(kafka)
         state.create_study(r, producer, topics, study)
         producer.close()
@@ -322,9 +323,9 @@ def run(args: argparse.Namespace) -> int:
             snapshot = (closed_rounds(r, study), _open_round(r, study))
             if args.partitions > 1:
                 trainer.start()
-            rounds_closed = int(r.hget(state.StudyKeys(study.study_id).counts, "rounds_closed") or 0)
+            rounds_closed = int(r.hget(keys.counts, "rounds_closed") or 0)
             published = _wait(lambda: trainer.check() or r.hlen(
-                state.StudyKeys(study.study_id).published) == rounds_closed, DRAIN_TIMEOUT_S)
+                keys.published) == rounds_closed, DRAIN_TIMEOUT_S)
         finally:
             load.stop.set()
             aggregator.stop()
@@ -335,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
         models = {m.round: m for m in sub}
         letters, letter_messages = _dead_letters(kafka, topics.dead_letter, set(load.bad))
         q, p, _ = load.honest()
-        folded = int(r.hget(state.StudyKeys(study.study_id).counts, "folded") or 0)
+        folded = int(r.hget(keys.counts, "folded") or 0)
         rejected = state.rejected_counts(r, "ipdp-aggregator", topics.records)
         expected_rejected: dict[str, int] = {}
         for reason in load.bad.values():
@@ -369,7 +370,7 @@ def run(args: argparse.Namespace) -> int:
             (load.error is None, f"the load thread failed: {load.error!r}"),
             (stalled == 0, f"{stalled} restarted aggregator(s) made no progress within 60 s"),
             (drained, f"not drained: {consumed()} of {load.sent} records consumed"),
-            (published, (f"{r.hlen(state.StudyKeys(study.study_id).published)} of {rounds_closed}"
+            (published, (f"{r.hlen(keys.published)} of {rounds_closed}"
                          " closed rounds published")),
             (not aggregator.died, f"the aggregator exited by itself: codes {aggregator.died}"),
             (not trainer.died, f"the trainer exited by itself: codes {trainer.died}"),

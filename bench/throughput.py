@@ -114,8 +114,8 @@ def fold_path(k14: int, figures: dict | None = None) -> list[list[str]]:
             rows.append([str(d), "5000", "decode + validate, no Redis",
                          f"{k / (time.perf_counter() - t0):,.0f}", "—"])
             for batch in (500, 2000, 5000, 20000):
-                r.delete(state.offsets_key("bench", f"t{d}"), state.StudyKeys(study.study_id).open,
-                         *_replay_keys(r, study.study_id))
+                r.delete(state.offsets_key("bench", f"t{d}"),
+                         state.StudyKeys(study.study_id).open, *_replay_keys(r, study.study_id))
                 wall0, cpu0 = time.perf_counter(), time.process_time()
                 for s in range(0, k, batch):
                     folder.fold(_polled(values, s, batch))
@@ -186,7 +186,7 @@ def scale_out(k_per_process: int, batch: int = 5000,
                     ids = ["scale-0"] * procs if shared else [f"scale-{i}" for i in range(procs)]
                     for sid in sorted(set(ids)):
                         state.register_study(r, Study(study_id=sid, d=14, n=10**9,
-                                                         epsilon=1.0, delta=0.01))
+                                                      epsilon=1.0, delta=0.01))
                     ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
                     workers = [ctx.Process(target=_fold_partition, args=(
                         settings, sid, i, k_per_process, batch, ready, go, out))
@@ -461,8 +461,9 @@ def memory(quick: bool, figures: dict | None = None) -> list[list[str]]:
             for s in range(0, k, 100_000):
                 values = _records(study, min(100_000, k - s), seed=s)
                 folder.fold(_polled(values, 0, len(values), first_offset=s))
-            stats = r.memory_usage(state.StudyKeys(study.study_id).open)
-            payload = sum(r.hstrlen(state.StudyKeys(study.study_id).open, f) for f in ("A", "b"))
+            open_key = state.StudyKeys(study.study_id).open
+            stats = r.memory_usage(open_key)
+            payload = sum(r.hstrlen(open_key, f) for f in ("A", "b"))
             offsets = r.memory_usage(state.offsets_key(f"mem{k}", "t"))
             seen = replay_bytes(r, study.study_id)
             rows.append([f"{k:,}", str(payload), str(stats), str(offsets), f"{seen:,}",

@@ -40,7 +40,8 @@ def reasons(result) -> list[RejectReason]:
 
 
 def folded(redis_settings, study: Study) -> int:
-    return int(redis_client(redis_settings).hget(state.StudyKeys(study.study_id).counts, "folded") or 0)
+    counts = state.StudyKeys(study.study_id).counts
+    return int(redis_client(redis_settings).hget(counts, "folded") or 0)
 
 
 def test_a_replay_is_rejected_within_a_batch_across_batches_and_across_rounds(redis_settings):

@@ -157,7 +157,8 @@ def test_a_budget_for_exactly_two_rounds_closes_the_study_before_the_third(
                  "the third round's records dead-lettered")
     models = sorted(_models(kafka_settings, topics, study.study_id), key=lambda m: m.round)
     assert [m.round for m in models] == [1, 2]
-    assert r.hget(state.StudyKeys(study.study_id).study, "status") == StudyStatus.CLOSED.value.encode()
+    status = r.hget(state.StudyKeys(study.study_id).study, "status")
+    assert status == StudyStatus.CLOSED.value.encode()
     assert r.hget(state.StudyKeys(study.study_id).counts, "folded") == str(2 * study.n).encode()
     # Each round enters as the deployed mechanism's (ε, δ): δ and the norm check's share.
     per_round_delta = study.calibration.guaranteed_delta
