@@ -129,7 +129,7 @@ def gateway_rows(requests: int) -> list[tuple[str, float]]:
             _token, cred = check.admit(header, study)
             check.check_slots(body, study, cred)
 
-    headers = {v: [f"{AUTH_SCHEME} {token_text(t)}" for t in tokens[v]] for v in (1, 2)}
+    headers = {v: [f"{AUTH_SCHEME} {token_text(t)}".encode() for t in tokens[v]] for v in (1, 2)}
     bodies = {v: _records(study, tokens[v]) for v in (1, 2)}
     window = RecordWindowSettings().window()
     _ = study.norm_bounds  # the gateway computes them when it reads the study, not in a request

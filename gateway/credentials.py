@@ -26,6 +26,8 @@ from ipdp.wire import RECORD_ID_BYTES, RejectReason, record_size
 
 __all__ = ["DeviceCredentials"]
 
+_SCHEME = AUTH_SCHEME.encode("ascii")
+
 
 class DeviceCredentials:
     """Admits requests to credential-requiring studies; raises CredentialRefused otherwise."""
@@ -36,14 +38,15 @@ class DeviceCredentials:
         # malformed, unpinned, expired, another study's, slots not the credential's.
         self.verifier = CredentialVerifier(trusted, skew_ms=None)
 
-    def admit(self, authorization: str | None, study: Study) -> tuple[bytes, Credential]:
-        """The token of the request's ``Authorization`` header and its credential."""
-        scheme, _, text = (authorization or "").partition(" ")
+    def admit(self, authorization: bytes | None, study: Study) -> tuple[bytes, Credential]:
+        """The token of the request's ``Authorization`` header (its bytes, as the ASGI scope
+        holds them) and its credential."""
         if not authorization:
             raise CredentialRefused(RejectReason.CREDENTIAL_MISSING,
                                     f"study {study.study_id!r} requires a device credential: "
                                     f"Authorization: {AUTH_SCHEME} <credential>")
-        if scheme != AUTH_SCHEME:
+        scheme, _, text = authorization.partition(b" ")
+        if scheme != _SCHEME:
             raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
                                     f"Authorization scheme must be {AUTH_SCHEME}")
         token = token_from_text(text)

@@ -16,6 +16,11 @@ exhaust the file descriptors. This subclass adds, per worker:
 The idle keep-alive timeout is uvicorn's own (``timeout_keep_alive``). The per-client request
 rate is the app's (``gateway.app.RateLimiter``), as it answers 429 with Retry-After.
 
+The deadlines are not timers: arming one per request and cancelling it cost two timer handles per
+request, some 3 µs on the device path. A connection notes when its deadline falls, and one sweep
+per server (every quarter of the shorter timeout, at most every second) closes the connections
+past theirs; so a timeout fires up to a quarter of itself (at most 1 s) late.
+
 It also writes a response's head together with its body: uvicorn writes each at once, and uvloop
 sends each write straight to the socket, so a device's 202 cost two send(2) calls, each as dear
 as the request's own checks and hand-off on loopback (docs/benchmarks.md).
@@ -40,6 +45,10 @@ _PHRASES = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 #: Open connections per client address, per server (one uvicorn server per worker).
 _PER_CLIENT: weakref.WeakKeyDictionary[object, Counter[str]] = weakref.WeakKeyDictionary()
+#: The deadline sweep of each server with open connections (see the module docstring).
+_SWEEPS: weakref.WeakKeyDictionary[object, asyncio.TimerHandle] = weakref.WeakKeyDictionary()
+#: The longest time between two sweeps.
+_SWEEP_MAX_S = 1.0
 
 
 class _HeadTooLarge(Exception):
@@ -56,7 +65,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._host: str | None = None
         self._head_bytes = 0
         self._in_head = False
-        self._deadline: asyncio.TimerHandle | None = None
+        #: When the armed deadline falls (the loop's clock), or None.
+        self._due: float | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -90,7 +100,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._head_bytes = True, 0
-        if self._deadline is None:
+        if self._due is None:
             self._arm(self.limits.header_timeout_s)
 
     def on_headers_complete(self) -> None:
@@ -124,16 +134,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         return f"the request head exceeds {self.limits.max_header_bytes} bytes"
 
     def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(seconds, self._timed_out)
+        self._due = self.loop.time() + seconds
+        if self.server_state not in _SWEEPS:
+            self._sweep_later()
 
     def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._due = None
+
+    def _sweep_later(self) -> None:
+        period = min(_SWEEP_MAX_S, self.limits.header_timeout_s / 4,
+                     self.limits.body_timeout_s / 4)
+        _SWEEPS[self.server_state] = self.loop.call_later(period, _sweep, self.server_state,
+                                                          self.loop)
 
     def _timed_out(self) -> None:
-        self._deadline = None
+        self._due = None
         if self.transport.is_closing():
             return
         if self._in_head:
@@ -156,6 +171,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
         self._disarm()
 
+
+def _sweep(server_state, loop: asyncio.AbstractEventLoop) -> None:
+    """Time out the server's connections past their deadline; again later while any is open."""
+    del _SWEEPS[server_state]
+    now = loop.time()
+    waiting = None
+    for connection in list(server_state.connections):
+        due = getattr(connection, "_due", None)
+        if due is not None and due <= now:
+            connection._timed_out()
+        if getattr(connection, "_due", None) is not None:
+            waiting = connection
+    if waiting is not None:
+        waiting._sweep_later()
 
 
 class _HeadWithBodyCycle(RequestResponseCycle):

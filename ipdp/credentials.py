@@ -236,12 +236,15 @@ def token_text(token: bytes) -> str:
     return base64.urlsafe_b64encode(token).rstrip(b"=").decode("ascii")
 
 
-def token_from_text(text: str) -> bytes:
-    """Inverse of :func:`token_text`; CredentialRefused (``credential_invalid``) if malformed."""
+def token_from_text(text: str | bytes) -> bytes:
+    """Inverse of :func:`token_text` (the text, or its ASCII bytes as an HTTP header holds
+    them); CredentialRefused (``credential_invalid``) if malformed."""
     try:
+        if isinstance(text, str):
+            text = text.encode("ascii")
         # base64url → base64, then the C decoder; surplus padding is ignored, so "==" always
         # completes the unpadded form (what base64.urlsafe_b64decode does, in fewer steps).
-        raw = binascii.a2b_base64(text.strip().encode("ascii").translate(_FROM_URLSAFE) + b"==")
+        raw = binascii.a2b_base64(text.strip().translate(_FROM_URLSAFE) + b"==")
     except (binascii.Error, ValueError):
         raise CredentialRefused(RejectReason.CREDENTIAL_INVALID, "not base64url") from None
     _check_size(raw)
