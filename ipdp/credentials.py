@@ -272,14 +272,15 @@ class _Remembered:
         self.size = size
         self._seen: OrderedDict[bytes, object] = OrderedDict()
 
-    def get(self, key: bytes, check):
-        """``check()``'s outcome for ``key``, computed once while remembered; refusals re-raised."""
+    def get(self, key: bytes, check, *args):
+        """``check(*args)``'s outcome for ``key``, computed once while remembered; refusals
+        re-raised."""
         result = self._seen.get(key, self)
         if result is not self:
             self._seen.move_to_end(key)
         else:
             try:
-                result = check()
+                result = check(*args)
             except CredentialRefused as refusal:
                 result = refusal
             self._seen[key] = result
@@ -295,13 +296,18 @@ MEMO_LEVELS = 8
 
 
 class _Batch:
-    """A version-2 batch whose header's signature verified in this process, and the nodes of its
-    tree verified since (kept for the top MEMO_LEVELS levels below the root: at most
-    2^(MEMO_LEVELS + 1) − 2 nodes)."""
+    """A version-2 batch whose header's signature verified in this process: the fields its
+    credentials share, read once, and the nodes of its tree verified since (kept for the top
+    MEMO_LEVELS levels below the root: at most 2^(MEMO_LEVELS + 1) − 2 nodes)."""
 
-    __slots__ = ("nodes",)
+    __slots__ = ("expires_ms", "height", "issued_ms", "key_id", "nodes", "root", "study_hash")
 
-    def __init__(self) -> None:
+    def __init__(self, header: bytes, trusted: TrustedKeys) -> None:
+        _version, sh, issued, expires, kid, height, root = _BATCH_HEADER.unpack_from(header)
+        _verify(_pinned(trusted, kid), kid, header[_BATCH_HEADER.size:],
+                BATCH_SIGNING_TAG + header[:_BATCH_HEADER.size])
+        self.study_hash, self.issued_ms, self.expires_ms = sh, issued, expires
+        self.key_id, self.height, self.root = kid.hex(), height, root
         self.nodes: dict[int, bytes] = {}
         """Verified nodes by heap number: the root is 1, the children of node k are 2k and
         2k + 1, so the node at level l on leaf i's way up is 2^(h − l) + (i >> l)."""
@@ -352,24 +358,17 @@ def parse_token(token: bytes, trusted: TrustedKeys,
         _verify(_pinned(trusted, kid), kid, token[SIGNED_SIZE:],
                 SIGNING_TAG + token[:SIGNED_SIZE])
         return Credential(sh, cid, issued, expires, kid.hex())
-    _version, sh, issued, expires, kid, height, root = _BATCH_HEADER.unpack_from(token)
-    key = _pinned(trusted, kid)
     index, cid = _LEAF.unpack_from(token, BATCH_PREFIX_SIZE)
-    if index >> height:
+    if index >> token[_HEIGHT_AT]:
         raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
-                                f"leaf {index} of a batch of height {height}")
+                                f"leaf {index} of a batch of height {token[_HEIGHT_AT]}")
     header = token[:BATCH_PREFIX_SIZE]
-
-    def verified_batch() -> _Batch:
-        _verify(key, kid, header[_BATCH_HEADER.size:],
-                BATCH_SIGNING_TAG + header[:_BATCH_HEADER.size])
-        return _Batch()
-
-    batch = verified_batch() if batches is None else batches.get(header, verified_batch)
-    if not _on_signed_tree(token, index, height, root, batch.nodes):
+    batch = _Batch(header, trusted) if batches is None else batches.get(header, _Batch, header,
+                                                                        trusted)
+    if not _on_signed_tree(token, index, batch.height, batch.root, batch.nodes):
         raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
                                 "the credential's path does not lead to its batch's root")
-    return Credential(sh, cid, issued, expires, kid.hex())
+    return Credential(batch.study_hash, cid, batch.issued_ms, batch.expires_ms, batch.key_id)
 
 
 def _pinned(trusted: TrustedKeys, kid: bytes):
