@@ -50,9 +50,10 @@ def _bodies(study: Study, records: int, per_request: int, seed: int) -> list[byt
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time so far of a live process and its live children (uvicorn's
-    workers), from /proc."""
-    total = 0.0
+    """User + system CPU time so far of a live process and all its live descendants (uvicorn's
+    workers, and each worker's Kafka producer process), from /proc."""
+    times: dict[int, float] = {}
+    parent: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -61,9 +62,17 @@ def _cpu_seconds(pid: int) -> float:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(entry) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        parent[int(entry)] = int(fields[1])
+
+    def descends(p: int) -> bool:
+        while p > 1:
+            if p == pid:
+                return True
+            p = parent.get(p, 0)
+        return False
+
+    return sum(t for p, t in times.items() if descends(p))
 
 
 def _bare_consume(kafka, topic: str, records: int) -> float:

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import cache
+from typing import NamedTuple
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -34,6 +35,7 @@ from gateway.batcher import ContainerRefused, GroupCommit
 from gateway.checks import HTTP_STATUS, first_rejection
 from gateway.credentials import DeviceCredentials
 from gateway.openapi import openapi_document
+from gateway.producer_process import ProducerExited, ProducerProcess
 from gateway.settings import GatewaySettings
 from gateway.web import web_directory, web_routes
 from ipdp.credentials import AUTH_SCHEME, Credential, CredentialRefused
@@ -147,6 +149,9 @@ def encode_json(body: bytes, study: Study) -> bytes:
     return b"".join(encode_batch(study.hash, ids, ms, q, p))
 
 
+#: How long a new producer process may take to connect before it is killed and started again.
+_PRODUCER_START_S = 60.0
+
 #: Allocations between two collections of the youngest generation (CPython's default: 700).
 GC_YOUNG_THRESHOLD = 10_000
 
@@ -195,6 +200,7 @@ class Gateway:
                                    linger_s=settings.linger_ms / 1000,
                                    max_message_bytes=settings.max_message_bytes,
                                    kafka_timeout_s=settings.kafka_timeout_s,
+                                   in_flight=settings.containers_in_flight,
                                    on_failure=self._kafka_failed)
         self._connector: asyncio.Task | None = None
         self._last_kafka_failure = -float("inf")
@@ -213,37 +219,46 @@ class Gateway:
             self._connector.cancel()
         self.batcher.flush_all()
         if self.producer is not None:
-            await asyncio.to_thread(self.producer.close, 10)
+            await self.producer.close(10)
         await asyncio.to_thread(self.studies.stop)
 
     async def _connect(self) -> None:
-        from ipdp.kafka_io import kafka_producer
-
+        """Start the Kafka producer process (gateway.producer_process), and another whenever
+        it exits, backing off while it cannot connect."""
         timeout_ms = int(self.settings.kafka_timeout_s * 1000)
-        delay = 0.5
-        while self.producer is None:
+        options = {
+            "delivery_timeout_ms": timeout_ms,
+            "request_timeout_ms": max(1000, timeout_ms - 100),
+            "max_block_ms": min(timeout_ms, 2000),
+            # The group commit decides when a container goes: send each one at once.
+            "linger_ms": 0,
+            # kafka-python's own metrics (sensors updated on every produce request and
+            # response) are read by nothing here: ipdp's are Prometheus'. Off, its I/O thread
+            # spends some 9 % less CPU per container (docs/benchmarks.md).
+            "metrics_enabled": False,
+            "max_request_size": max(self.settings.max_message_bytes + 1024, 1 << 20),
+        }
+        delay, settled = 0.5, False
+        while True:
             try:
-                self.producer = await asyncio.to_thread(
-                    kafka_producer, self.kafka,
-                    delivery_timeout_ms=timeout_ms,
-                    request_timeout_ms=max(1000, timeout_ms - 100),
-                    # send() runs on the event loop: bound how long it may block on metadata.
-                    max_block_ms=min(timeout_ms, 2000),
-                    # The group commit decides when a container goes: send each one at once.
-                    linger_ms=0,
-                    # kafka-python's own metrics (sensors updated on every produce request and
-                    # response) are read by nothing here: ipdp's are Prometheus'. Off, its I/O
-                    # thread spends some 8 % less CPU per container (docs/benchmarks.md).
-                    metrics_enabled=False,
-                    max_request_size=max(self.settings.max_message_bytes + 1024, 1 << 20))
-                log.info("gateway: Kafka producer connected to %s", self.kafka.bootstrap)
-            except Exception as exc:  # noqa: BLE001 - keep trying; /readyz says not ready
-                log.warning("gateway: cannot connect to Kafka at %s: %r", self.kafka.bootstrap,
+                producer = await ProducerProcess.start(self.kafka, self.topics.records, options,
+                                                       timeout_s=_PRODUCER_START_S)
+            except (TimeoutError, ProducerExited, OSError) as exc:
+                log.warning("gateway: no Kafka producer for %s yet: %s", self.kafka.bootstrap,
                             exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
-        if self.owns_process:
-            settle_heap()
+                continue
+            self.producer, delay = producer, 0.5
+            log.info("gateway: Kafka producer connected to %s", self.kafka.bootstrap)
+            if self.owns_process and not settled:
+                settle_heap()
+                settled = True
+            code = await asyncio.shield(producer.exited)  # stop() cancels this task, not it
+            self.producer = None
+            self._kafka_failed()
+            log.warning("gateway: the Kafka producer process exited with code %s; starting "
+                        "another", code)
 
     def ready(self) -> tuple[bool, str]:
         """Ready: producer bootstrapped, no Kafka failure in the last ``kafka_timeout_s``, and
@@ -273,9 +288,7 @@ class Gateway:
         """The request body from ASGI ``receive``; Refusal (413) above ``max_body_bytes``, as
         soon as the Content-Length header (``declared``) or the bytes received say so."""
         limit = self.settings.max_body_bytes
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise Refusal(RejectReason.TOO_LARGE,
-                          f"body of {declared.decode()} bytes exceeds {limit}")
+        self.read_declared(declared, 0)
         chunks, total = [], 0
         while True:
             message = await receive()
@@ -289,6 +302,16 @@ class Gateway:
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    def read_declared(self, declared: bytes | None, received: int) -> None:
+        """Refusal (413) when the Content-Length header (``declared``) or the ``received``
+        bytes exceed ``max_body_bytes``."""
+        limit = self.settings.max_body_bytes
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise Refusal(RejectReason.TOO_LARGE,
+                          f"body of {declared.decode()} bytes exceeds {limit}")
+        if received > limit:
+            raise Refusal(RejectReason.TOO_LARGE, f"body exceeds {limit} bytes")
+
     def admit_credential(self, authorization: bytes | None, study: Study
                          ) -> tuple[bytes, Credential] | None:
         """The device credential of a request (its Authorization header) to a study that
@@ -300,11 +323,12 @@ class Gateway:
         except CredentialRefused as refusal:
             raise _credential_refusal(refusal) from None
 
-    async def commit(self, records: bytes, k: int, study: Study,
-                     credential: tuple[bytes, Credential] | None = None) -> None:
-        """Hand k checked records (back to back) to the group commit and wait until Kafka
-        acknowledged every one of them; Refusal(503) if it did not. With a ``credential``, the
-        records' ids must be its slots (Refusal 403 otherwise), and it travels with them."""
+    def enqueue(self, records: bytes, k: int, study: Study,
+                credential: tuple[bytes, Credential] | None = None) -> list[asyncio.Future]:
+        """Hand k checked records (back to back) to the group commit: the futures that settle
+        when Kafka acknowledged (or refused) the container(s) holding them. With a
+        ``credential``, the records' ids must be its slots (Refusal 403 otherwise), and it
+        travels with them."""
         token = None
         if credential is not None:
             try:
@@ -313,11 +337,24 @@ class Gateway:
                 raise _credential_refusal(refusal, k) from None
             token = credential[0]
         try:
-            await self.batcher.commit(study.study_id, study.d, records, token)
+            return self.batcher.enqueue(study.study_id, study.d, records, token)
         except ContainerRefused as exc:
-            raise Refusal(RejectReason.KAFKA_UNAVAILABLE,
-                          f"Kafka did not acknowledge the records: {exc}", records=k,
-                          headers={"Retry-After": "1"}) from None
+            raise _kafka_refusal(exc, k) from None
+
+    async def commit(self, records: bytes, k: int, study: Study,
+                     credential: tuple[bytes, Credential] | None = None) -> None:
+        """:meth:`enqueue`, then wait until Kafka acknowledged every record; Refusal(503) if it
+        did not."""
+        for waiter in self.enqueue(records, k, study, credential):
+            try:
+                await waiter
+            except ContainerRefused as exc:
+                raise _kafka_refusal(exc, k) from None
+
+
+def _kafka_refusal(exc: ContainerRefused, records: int) -> Refusal:
+    return Refusal(RejectReason.KAFKA_UNAVAILABLE, f"Kafka did not acknowledge the records: {exc}",
+                   records=records, headers={"Retry-After": "1"})
 
 
 def _credential_refusal(refusal: CredentialRefused, records: int = 0) -> Refusal:
@@ -371,17 +408,64 @@ class RecordsEndpoint:
 
     async def __call__(self, scope, receive, send) -> None:
         try:
-            k = await post_records(self.gw, scope, receive)
-            response = _ACCEPTED_ONE if k == 1 else Response(
-                b'{"accepted":%d}' % k, status_code=202, media_type=JSON_TYPE)
+            admitted = admit(self.gw, scope)
+            body = await self.gw.read_body(admitted.declared, receive)
+            records, k = checked(self.gw, admitted, body)
+            await self.gw.commit(records, k, admitted.study, admitted.credential)
+            response = _accepted(k)
         except Refusal as refusal:
             response = _refused(refusal)
         _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
         await response(scope, receive, send)
 
+    def answer(self, scope, body: bytes, respond: Callable[[Response], None]) -> None:
+        """The same request, its body already read, without a coroutine: ``respond`` is called
+        with the answer once Kafka settled the records (the HTTP protocol's device lane,
+        gateway.protocol; the answer, the metrics and the refusals are the ASGI path's)."""
+        gw = self.gw
 
-async def post_records(gw: Gateway, scope, receive) -> int:
-    """Admit, check and commit the records of one POST; how many Kafka acknowledged."""
+        def finish(response: Response) -> None:
+            _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
+            respond(response)
+
+        try:
+            admitted = admit(gw, scope)
+            gw.read_declared(admitted.declared, len(body))
+            records, k = checked(gw, admitted, body)
+            waiters = gw.enqueue(records, k, admitted.study, admitted.credential)
+        except Refusal as refusal:
+            finish(_refused(refusal))
+            return
+        pending = len(waiters)
+
+        def settled(_future: asyncio.Future) -> None:
+            nonlocal pending
+            pending -= 1
+            if pending:
+                return
+            failed = next((w.exception() for w in waiters if w.exception() is not None), None)
+            if failed is None:
+                finish(_accepted(k))
+            else:
+                finish(_refused(_kafka_refusal(failed, k)))
+
+        for waiter in waiters:
+            waiter.add_done_callback(settled)
+
+
+class Admitted(NamedTuple):
+    """A request admitted before its body is read: its study, media type, declared length and
+    device credential."""
+
+    study: Study
+    media: str
+    declared: bytes | None
+    credential: tuple[bytes, Credential] | None
+
+
+def admit(gw: Gateway, scope) -> Admitted:
+    """The client's rate, the study open, the headers and the device credential; Refusal
+    otherwise."""
     study_id = scope["path_params"]["study_id"]
     if gw.limiter is not None:
         client = scope.get("client")
@@ -403,16 +487,26 @@ async def post_records(gw: Gateway, scope, receive) -> int:
     if media not in (OCTET_STREAM, JSON_TYPE):
         raise Refusal(RejectReason.UNSUPPORTED_MEDIA_TYPE,
                       f"Content-Type must be {OCTET_STREAM} or {JSON_TYPE}, got {media!r}")
-    body = await gw.read_body(declared, receive)
-    if media == JSON_TYPE:
+    return Admitted(study, media, declared, credential)
+
+
+def checked(gw: Gateway, admitted: Admitted, body: bytes) -> tuple[bytes, int]:
+    """The body's records, wire-encoded, and their count, once every per-record check passed;
+    Refusal with the first failure's reason otherwise."""
+    study = admitted.study
+    if admitted.media == JSON_TYPE:
         body = encode_json(body, study)
     k = len(body) // record_size(study.d)
     rejection = first_rejection(body, study, gw.window, time.time_ns() // 1_000_000)
     if rejection is not None:
         raise Refusal(*rejection, records=k)
-    await gw.commit(body, k, study, credential)
+    return body, k
+
+
+def _accepted(k: int) -> Response:
     GATEWAY_RECORDS_ACCEPTED.inc(k)
-    return k
+    return _ACCEPTED_ONE if k == 1 else Response(b'{"accepted":%d}' % k, status_code=202,
+                                                  media_type=JSON_TYPE)
 
 
 async def get_study(gw: Gateway, request: Request) -> Response:
@@ -491,12 +585,26 @@ class DevicePath:
     A POST waits for its container's acknowledgement, and resuming a request suspended under
     Starlette's middleware and router costs a dozen coroutine frames; devices make nearly every
     request, so theirs skips that stack (the handler, its Refusal answers and its metrics are the
-    same ``post_records`` the router serves; every other route and method goes through
-    Starlette, which also runs the lifespan).
+    same :class:`RecordsEndpoint` the router serves; every other route and method goes through
+    Starlette, which also runs the lifespan). Under ``ipdp gateway`` most device POSTs do not
+    reach it either: the HTTP protocol takes them through :meth:`device_lane`.
     """
 
     def __init__(self, app: Starlette, records: RecordsEndpoint) -> None:
         self.app, self.state, self._records = app, app.state, records
+
+    def device_lane(self, scope) -> Callable[[dict, bytes, Callable[[Response], None]],
+                                             None] | None:
+        """For a device's POST, :meth:`RecordsEndpoint.answer`, which answers it without a
+        coroutine (the HTTP protocol calls it once the body is in: gateway.protocol); None for
+        every other request."""
+        if scope["method"] != "POST":
+            return None
+        match = _RECORDS_PATH.fullmatch(scope["path"])
+        if match is None:
+            return None
+        scope["path_params"] = {"study_id": match[1]}
+        return self._records.answer
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.producer_process import ProducerRefused
 from ipdp.credentials import credential_run_size, credentials_header
 from ipdp.metrics import GATEWAY_CONTAINER_RECORDS, GATEWAY_KAFKA_SECONDS
 from ipdp.wire import (
@@ -57,30 +58,45 @@ class _Container:
     linger: asyncio.TimerHandle | None = None
     deadline: asyncio.TimerHandle | None = None
     sent_at: float = 0.0
+    held: bool = False
+    """Its linger ended while ``in_flight`` containers of the study were unsettled: it goes
+    when one of them settles, or when it is full."""
+    flying: bool = False
+    """Produced and not yet settled."""
 
 
 class GroupCommit:
     """Coalesces checked records into containers and settles each waiting request on ack.
 
-    ``producer`` returns the connected kafka-python producer, or None before it is connected
+    ``producer`` returns the connected producer (gateway.producer_process), or None before it is
     (then every request is refused at once); ``on_failure`` is told about each refused
     container (the gateway's readiness).
     """
 
     def __init__(self, topic: str, producer: Callable[[], object | None], *,
                  linger_s: float, max_message_bytes: int, kafka_timeout_s: float,
-                 on_failure: Callable[[], None] = lambda: None) -> None:
+                 in_flight: int = 0, on_failure: Callable[[], None] = lambda: None) -> None:
         self.topic, self._producer = topic, producer
         self.linger_s, self.max_message_bytes = linger_s, max_message_bytes
         self.kafka_timeout_s, self._on_failure = kafka_timeout_s, on_failure
+        self.in_flight = in_flight
         self._open: dict[str, _Container] = {}
+        self._flying: dict[str, int] = {}
 
     async def commit(self, study_id: str, d: int, records: bytes,
                      credential: bytes | None = None) -> None:
+        """:meth:`enqueue`, then return once Kafka acknowledged every record; raise
+        :class:`ContainerRefused` if Kafka refused or timed out on any of them."""
+        for waiter in self.enqueue(study_id, d, records, credential):
+            await waiter
+
+    def enqueue(self, study_id: str, d: int, records: bytes,
+                credential: bytes | None = None) -> list[asyncio.Future]:
         """Append ``records`` (checked records of one study, back to back) to the study's open
-        container(s) and return once Kafka acknowledged every one of them; raise
-        :class:`ContainerRefused` if Kafka refused or timed out on any of them. ``credential``:
-        the device credential the records were admitted with, carried next to them."""
+        container(s): one future per container holding some of them, settled when Kafka
+        acknowledged it, or failed with :class:`ContainerRefused`. ``credential``: the device
+        credential the records were admitted with, carried next to them. Raises
+        ContainerRefused at once before the producer is connected."""
         if self._producer() is None:
             raise ContainerRefused("not connected to Kafka yet")
         loop = asyncio.get_running_loop()
@@ -95,7 +111,7 @@ class GroupCommit:
             box = self._open.get(study_id)
             if box is None:
                 box = self._open[study_id] = _Container(study_id)
-                box.linger = loop.call_later(self.linger_s, self._flush, box)
+                box.linger = loop.call_later(self.linger_s, self._lingered, box)
             room = (self.max_message_bytes - CONTAINER_HEADER_SIZE - len(box.records)
                     - box.header_bytes - run) // size
             if room < 1 and box.count:
@@ -113,13 +129,20 @@ class GroupCommit:
             waits.append(waiter)
             if room - take < 1:
                 self._flush(box)
-        for waiter in waits:
-            await waiter
+        return waits
 
     def flush_all(self) -> None:
         """Produce every open container now (at shutdown, before the producer closes)."""
         for box in list(self._open.values()):
             self._flush(box)
+
+    def _lingered(self, box: _Container) -> None:
+        """The container's linger is over: produce it, or hold it while ``in_flight``
+        containers of its study are unsettled."""
+        if self.in_flight and self._flying.get(box.study_id, 0) >= self.in_flight:
+            box.held = True
+            return
+        self._flush(box)
 
     def _flush(self, box: _Container) -> None:
         """Produce the container (once) and arrange for its waiters to be settled."""
@@ -134,23 +157,31 @@ class GroupCommit:
         if box.credentials:
             headers.append(credentials_header(box.credentials))
         try:
-            sent = producer.send(self.topic, key=bytes(box.records[RECORD_ID_BYTES]),
-                                 value=container_of(box.records, box.count),
-                                 headers=headers)
+            sent = producer.send(bytes(box.records[RECORD_ID_BYTES]),
+                                 container_of(box.records, box.count), headers)
         except Exception as exc:  # noqa: BLE001 - any failure to hand over is a refusal
             self._settle(box, exc)
             return
-        # kafka-python's delivery timeout fires the errback; this deadline covers a future that
-        # is never resolved at all.
+        # kafka-python's delivery timeout refuses the container; this deadline covers one
+        # that is never settled at all.
+        box.flying = True
+        self._flying[box.study_id] = self._flying.get(box.study_id, 0) + 1
         box.deadline = loop.call_later(self.kafka_timeout_s + 1, self._settle, box,
                                        TimeoutError("no acknowledgement"))
-        sent.add_callback(lambda _: loop.call_soon_threadsafe(self._settle, box, None))
-        sent.add_errback(lambda exc: loop.call_soon_threadsafe(self._settle, box, exc))
+        sent.add_done_callback(lambda done: self._settle(box, done.exception()))
 
     def _settle(self, box: _Container, exc: BaseException | None) -> None:
         """Answer every request waiting on ``box``: acknowledged, or refused with ``exc``."""
         if box.deadline is not None:
             box.deadline.cancel()
+        if box.flying:
+            box.flying = False
+            left = self._flying.pop(box.study_id) - 1
+            if left:
+                self._flying[box.study_id] = left
+            held = self._open.get(box.study_id)
+            if held is not None and held.held:
+                self._flush(held)
         waiters, box.waiters = box.waiters, []
         if not waiters:
             return  # settled already (the deadline and a late callback)
@@ -164,7 +195,8 @@ class GroupCommit:
         self._on_failure()
         log.warning("gateway: Kafka did not acknowledge a container of %d record(s): %r",
                     box.count, exc)
-        refused = ContainerRefused(type(exc).__name__)
+        refused = ContainerRefused(str(exc) if isinstance(exc, ProducerRefused)
+                                   else type(exc).__name__)
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(refused)

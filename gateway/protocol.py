@@ -24,22 +24,41 @@ past theirs; so a timeout fires up to a quarter of itself (at most 1 s) late.
 It also writes a response's head together with its body: uvicorn writes each at once, and uvloop
 sends each write straight to the socket, so a device's 202 cost two send(2) calls, each as dear
 as the request's own checks and hand-off on loopback (docs/benchmarks.md).
+
+**The device lane.** An app may offer ``device_lane(scope)``: for the requests it takes (the
+gateway's ``POST /studies/{id}/records``), a function ``answer(scope, body, respond)`` that the
+protocol calls once the body is in, and that calls ``respond(response)`` when the answer is
+known. Such a request runs no ASGI task: uvicorn's task, its receive and send coroutines and
+their messages cost some 19 µs a request here, half of what a bare endpoint costs in all
+(docs/benchmarks.md). The protocol writes the answer, with uvicorn's default headers, and then
+completes the request as uvicorn's own send does (keep-alive, the next pipelined request, the
+keep-alive timer). The lane takes only what it can hold without flow control: a declared
+Content-Length up to uvicorn's read high-water mark, no Transfer-Encoding, no ``Expect:
+100-continue``; anything else, like every other route, goes through the ASGI app.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import weakref
 from collections import Counter
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from gateway.checks import HTTP_STATUS
 from gateway.settings import GatewaySettings
 from ipdp.wire import RejectReason
 
 __all__ = ["BoundedHttpToolsProtocol"]
+
+log = logging.getLogger(__name__)
 
 _PHRASES = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -116,6 +135,51 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
+        if getattr(self.cycle, "lane", None) is not None:
+            self._run_lane(self.cycle)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app) -> None:
+        # uvicorn starts every request here, a pipelined one once the previous is answered.
+        lane = getattr(app, "device_lane", None)
+        answer = lane(cycle.scope) if lane is not None and _fits_lane(cycle) else None
+        if answer is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        cycle.lane = answer
+        self._run_lane(cycle)
+
+    def _run_lane(self, cycle: RequestResponseCycle) -> None:
+        """Hand a device-lane request to its app once its body is complete (and only once)."""
+        if cycle.more_body or cycle.lane is None:
+            return
+        answer, cycle.lane = cycle.lane, None
+        try:
+            answer(cycle.scope, bytes(cycle.body), lambda response: self._respond(cycle, response))
+        except Exception:  # what uvicorn does when an app raises
+            log.exception("Exception in the device lane")
+            self._respond(cycle, None)
+
+    def _respond(self, cycle: RequestResponseCycle, response) -> None:
+        """Write a lane request's answer (None: a 500) and complete the request."""
+        if cycle.disconnected or cycle.response_complete or self.transport.is_closing():
+            return
+        if response is None:
+            status, headers, body = 500, _ERROR_HEADERS, b"Internal Server Error"
+            cycle.keep_alive = False
+        else:
+            status, headers, body = response.status_code, response.raw_headers, response.body
+        head = [STATUS_LINE[status]]
+        for name, value in (*self.server_state.default_headers, *headers):
+            head += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head += (b"\r\n", body)
+        self.transport.write(b"".join(head))
+        cycle.response_started = cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers every parser error with 400; on_headers_complete's _HeadTooLarge
@@ -170,6 +234,38 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             b"connection: close\r\n\r\n", body)))
         self.transport.close()
         self._disarm()
+
+
+def _sweep(server_state, loop: asyncio.AbstractEventLoop) -> None:
+    """Time out the server's connections past their deadline; again later while any is open."""
+    del _SWEEPS[server_state]
+    now = loop.time()
+    waiting = None
+    for connection in list(server_state.connections):
+        due = getattr(connection, "_due", None)
+        if due is not None and due <= now:
+            connection._timed_out()
+        if getattr(connection, "_due", None) is not None:
+            waiting = connection
+    if waiting is not None:
+        waiting._sweep_later()
+
+
+_ERROR_HEADERS = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21")]
+
+
+def _fits_lane(cycle: RequestResponseCycle) -> bool:
+    """A request the device lane can hold: a declared body up to the read high-water mark (so
+    uvicorn never pauses reading it), not chunked, no 100-continue to send."""
+    if cycle.waiting_for_100_continue:
+        return False
+    length = None
+    for name, value in cycle.scope["headers"]:
+        if name == b"content-length":
+            length = value
+        elif name == b"transfer-encoding":
+            return False
+    return length is not None and length.isdigit() and int(length) <= HIGH_WATER_LIMIT
 
 
 def _sweep(server_state, loop: asyncio.AbstractEventLoop) -> None:

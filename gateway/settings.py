@@ -23,9 +23,14 @@ class GatewaySettings(BaseSettings):
     linger_ms: float = Field(
         0.0, ge=0, le=1000,
         description="Group commit: how long the first record of a container waits for others "
-        "before the container is produced (it goes at once when full). 0: at the event loop's "
-        "next turn, so the records of the requests that arrived together share one Kafka "
-        "message. Each request is answered when its container is acknowledged.")
+        "before the container is produced (it goes at once when full), and then while "
+        "containers_in_flight of its study await Kafka. 0: at the event loop's next turn if "
+        "nothing holds it. Each request is answered when its container is acknowledged.")
+    containers_in_flight: int = Field(
+        1, ge=0,
+        description="Group commit: how many containers of one study may await Kafka's "
+        "acknowledgement at once; a container whose linger is over waits for one of them to "
+        "settle (it goes at once when full). 0: no limit.")
     kafka_timeout_s: float = Field(
         10.0, gt=0, description="How long a request waits for Kafka's acknowledgement before 503.")
     rate_limit_per_s: float = Field(

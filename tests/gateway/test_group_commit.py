@@ -99,3 +99,40 @@ def test_kafka_outage_answers_503_to_every_waiting_request_and_loses_nothing_ack
             during = concurrently(url, study.study_id, records(study, 10, seed=7))
     assert [(a.status, a.error) for a in during] == [(503, "kafka_unavailable")] * 10
     assert all(sorted(a.body) == ["detail", "error"] for a in during)
+
+
+def test_with_one_container_in_flight_the_next_waits_for_its_acknowledgement(kafka_settings,
+                                                                            topics):
+    """``containers_in_flight`` = 1: records that arrive, turn after turn, while a container of
+    their study is unacknowledged wait for it and then go together, not in a container per
+    loop turn."""
+    import asyncio
+
+    from gateway.batcher import GroupCommit
+    from gateway.producer_process import ProducerProcess
+    from ipdp.study import Study
+
+    study = Study(study_id="gc-flight", d=D, n=1000, epsilon=1.0, delta=0.01)
+    first, *rest = records(study, 4, seed=31)
+
+    async def run(in_flight: int) -> None:
+        producer = await ProducerProcess.start(kafka_settings, topics.records, {"linger_ms": 0},
+                                               timeout_s=60)
+        batcher = GroupCommit(topics.records, lambda: producer, linger_s=0.0,
+                              max_message_bytes=1 << 20, kafka_timeout_s=10,
+                              in_flight=in_flight)
+        waits = batcher.enqueue(study.study_id, D, first)
+        await asyncio.sleep(0)  # the first container goes at the next turn
+        await asyncio.sleep(0)
+        for record in rest:  # one per turn, while it awaits Kafka (a few ms)
+            waits += batcher.enqueue(study.study_id, D, record)
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*waits), 30)
+        await producer.close(10)
+
+    asyncio.run(run(1))
+    messages, got = on_topic(kafka_settings, topics.records, expected=4)
+    assert sorted(got) == sorted([first, *rest])
+    # Without the limit each of the three would have had a container of its own.
+    assert sorted(len(split_container(m.value)) for m in messages) == [1, 3]

@@ -1,0 +1,114 @@
+"""The device lane of the gateway's HTTP protocol (gateway.protocol): a device's POST answered
+without an ASGI task, over raw sockets, as HTTP/1.1 requires: answers in request order on a
+pipelined connection, ``Connection: close`` honoured, and the requests the lane does not take
+(chunked, ``Expect: 100-continue``) served the ASGI way with the same answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipdp.wire import split_container
+from tests.gateway.conftest import running_gateway
+from tests.gateway.test_gateway import D, known, records
+from tests.gateway.test_limits import connect, read_until_closed
+from tests.pipeline import create, read_records
+
+
+@pytest.fixture
+def lane(kafka_settings, redis_settings, topics):
+    study = create(kafka_settings, redis_settings, topics, study_id="lane", d=D, n=1000,
+                   epsilon=1.0, delta=0.01)
+    with running_gateway(kafka_settings, topics) as url:
+        known(url, study.study_id)
+        yield url, study
+
+
+def post(body: bytes, *extra: bytes, length: bool = True) -> bytes:
+    head = [b"POST /studies/lane/records HTTP/1.1", b"Host: x",
+            b"Content-Type: application/octet-stream", *extra]
+    if length:
+        head.append(b"Content-Length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def answers(raw: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each response in a connection's bytes, in order."""
+    out = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        fields = dict(line.lower().split(b": ", 1) for line in lines[1:])
+        size = int(fields[b"content-length"])
+        out.append((int(lines[0].split(b" ")[1]), rest[:size]))
+        raw = rest[size:]
+    return out
+
+
+def test_pipelined_device_posts_are_answered_in_order_and_close_is_honoured(lane,
+                                                                            kafka_settings,
+                                                                            topics):
+    url, study = lane
+    good = records(study, 3, seed=21)
+    bad = bytearray(records(study, 1, seed=22)[0])
+    bad[0] = 99  # an unsupported wire version
+    sock = connect(url)
+    sock.sendall(post(good[0]) + post(bytes(bad)) + post(good[1])
+                 + post(good[2], b"Connection: close"))
+    got = answers(read_until_closed(sock))
+    assert [status for status, _ in got] == [202, 400, 202, 202]
+    assert got[0][1] == got[2][1] == got[3][1] == b'{"accepted":1}'
+    assert b"unsupported_version" in got[1][1]
+    messages = read_records(kafka_settings, topics.records, expected=3, timeout_s=10)
+    assert sorted(r for m in messages for r in split_container(m.value)) == sorted(good)
+
+
+def test_requests_the_lane_does_not_take_get_the_same_answers(lane, kafka_settings, topics):
+    url, study = lane
+    chunked_record, continued_record = records(study, 2, seed=23)
+    chunked = post(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunked_record), chunked_record),
+                   b"Transfer-Encoding: chunked", length=False)
+    sock = connect(url)
+    sock.sendall(chunked)
+    sock.settimeout(10)
+    reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 202") and reply.endswith(b'{"accepted":1}')
+    # Expect: 100-continue: the body goes only after the interim answer.
+    head = post(continued_record, b"Expect: 100-continue", b"Connection: close")
+    sock.sendall(head[:-len(continued_record)])
+    assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    sock.sendall(continued_record)
+    assert answers(read_until_closed(sock)) == [(202, b'{"accepted":1}')]
+    messages = read_records(kafka_settings, topics.records, expected=2, timeout_s=10)
+    assert sorted(r for m in messages for r in split_container(m.value)) == sorted(
+        [chunked_record, continued_record])
+
+
+def test_the_lane_takes_a_device_post_with_a_small_declared_body_and_nothing_else(
+        kafka_settings, topics):
+    from types import SimpleNamespace
+
+    from gateway.app import create_app
+    from gateway.protocol import _fits_lane
+    from gateway.settings import GatewaySettings
+
+    app = create_app(GatewaySettings(), kafka_settings, topics)
+
+    def scope(method: str, path: str) -> dict:
+        return {"type": "http", "method": method, "path": path, "headers": []}
+
+    taken = scope("POST", "/studies/s-1/records")
+    assert app.device_lane(taken) is not None and taken["path_params"] == {"study_id": "s-1"}
+    for method, path in [("GET", "/studies/s-1/records"), ("POST", "/studies/s-1"),
+                         ("POST", "/studies/a/b/records"), ("GET", "/healthz")]:
+        assert app.device_lane(scope(method, path)) is None, (method, path)
+
+    def cycle(*headers: tuple[bytes, bytes], expect: bool = False):
+        return SimpleNamespace(waiting_for_100_continue=expect,
+                               scope={"headers": list(headers)})
+
+    assert _fits_lane(cycle((b"content-length", b"272")))
+    assert _fits_lane(cycle((b"content-length", b"65536")))
+    assert not _fits_lane(cycle((b"content-length", b"65537")))  # reading could pause
+    assert not _fits_lane(cycle())  # no declared length
+    assert not _fits_lane(cycle((b"content-length", b"12"), (b"transfer-encoding", b"chunked")))
+    assert not _fits_lane(cycle((b"content-length", b"272"), expect=True))
