@@ -260,9 +260,10 @@ def credential_script(study: Study, tokens: list[bytes], threads: int) -> str:
 
 
 def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> dict:
-    """wrk against a bare Starlette endpoint, then one ``ipdp gateway`` worker posting to a study
-    without credentials and to one that requires them (a new device per request), ``repeat``
-    times, the aggregator paused while wrk runs; the runs and the credential study's records."""
+    """wrk against a bare Starlette endpoint, then against ``ipdp gateway`` (one worker, started
+    afresh for each row) posting to a study without credentials and to one that requires them
+    (a new device per request), ``repeat`` times, the aggregator paused while wrk runs; the runs
+    and the credential study's records."""
     import os
     import signal
     import subprocess
@@ -315,29 +316,32 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                     per_run = len(pool) // repeat
                     scripts[name].write_text(credential_script(
                         study, pool[rep * per_run:(rep + 1) * per_run], threads))
-                for server in ("bare", "gateway"):
+                # Every row is a freshly started server, warmed up for a second: a row measures
+                # what serving its kind of study costs, not what an earlier row left behind (a
+                # worker that cached version-1 credentials first served version-2 devices some
+                # 10 % slower in one process; docs/benchmarks.md).
+                rows = [("bare", "bare", plain, "plain"),
+                        ("gateway", "no credentials", plain, "plain"),
+                        ("gateway", "requires credentials, version 1", study, "cred1"),
+                        ("gateway", f"requires credentials, version 2 (batches of {BATCH})",
+                         study, "cred2")]
+                for server, name, s_, script in rows:
                     proc, url = start_server(server, env)
                     try:
                         # As in `ipdp bench devices`: the aggregator waits while wrk runs (on
                         # two cores its CPU would go to the gateway's runs only) and folds
-                        # the backlog after each server's runs.
+                        # the backlog after each run.
                         os.kill(aggregator.pid, signal.SIGSTOP)
                         _wrk(f"{url}/studies/bench-plain/records", scripts["plain"], 1.0,
                              connections, threads)  # warm-up
-                        targets = [("bare", plain, "plain")] if server == "bare" else \
-                            [("no credentials", plain, "plain"),
-                             ("requires credentials, version 1", study, "cred1"),
-                             (f"requires credentials, version 2 (batches of {BATCH})", study,
-                              "cred2")]
-                        for name, s_, script in targets:
-                            cpu0 = _cpu_seconds(proc.pid)
-                            figures = _wrk(f"{url}/studies/{s_.study_id}/records",
-                                           scripts[script], seconds, connections, threads)
-                            figures.update(repetition=rep + 1, server=name, cpu_us_per_request=(
-                                _cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
-                            runs.append(figures)
-                            if script != "plain":
-                                accepted += figures["accepted"]
+                        cpu0 = _cpu_seconds(proc.pid)
+                        figures = _wrk(f"{url}/studies/{s_.study_id}/records", scripts[script],
+                                       seconds, connections, threads)
+                        figures.update(repetition=rep + 1, server=name, cpu_us_per_request=(
+                            _cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
+                        runs.append(figures)
+                        if script != "plain":
+                            accepted += figures["accepted"]
                     finally:
                         _stop(proc)
                         os.kill(aggregator.pid, signal.SIGCONT)
