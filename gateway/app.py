@@ -287,7 +287,6 @@ class Gateway:
     async def read_body(self, declared: bytes | None, receive) -> bytes:
         """The request body from ASGI ``receive``; Refusal (413) above ``max_body_bytes``, as
         soon as the Content-Length header (``declared``) or the bytes received say so."""
-        limit = self.settings.max_body_bytes
         self.read_declared(declared, 0)
         chunks, total = [], 0
         while True:
@@ -296,8 +295,7 @@ class Gateway:
                 raise Refusal(RejectReason.UNDECODABLE, "the client closed the request early")
             chunk = message.get("body", b"")
             total += len(chunk)
-            if total > limit:
-                raise Refusal(RejectReason.TOO_LARGE, f"body exceeds {limit} bytes")
+            self.read_declared(None, total)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -598,22 +596,24 @@ class DevicePath:
         """For a device's POST, :meth:`RecordsEndpoint.answer`, which answers it without a
         coroutine (the HTTP protocol calls it once the body is in: gateway.protocol); None for
         every other request."""
-        if scope["method"] != "POST":
-            return None
-        match = _RECORDS_PATH.fullmatch(scope["path"])
-        if match is None:
-            return None
-        scope["path_params"] = {"study_id": match[1]}
-        return self._records.answer
+        return self._records.answer if _device_post(scope) else None
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _RECORDS_PATH.fullmatch(scope["path"])
-            if match:
-                scope["path_params"] = {"study_id": match[1]}
-                await self._records(scope, receive, send)
-                return
+        if scope["type"] == "http" and _device_post(scope):
+            await self._records(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+def _device_post(scope) -> bool:
+    """Whether an HTTP request is a POST to the records route; if so, its ``path_params``."""
+    if scope["method"] != "POST":
+        return False
+    match = _RECORDS_PATH.fullmatch(scope["path"])
+    if match is None:
+        return False
+    scope["path_params"] = {"study_id": match[1]}
+    return True
 
 
 #: The records route, as Starlette matches "/studies/{study_id}/records" (no "/" in the id).

@@ -83,13 +83,6 @@ class GroupCommit:
         self._open: dict[str, _Container] = {}
         self._flying: dict[str, int] = {}
 
-    async def commit(self, study_id: str, d: int, records: bytes,
-                     credential: bytes | None = None) -> None:
-        """:meth:`enqueue`, then return once Kafka acknowledged every record; raise
-        :class:`ContainerRefused` if Kafka refused or timed out on any of them."""
-        for waiter in self.enqueue(study_id, d, records, credential):
-            await waiter
-
     def enqueue(self, study_id: str, d: int, records: bytes,
                 credential: bytes | None = None) -> list[asyncio.Future]:
         """Append ``records`` (checked records of one study, back to back) to the study's open

@@ -268,21 +268,6 @@ def _fits_lane(cycle: RequestResponseCycle) -> bool:
     return length is not None and length.isdigit() and int(length) <= HIGH_WATER_LIMIT
 
 
-def _sweep(server_state, loop: asyncio.AbstractEventLoop) -> None:
-    """Time out the server's connections past their deadline; again later while any is open."""
-    del _SWEEPS[server_state]
-    now = loop.time()
-    waiting = None
-    for connection in list(server_state.connections):
-        due = getattr(connection, "_due", None)
-        if due is not None and due <= now:
-            connection._timed_out()
-        if getattr(connection, "_due", None) is not None:
-            waiting = connection
-    if waiting is not None:
-        waiting._sweep_later()
-
-
 class _HeadWithBodyCycle(RequestResponseCycle):
     """uvicorn's request/response cycle, with the response head held for the first body write.
 
