@@ -18,7 +18,7 @@ from ipdp.credentials import (
     Credential,
     CredentialRefused,
     CredentialVerifier,
-    token_from_text,
+    slot_id,
 )
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study
@@ -49,8 +49,7 @@ class DeviceCredentials:
         if scheme != _SCHEME:
             raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
                                     f"Authorization scheme must be {AUTH_SCHEME}")
-        token = token_from_text(text)
-        return token, self.verifier.check(token, study.hash, time.time_ns() // 1_000_000)
+        return self.verifier.check_text(text, study.hash, time.time_ns() // 1_000_000)
 
     @staticmethod
     def check_slots(records: bytes, study: Study, credential: Credential) -> None:
@@ -61,6 +60,13 @@ class DeviceCredentials:
         if k > m:
             raise CredentialRefused(RejectReason.CREDENTIAL_REUSED,
                                     f"{k} records, but a credential has {m} slot(s)")
+        if k == 1:  # one record per request, the device case: one hash per slot, no set
+            record_id = records[RECORD_ID_BYTES]
+            for s in range(m):
+                if record_id == slot_id(credential.credential_id, s):
+                    return
+            raise CredentialRefused(RejectReason.CREDENTIAL_BAD_SLOT,
+                                    f"record 0: its id is none of the credential's {m} slot id(s)")
         slots = credential.slot_set(m)
         seen: set[bytes] = set()
         for i in range(k):  # k ≤ records_per_device: a few ids

@@ -48,8 +48,9 @@ with leaves of random ids that the issuer forgets, so every path has h nodes (on
 size per batch, a verifier without special cases) and the batch's true size is hidden below 2^h.
 Verifying a token costs, once per distinct batch header and process, one signature
 verification, and h + 1 SHA-256 calls for its path; a verifier that keeps a batch's verified
-nodes (CredentialVerifier) stops hashing at the first of them and compares the rest of the path
-with them, so a new device of a known batch costs two or three SHA-256 calls instead of ~100 µs.
+paths (CredentialVerifier) hashes only up to the highest level whose nodes it keeps and compares
+the rest of the path with a verified one in one step, so a new device of a known batch costs
+at most h − MEMO_LEVELS + 1 SHA-256 calls (three for a tree of height 10) instead of ~100 µs.
 
 **On Kafka**, each record's credential travels in the ``credentials`` header of its message, as
 runs: repeated (u32 little-endian count, token), the counts adding up to the message's records
@@ -88,6 +89,7 @@ __all__ = [
     "issue_batch",
     "issue_credential",
     "parse_token",
+    "slot_id",
     "slot_record_ids",
     "token_from_text",
     "token_size",
@@ -164,8 +166,12 @@ def slot_record_ids(credential_id: bytes, records_per_device: int) -> np.ndarray
 
 
 def _slot_ids(credential_id: bytes, records_per_device: int) -> list[bytes]:
-    return [hashlib.sha256(RECORD_ID_TAG + credential_id + _RUN.pack(s)).digest()[:16]
-            for s in range(records_per_device)]
+    return [slot_id(credential_id, s) for s in range(records_per_device)]
+
+
+def slot_id(credential_id: bytes, slot: int) -> bytes:
+    """The record id of one slot of a credential (16 bytes)."""
+    return hashlib.sha256(RECORD_ID_TAG + credential_id + _RUN.pack(slot)).digest()[:16]
 
 
 def issue_credential(key: SigningKey, study_hash: bytes, issued_ms: int, expires_ms: int,
@@ -240,15 +246,18 @@ def token_from_text(text: str | bytes) -> bytes:
     """Inverse of :func:`token_text` (the text, or its ASCII bytes as an HTTP header holds
     them); CredentialRefused (``credential_invalid``) if malformed."""
     try:
-        if isinstance(text, str):
-            text = text.encode("ascii")
-        # base64url → base64, then the C decoder; surplus padding is ignored, so "==" always
-        # completes the unpadded form (what base64.urlsafe_b64decode does, in fewer steps).
-        raw = binascii.a2b_base64(text.strip().translate(_FROM_URLSAFE) + b"==")
+        raw = _b64url(text.encode("ascii") if isinstance(text, str) else text)
     except (binascii.Error, ValueError):
         raise CredentialRefused(RejectReason.CREDENTIAL_INVALID, "not base64url") from None
     _check_size(raw)
     return raw
+
+
+def _b64url(text: bytes) -> bytes:
+    """Unpadded base64url → bytes: to base64, then the C decoder; surplus padding is ignored, so
+    "==" always completes the unpadded form (what base64.urlsafe_b64decode does, in fewer
+    steps). binascii.Error if malformed."""
+    return binascii.a2b_base64(text.strip().translate(_FROM_URLSAFE) + b"==")
 
 
 def _check_size(token: bytes) -> None:
@@ -291,59 +300,93 @@ class _Remembered:
         return result
 
 
-#: Levels of a batch's tree below the root whose nodes a verifier remembers (see _Batch).
+#: Levels of a batch's tree below the root whose verified paths a verifier keeps (see _Batch).
 MEMO_LEVELS = 8
+#: The text (unpadded base64url) of a version-2 batch prefix: 138 bytes, 46 whole groups of 3,
+#: so a token's text starts with its batch prefix's text and the rest decodes on its own.
+BATCH_PREFIX_TEXT = BATCH_PREFIX_SIZE * 4 // 3
+assert BATCH_PREFIX_SIZE % 3 == 0
 
 
 class _Batch:
     """A version-2 batch whose header's signature verified in this process: the fields its
-    credentials share, read once, and the nodes of its tree verified since (kept for the top
-    MEMO_LEVELS levels below the root: at most 2^(MEMO_LEVELS + 1) − 2 nodes)."""
+    credentials share, read once, and verified paths of its tree.
 
-    __slots__ = ("expires_ms", "height", "issued_ms", "key_id", "nodes", "root", "study_hash")
+    The paths are kept at the *boundary* level b = max(0, h − MEMO_LEVELS): for each node there
+    that a verified path went through, its value followed by the siblings above it, up to the
+    root (``boundary``, by heap number: the root is 1, the children of node k are 2k and
+    2k + 1). A token's path then costs the b + 1 hashes up to the boundary, and one comparison
+    of the rest with the kept path: equal, the token is on the tree; different, it is not, as a
+    different path to the same root would be a SHA-256 collision. At most 2^min(h, MEMO_LEVELS)
+    entries of 32·(min(h, MEMO_LEVELS) + 1) bytes, 74 KB for any tree of height 8 or more."""
 
-    def __init__(self, header: bytes, trusted: TrustedKeys) -> None:
-        _version, sh, issued, expires, kid, height, root = _BATCH_HEADER.unpack_from(header)
-        _verify(_pinned(trusted, kid), kid, header[_BATCH_HEADER.size:],
-                BATCH_SIGNING_TAG + header[:_BATCH_HEADER.size])
+    __slots__ = ("boundary", "expires_ms", "height", "issued_ms", "key_id", "low", "prefix",
+                 "root", "study_hash", "tail_size", "text")
+
+    def __init__(self, prefix: bytes, trusted: TrustedKeys) -> None:
+        _version, sh, issued, expires, kid, height, root = _BATCH_HEADER.unpack_from(prefix)
+        _verify(_pinned(trusted, kid), kid, prefix[_BATCH_HEADER.size:],
+                BATCH_SIGNING_TAG + prefix[:_BATCH_HEADER.size])
         self.study_hash, self.issued_ms, self.expires_ms = sh, issued, expires
         self.key_id, self.height, self.root = kid.hex(), height, root
-        self.nodes: dict[int, bytes] = {}
-        """Verified nodes by heap number: the root is 1, the children of node k are 2k and
-        2k + 1, so the node at level l on leaf i's way up is 2^(h − l) + (i >> l)."""
+        self.prefix, self.text = prefix, base64.urlsafe_b64encode(prefix)
+        self.tail_size = _LEAF.size + 32 * height  # leaf index, credential id, path
+        self.low = max(0, height - MEMO_LEVELS)
+        self.boundary: dict[int, bytes] = {}
 
-
-def _on_signed_tree(token: bytes, index: int, height: int, root: bytes,
-                    nodes: dict[int, bytes]) -> bool:
-    """Whether the token's leaf and path lead to ``root``, given the batch's verified ``nodes``
-    (which it extends). Hashing stops at the first node on the way up that equals the verified
-    node at its position; the rest of the path must then equal the verified siblings above it
-    (a path verified before stored them with it), so the answer is the full path's, byte for
-    byte, whatever this process has seen."""
-    sha256 = hashlib.sha256
-    node = sha256(LEAF_TAG + token[BATCH_PREFIX_SIZE:_PATH_AT]).digest()
-    leaf = (1 << height) + index  # the leaf's heap number; its ancestors' are right shifts
-    verified = []
-    at = _PATH_AT
-    for level in range(height):
-        number = leaf >> level
-        if nodes.get(number) == node:
-            for up in range(level, height):
-                if nodes.get((leaf >> up) ^ 1) != token[at:at + 32]:
-                    return False
-                at += 32
-            break
-        sibling = token[at:at + 32]
-        at += 32
-        verified += ((number, node), (number ^ 1, sibling))
-        node = sha256(NODE_TAG + (sibling + node if number & 1 else node + sibling)).digest()
-    else:
-        if node != root:
+    def on_tree(self, tail: bytes, index: int) -> bool:
+        """Whether a token's leaf and path (``tail``, its bytes after the batch prefix; leaf
+        ``index`` < 2^h) lead to the signed root; a path verified in full is kept."""
+        sha256 = hashlib.sha256
+        node = sha256(LEAF_TAG + tail[:_LEAF.size]).digest()
+        number = (1 << self.height) + index  # the leaf's heap number
+        at = _LEAF.size
+        for _ in range(self.low):
+            sibling = tail[at:at + 32]
+            at += 32
+            node = sha256(NODE_TAG + (sibling + node if number & 1 else node + sibling)).digest()
+            number >>= 1
+        above = tail[at:]  # the siblings of the boundary node and of its ancestors
+        known = self.boundary.get(number)
+        if known is not None:
+            return known == node + above
+        top, up = node, number
+        for at in range(0, len(above), 32):
+            sibling = above[at:at + 32]
+            top = sha256(NODE_TAG + (sibling + top if up & 1 else top + sibling)).digest()
+            up >>= 1
+        if top != self.root:
             return False
-    for number, value in verified:
-        if number >> (MEMO_LEVELS + 1) == 0:
-            nodes[number] = value
-    return True
+        self.boundary[number] = node + above
+        if above:  # the sibling's path is verified too: its sibling is this node
+            self.boundary[number ^ 1] = above[:32] + node + above[32:]
+        return True
+
+    def credential(self, tail: bytes) -> Credential | None:
+        """The credential of a token of this batch (``tail``: its bytes after the batch prefix),
+        None when its leaf index or its path is not this batch's."""
+        index, cid = _LEAF.unpack_from(tail)
+        if index >> self.height or not self.on_tree(tail, index):
+            return None
+        return Credential(self.study_hash, cid, self.issued_ms, self.expires_ms, self.key_id)
+
+
+def _batch_token(token: bytes, trusted: TrustedKeys,
+                 batches: _Remembered | None) -> tuple[_Batch, Credential]:
+    """A well-sized version-2 token's batch (its signature checked, or found in ``batches``)
+    and credential; CredentialRefused otherwise."""
+    index = _LEAF.unpack_from(token, BATCH_PREFIX_SIZE)[0]
+    if index >> token[_HEIGHT_AT]:
+        raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
+                                f"leaf {index} of a batch of height {token[_HEIGHT_AT]}")
+    prefix = token[:BATCH_PREFIX_SIZE]
+    batch = _Batch(prefix, trusted) if batches is None else batches.get(prefix, _Batch, prefix,
+                                                                        trusted)
+    cred = batch.credential(token[BATCH_PREFIX_SIZE:])
+    if cred is None:
+        raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
+                                "the credential's path does not lead to its batch's root")
+    return batch, cred
 
 
 def parse_token(token: bytes, trusted: TrustedKeys,
@@ -351,24 +394,14 @@ def parse_token(token: bytes, trusted: TrustedKeys,
     """The credential of a token whose signature verifies under a pinned key, or
     CredentialRefused: ``credential_invalid`` (malformed, altered) or ``credential_untrusted``.
     ``batches`` remembers the version-2 batches whose header's signature was checked, and the
-    nodes of their trees verified since."""
+    paths of their trees verified since."""
     _check_size(token)
     if token[0] == TOKEN_VERSION:
         _version, sh, cid, issued, expires, kid = _PAYLOAD.unpack_from(token)
         _verify(_pinned(trusted, kid), kid, token[SIGNED_SIZE:],
                 SIGNING_TAG + token[:SIGNED_SIZE])
         return Credential(sh, cid, issued, expires, kid.hex())
-    index, cid = _LEAF.unpack_from(token, BATCH_PREFIX_SIZE)
-    if index >> token[_HEIGHT_AT]:
-        raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
-                                f"leaf {index} of a batch of height {token[_HEIGHT_AT]}")
-    header = token[:BATCH_PREFIX_SIZE]
-    batch = _Batch(header, trusted) if batches is None else batches.get(header, _Batch, header,
-                                                                        trusted)
-    if not _on_signed_tree(token, index, batch.height, batch.root, batch.nodes):
-        raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
-                                "the credential's path does not lead to its batch's root")
-    return Credential(batch.study_hash, cid, batch.issued_ms, batch.expires_ms, batch.key_id)
+    return _batch_token(token, trusted, batches)[1]
 
 
 def _pinned(trusted: TrustedKeys, kid: bytes):
@@ -393,9 +426,9 @@ class CredentialVerifier:
     (credential or refusal) are kept for the ``cache_size`` tokens used most recently, so a
     device sending k records, or an attacker repeating a bad token, costs no further
     verification. For version 2, the ``batch_cache_size`` batches used most recently are kept,
-    each with the verified nodes of its tree's top MEMO_LEVELS levels: a new device of a known
-    batch costs two or three SHA-256 calls on average, a repeated or bad path at most h + 1, and
-    the heap does not grow with the devices.
+    each with verified paths of its tree (_Batch): a new device of a known batch costs three
+    SHA-256 calls for a tree of height 10, a bad path at most h + 1, and the heap does not grow
+    with the devices.
 
     ``max_validity_ms``: the longest validity accepted (the aggregator's replay window, so that
     the window's forgetting can never re-admit a slot; None: not checked); ``skew_ms``: how
@@ -409,13 +442,22 @@ class CredentialVerifier:
         self.max_validity_ms, self.skew_ms = max_validity_ms, skew_ms
         self._tokens = _Remembered(cache_size)
         self._batches = _Remembered(batch_cache_size)
+        # The verified batches by their prefix's text, for check_text (at most batch_cache_size:
+        # emptied when full, refilled by the next token of each batch in use).
+        self._texts: dict[bytes, _Batch] = {}
 
     def parsed(self, token: bytes) -> Credential:
         """:func:`parse_token`: a version-1 token's outcome cached by its bytes (a signature
         each); a version-2 token checked against its cached batch (a few hashes, no per-token
         state: a million devices of one batch do not grow the heap)."""
         if token and token[0] == BATCH_VERSION:
-            return parse_token(token, self.trusted, self._batches)
+            _check_size(token)
+            batch, cred = _batch_token(token, self.trusted, self._batches)
+            if batch.text not in self._texts:
+                if len(self._texts) >= self._batches.size:
+                    self._texts.clear()
+                self._texts[batch.text] = batch
+            return cred
         return self._tokens.get(token, lambda: parse_token(token, self.trusted))
 
     def check(self, token: bytes | None, study_hash: bytes, now_ms: int) -> Credential:
@@ -425,6 +467,32 @@ class CredentialVerifier:
             raise CredentialRefused(RejectReason.CREDENTIAL_MISSING,
                                     "the study requires a device credential")
         cred = self.parsed(token)
+        self._admits(cred, study_hash, now_ms)
+        return cred
+
+    def check_text(self, text: bytes, study_hash: bytes, now_ms: int
+                   ) -> tuple[bytes, Credential]:
+        """:meth:`check` of the token whose text (unpadded base64url, as an HTTP header holds
+        it) is ``text``: the token and its credential. A version-2 token of a batch verified
+        before is found by its text's first BATCH_PREFIX_TEXT characters, and only the rest
+        (its leaf and path) is decoded; any other text takes :func:`token_from_text` and
+        :meth:`check`, which also give every refusal."""
+        batch = self._texts.get(text[:BATCH_PREFIX_TEXT])
+        if batch is not None:
+            try:
+                tail = _b64url(text[BATCH_PREFIX_TEXT:])
+            except (binascii.Error, ValueError):
+                tail = b""
+            cred = batch.credential(tail) if len(tail) == batch.tail_size else None
+            if cred is not None:
+                self._admits(cred, study_hash, now_ms)
+                return batch.prefix + tail, cred
+        token = token_from_text(text)
+        return token, self.check(token, study_hash, now_ms)
+
+    def _admits(self, cred: Credential, study_hash: bytes, now_ms: int) -> None:
+        """CredentialRefused unless the verified credential admits records of the study with
+        hash ``study_hash`` now."""
         if cred.study_hash != study_hash:
             raise CredentialRefused(RejectReason.CREDENTIAL_WRONG_STUDY,
                                     f"issued for study hash {cred.study_hash.hex()}")
@@ -440,7 +508,6 @@ class CredentialVerifier:
         if self.skew_ms is not None and now_ms < cred.issued_ms - self.skew_ms:
             raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
                                     f"not valid before {cred.issued_ms} ms, now {now_ms} ms")
-        return cred
 
 
 def credential_run_size(token: bytes) -> int:

@@ -236,8 +236,62 @@ def test_a_warm_verifier_decides_every_path_as_a_cold_one(issuer, pinned, monkey
     hashed.clear()
     assert CredentialVerifier(pinned).check(fresh, study.hash, t)
     assert len(hashed) == height + 1  # a cold verifier walks the whole path
-    # No state per version-2 token: a million devices of one batch leave the heap as it was.
+    # No state per version-2 token: a million devices of one batch leave the heap as it was,
+    # and the paths a batch keeps are bounded by MEMO_LEVELS, not by the devices seen.
     assert not warm._tokens._seen and len(warm._batches._seen) == 1
+    for token in tokens:
+        warm.check(token, study.hash, t)
+    (batch,) = warm._batches._seen.values()
+    assert len(batch.boundary) == 1 << credentials.MEMO_LEVELS
+
+
+def decided(check, *args):
+    """What a check answers: its result, or the reason it refused with."""
+    try:
+        return check(*args)
+    except CredentialRefused as exc:
+        return exc.reason
+
+
+def test_a_credential_text_is_decided_as_its_decoded_token(issuer, pinned, monkeypatch):
+    # check_text finds a batch it verified before by the first characters of the text and
+    # decodes only the rest: every text, altered or not, canonical base64url or not, gets the
+    # answer token_from_text then check give in a fresh verifier.
+    study = Study(study_id="s", require_credentials=True, **PARAMS)
+    other = Study(study_id="t", require_credentials=True, **PARAMS)
+    t = now()
+    tokens = issue_batch(issuer, study.hash, t, t + 60_000, 40)  # a tree of height 6
+    warm = CredentialVerifier(pinned)
+    warm.check(tokens[0], study.hash, t)
+
+    def cold(text, study_hash=study.hash, at=t):
+        def check():
+            token = token_from_text(text)
+            return token, CredentialVerifier(pinned).check(token, study_hash, at)
+        return decided(check)
+
+    decoded = []
+    real = credentials.binascii.a2b_base64
+    monkeypatch.setattr(credentials.binascii, "a2b_base64",
+                        lambda text: decoded.append(len(text)) or real(text))
+    text = token_text(tokens[20]).encode()
+    assert warm.check_text(text, study.hash, t) == cold(text) == (tokens[20], cold(text)[1])
+    # One decode, of the leaf and path alone (and the "==" that completes them).
+    assert decoded[0] == len(text) - credentials.BATCH_PREFIX_TEXT + 2
+    variants = [text + b"  ", text[:-1], text[:-4], text + b"AAAA", text[:200] + b"." +
+                text[200:], b" " + text, text.replace(b"-", b"+").replace(b"_", b"/"),
+                text[:credentials.BATCH_PREFIX_TEXT]]
+    for at in range(len(text)):  # each character replaced by another of the alphabet
+        variants.append(text[:at] + (b"B" if text[at:at + 1] == b"A" else b"A") + text[at + 1:])
+    for variant in variants:
+        assert decided(warm.check_text, variant, study.hash, t) == cold(variant), variant
+    for token in tokens[1:]:
+        text = token_text(token).encode()
+        assert decided(warm.check_text, text, study.hash, t) == cold(text)
+        assert decided(warm.check_text, text, other.hash, t) is \
+            cold(text, other.hash) is RejectReason.CREDENTIAL_WRONG_STUDY
+        assert decided(warm.check_text, text, study.hash, t + 60_001) is \
+            cold(text, study.hash, t + 60_001) is RejectReason.CREDENTIAL_EXPIRED
 
 
 def test_the_kafka_header_pairs_each_record_with_its_credential(issuer):
