@@ -13,13 +13,14 @@ credential seen for the first time and for one already verified; and the aggrega
 validation of a poll (``aggregator.validate.Validator``) of one-record messages and of gateway
 containers, with and without credentials of either version. Figures are CPU time of this
 process (time.process_time). With ``--http SECONDS``, also wrk (as in ``ipdp bench devices``)
-posting one record per request for SECONDS to a bare Starlette endpoint, then to one ``ipdp
-gateway`` worker for a study without credentials and for one that requires them, with version-1
-then version-2 tokens, each request a new device with its own credential (so every credential
-is verified once), on the embedded broker, the aggregator paused while wrk runs and folding the
-backlog after each server, as in ``ipdp bench devices``: requests/s against the bare endpoint,
-latency and the server's CPU per request; then what the aggregator folded and dead-lettered of
-the credential study. Prints markdown tables; nothing is asserted.
+posting one record per request for SECONDS to one ``ipdp gateway`` worker for a study without
+credentials and for one that requires them, with version-2 then version-1 tokens, each request
+a new device with its own credential (so every credential is verified once), and to a bare
+Starlette endpoint before and after each of them, on the embedded broker, the aggregator paused
+while wrk runs and folding the backlog after each server, as in ``ipdp bench devices``:
+requests/s against the mean of the two bare runs around it, latency and the server's CPU per
+request; then what the aggregator folded and dead-lettered of the credential study. Prints
+markdown tables; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -259,6 +260,20 @@ def credential_script(study: Study, tokens: list[bytes], threads: int) -> str:
                             "pool": pool, "threads": threads}
 
 
+def with_bare_reference(measured: list[dict]) -> list[dict]:
+    """The runs of one repetition, each gateway run with ``bare_reference``: the mean
+    requests/s of the bare runs just before and just after it (the one there is, at an end)."""
+    for i, x in enumerate(measured):
+        if x["server"] == "bare":
+            x["bare_reference"] = x["requests_per_second"]
+            continue
+        near = [y["requests_per_second"] for y in (
+            next((y for y in reversed(measured[:i]) if y["server"] == "bare"), None),
+            next((y for y in measured[i + 1:] if y["server"] == "bare"), None)) if y]
+        x["bare_reference"] = sum(near) / len(near)
+    return measured
+
+
 def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> dict:
     """wrk against a bare Starlette endpoint, then against ``ipdp gateway`` (one worker, started
     afresh for each row) posting to a study without credentials and to one that requires them
@@ -319,12 +334,17 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                 # Every row is a freshly started server, warmed up for a second: a row measures
                 # what serving its kind of study costs, not what an earlier row left behind (a
                 # worker that cached version-1 credentials first served version-2 devices some
-                # 10 % slower in one process; docs/benchmarks.md).
-                rows = [("bare", "bare", plain, "plain"),
-                        ("gateway", "no credentials", plain, "plain"),
-                        ("gateway", "requires credentials, version 1", study, "cred1"),
+                # 10 % slower in one process; docs/benchmarks.md). The bare endpoint runs
+                # before and after each gateway row, which is read against the mean of the
+                # two: on a shared machine the same work can take half again as long from one
+                # minute to the next, and a gateway row read against one bare run measured
+                # 30 s earlier reads that drift as the gateway's (docs/benchmarks.md).
+                bare = ("bare", "bare", plain, "plain")
+                rows = [bare, ("gateway", "no credentials", plain, "plain"), bare,
                         ("gateway", f"requires credentials, version 2 (batches of {BATCH})",
-                         study, "cred2")]
+                         study, "cred2"), bare,
+                        ("gateway", "requires credentials, version 1", study, "cred1"), bare]
+                measured = []
                 for server, name, s_, script in rows:
                     proc, url = start_server(server, env)
                     try:
@@ -339,12 +359,13 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                                        seconds, connections, threads)
                         figures.update(repetition=rep + 1, server=name, cpu_us_per_request=(
                             _cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
-                        runs.append(figures)
+                        measured.append(figures)
                         if script != "plain":
                             accepted += figures["accepted"]
                     finally:
                         _stop(proc)
                         os.kill(aggregator.pid, signal.SIGCONT)
+                runs += with_bare_reference(measured)
 
             def count(field: str) -> int:
                 return int(r.hget(state.StudyKeys(study.study_id).counts, field) or 0)
@@ -386,16 +407,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n#### Over HTTP: wrk -t{args.threads} -c{args.connections} -d{args.http:g}s, one "
               "d = 14 record per request, 1 gateway worker, the aggregator paused while wrk "
               "runs; with credentials each request is a new device\n")
+        print("Each gateway row is read against the mean of the bare runs just before and after "
+              "it (× bare).\n")
         print("| run | server | requests/s | × bare | p50 ms | p99 ms | server CPU µs per "
               "request | non-202 |\n|---|---|---|---|---|---|---|---|")
-        bare = {}
         for x in result["runs"]:
-            if x["server"] == "bare":
-                bare[x["repetition"]] = x["requests_per_second"]
             name = "bare Starlette + uvicorn" if x["server"] == "bare" else \
                 f"`ipdp gateway`, {x['server']}"
-            print(f"| {x['repetition']} | {name} | {x['requests_per_second']:,.0f} | "
-                  f"{x['requests_per_second'] / bare[x['repetition']]:.2f} | "
+            ratio = "" if x["server"] == "bare" else \
+                f"{x['requests_per_second'] / x['bare_reference']:.2f}"
+            print(f"| {x['repetition']} | {name} | {x['requests_per_second']:,.0f} | {ratio} | "
                   f"{x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} | "
                   f"{x['cpu_us_per_request']:.0f} | "
                   f"{x['status_errors'] + x['socket_errors']} |")
