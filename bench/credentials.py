@@ -67,8 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--records", type=int, default=20_000,
                    help="Records (one credential each) in the aggregator's poll (default 20000).")
     p.add_argument("--http", type=float, default=0, metavar="SECONDS",
-                   help="Also drive, with wrk, a bare Starlette endpoint and a gateway for "
-                   "SECONDS each (one-record requests; default 0: skip).")
+                   help="Also drive, with wrk, a gateway for SECONDS per study kind, and a "
+                   "bare Starlette endpoint for SECONDS before and after each, the yardstick "
+                   "of that row (one-record requests; default 0: skip).")
     p.add_argument("--connections", type=int, default=64,
                    help="wrk's connections for --http (default 64).")
     p.add_argument("--threads", type=int, default=2, help="wrk's threads for --http (default 2).")
