@@ -276,10 +276,11 @@ def with_bare_reference(measured: list[dict]) -> list[dict]:
 
 
 def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> dict:
-    """wrk against a bare Starlette endpoint, then against ``ipdp gateway`` (one worker, started
-    afresh for each row) posting to a study without credentials and to one that requires them
-    (a new device per request), ``repeat`` times, the aggregator paused while wrk runs; the runs
-    and the credential study's records."""
+    """wrk against ``ipdp gateway`` (one worker, started afresh for each row) posting to a study
+    without credentials and to one that requires them (a new device per request), and against a
+    bare Starlette endpoint before and after each of those rows, ``repeat`` times, the aggregator
+    paused while wrk runs; the runs (each gateway run with its ``bare_reference``) and the
+    credential study's records."""
     import os
     import signal
     import subprocess

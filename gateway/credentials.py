@@ -65,17 +65,20 @@ class DeviceCredentials:
             for s in range(m):
                 if record_id == slot_id(credential.credential_id, s):
                     return
-            raise CredentialRefused(RejectReason.CREDENTIAL_BAD_SLOT,
-                                    f"record 0: its id is none of the credential's {m} slot id(s)")
+            raise _bad_slot(0, m)
         slots = credential.slot_set(m)
         seen: set[bytes] = set()
         for i in range(k):  # k ≤ records_per_device: a few ids
             record_id = records[i * size:(i + 1) * size][RECORD_ID_BYTES]
             if record_id not in slots:
-                raise CredentialRefused(RejectReason.CREDENTIAL_BAD_SLOT,
-                                        f"record {i}: its id is none of the credential's {m} "
-                                        "slot id(s)")
+                raise _bad_slot(i, m)
             if record_id in seen:
                 raise CredentialRefused(RejectReason.CREDENTIAL_REUSED,
                                         f"record {i} uses the same slot as an earlier one")
             seen.add(record_id)
+
+
+def _bad_slot(i: int, m: int) -> CredentialRefused:
+    """The refusal of record ``i`` of a request, whose id is none of its credential's m slots."""
+    return CredentialRefused(RejectReason.CREDENTIAL_BAD_SLOT,
+                             f"record {i}: its id is none of the credential's {m} slot id(s)")
