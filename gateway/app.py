@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from functools import cache
+from functools import cache, lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -64,9 +65,23 @@ class Refusal(Exception):
         self.status, self.reason, self.detail = HTTP_STATUS[reason], reason, detail
         self.records, self.headers = records, headers
 
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": self.reason.value, "detail": self.detail},
-                            status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        render = _refusal_body if len(self.detail) <= _KEPT_DETAIL else _refusal_body.__wrapped__
+        return Response(render(self.reason.value, self.detail), status_code=self.status,
+                        headers=self.headers, media_type=JSON_TYPE)
+
+
+#: Refusal bodies are kept for details up to this length (a detail can quote a client's path).
+_KEPT_DETAIL = 256
+
+
+@lru_cache(maxsize=1024)
+def _refusal_body(reason: str, detail: str) -> bytes:
+    """A refusal's JSON body, as JSONResponse renders it. Kept: a client that sends bad records
+    tends to send the same ones again, and a refusal should cost the gateway about what an
+    acceptance does."""
+    return json.dumps({"error": reason, "detail": detail}, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":")).encode("utf-8")
 
 
 class JsonRecord(BaseModel):

@@ -94,9 +94,10 @@ def check_records(records: bytes, study: Study, window: RecordWindow, now_ms: in
     which says why a body is not).
 
     A device's request holds one record, and for one record the numpy calls cost more than the
-    checks: :func:`first_rejection` accepts a single good record through the same checks on
-    Python scalars and comes here only to name a reason (tests/gateway/test_checks.py checks
-    that both agree). A check added here is added to that shortcut too.
+    checks: :func:`first_rejection` decides a single record by the same checks on Python
+    scalars, accepted or refused, and comes here only for a body of several
+    (tests/gateway/test_checks.py checks that both agree on every reason). A check added here
+    is added to those scalar checks too.
     """
     d = study.d
     size = record_size(d)
@@ -129,10 +130,12 @@ def first_rejection(body: bytes, study: Study, window: RecordWindow,
     the first record whose verdict is not OK names the reason.
     """
     size, n = record_size(study.d), len(body)
-    if n == size and body[:24] == _header(study.d, study.hash) \
-            and all(map(isfinite, values := _values(body))) \
-            and _inside(study, values, window, _created_ms(body), now_ms):
-        return None  # one record, every check passed: the scalar form of check_records' checks
+    if n == size:
+        if body[:24] == _header(study.d, study.hash) \
+                and all(map(isfinite, values := _values(body))) \
+                and _inside(study, values, window, _created_ms(body), now_ms):
+            return None  # every check passed: the scalar form of check_records' checks
+        return _one_rejection(body, study, window, now_ms)
     if n == 0:
         return RejectReason.UNDECODABLE, "the body holds no record"
     if n % size:
@@ -152,7 +155,29 @@ def first_rejection(body: bytes, study: Study, window: RecordWindow,
     record = body[i * size:(i + 1) * size]
     if reason in _DETAIL:
         return reason, f"record {i}: {_DETAIL[reason](record, study)}"
-    return reason, f"record {i}: {_acceptance_detail(record, study, window, now_ms)}"
+    return reason, f"record {i}: {_acceptance_failure(record, study, window, now_ms)[1]}"
+
+
+def _one_rejection(record: bytes, study: Study, window: RecordWindow,
+                   now_ms: int) -> tuple[RejectReason, str] | None:
+    """:func:`check_records`' verdict on one record, on Python scalars, for the one a device
+    sends that the shortcut did not accept: a request refused costs about what one accepted
+    does, not a pass of numpy calls. The same checks in the same order; the norms are summed by
+    ``squared_norms``, as there and in the aggregator."""
+    if record[0] != WIRE_VERSION:
+        reason = RejectReason.UNSUPPORTED_VERSION
+    elif record[1:4] != b"\0\0\0":
+        reason = RejectReason.UNDECODABLE
+    elif _header_d(record) != study.d:
+        reason = RejectReason.WRONG_DIMENSION
+    elif not all(map(isfinite, _values(record))):
+        reason = RejectReason.NON_FINITE
+    elif record[8:24] != study.hash:
+        reason = RejectReason.STUDY_MISMATCH
+    else:
+        failure = _acceptance_failure(record, study, window, now_ms)
+        return None if failure is None else (failure[0], f"record 0: {failure[1]}")
+    return reason, f"record 0: {_DETAIL[reason](record, study)}"
 
 
 def _inside(study: Study, values: memoryview, window: RecordWindow, created_ms: int,
@@ -167,13 +192,15 @@ def _inside(study: Study, values: memoryview, window: RecordWindow, created_ms: 
             <= now_ms + window.max_future_skew_ms)
 
 
-def _acceptance_detail(record: bytes, study: Study, window: RecordWindow, now_ms: int) -> str:
-    """The detail of the first acceptance check (norms, then time window) one record fails."""
+def _acceptance_failure(record: bytes, study: Study, window: RecordWindow,
+                        now_ms: int) -> tuple[RejectReason, str] | None:
+    """The reason and detail of the first acceptance check (norms, then time window) one record
+    fails, or None."""
     values = np.frombuffer(record, "<f8", offset=48).reshape(1, -1)
     sq_q, sq_p = squared_norms(values[:, :study.d], values[:, study.d:])
     checks = (study.norm_bounds.failures(sq_q[0], sq_p[0])
               + window.failures(_created_ms(record), now_ms))
-    return next(detail for bad, _, detail in checks if bad)
+    return next(((reason, detail) for bad, reason, detail in checks if bad), None)
 
 
 def _created_ms(record: bytes) -> int:

@@ -58,16 +58,28 @@ def test_each_record_gets_the_reason_of_its_first_failed_check():
             good(11, created_ms=NOW_MS + WINDOW.max_future_skew_ms + 1),
             good(12, created_ms=NOW_MS - WINDOW.replay_window_ms),  # both edges are inside
             good(13, created_ms=NOW_MS + WINDOW.max_future_skew_ms),
-            scaled(good(14, created_ms=0), 100.0, 1.0)]      # norm before time
+            scaled(good(14, created_ms=0), 100.0, 1.0),      # norm before time
+            with_bytes(with_bytes(good(15), 4, (4).to_bytes(4, "little")), 1, b"\x01"),
+            with_bytes(with_bytes(good(16), 8, b"\x00" * 16), 4, (4).to_bytes(4, "little")),
+            with_bytes(with_bytes(good(17), 8, b"\x00" * 16), 48, nan),
+            with_bytes(scaled(good(18), 100.0, 1.0), 8, b"\x00" * 16)]
     verdict = check_records(b"".join(body), STUDY, WINDOW, NOW_MS)
     assert [None if v == RECORD_OK else reason_of(int(v)) for v in verdict] == [
         None, RejectReason.UNSUPPORTED_VERSION, RejectReason.UNDECODABLE,
         RejectReason.WRONG_DIMENSION, RejectReason.NON_FINITE, RejectReason.NON_FINITE,
         RejectReason.STUDY_MISMATCH, RejectReason.UNSUPPORTED_VERSION,
         RejectReason.NORM_OUT_OF_BOUNDS, RejectReason.NORM_OUT_OF_BOUNDS, RejectReason.STALE,
-        RejectReason.FUTURE, None, None, RejectReason.NORM_OUT_OF_BOUNDS]
+        RejectReason.FUTURE, None, None, RejectReason.NORM_OUT_OF_BOUNDS,
+        RejectReason.UNDECODABLE, RejectReason.WRONG_DIMENSION, RejectReason.NON_FINITE,
+        RejectReason.STUDY_MISMATCH]
     reason, detail = first_rejection(b"".join(body), STUDY, WINDOW, NOW_MS)
     assert (reason, detail.split(":")[0]) == (RejectReason.UNSUPPORTED_VERSION, "record 1")
+    # A device's request holds one record: each, alone, gets the same reason from the scalar
+    # checks of first_rejection, without the vectorised pass.
+    alone = [first_rejection(record, STUDY, WINDOW, NOW_MS) for record in body]
+    assert [None if r is None else r[0] for r in alone] == [
+        None if v == RECORD_OK else reason_of(int(v)) for v in verdict]
+    assert all(r is None or r[1].startswith("record 0: ") for r in alone)
 
 
 @settings(max_examples=300, deadline=None)
