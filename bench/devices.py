@@ -4,18 +4,20 @@
                        [--repeat 1] [--json]
 
 wrk (a C load generator, Debian's ``wrk``) posts one 272-byte d = 14 record per request, with a
-fresh random record id each time, over ``--connections`` keep-alive connections. Each
-repetition measures, one after the other on the same machine: a bare Starlette app on uvicorn
-that reads the body and answers 202 (:data:`bare_app`), then ``ipdp gateway`` with each worker
-count. An ``ipdp aggregator run`` folds each run's records after wrk stops (paused while it runs,
-so that on a small machine it takes no CPU from the gateway's runs that the bare endpoint's runs
-would not lose too; ``--fold-while-loading`` lets it fold alongside). Afterwards the records on the topic,
-the records folded in Redis and the 202s wrk counted are compared: every record Kafka holds is
-folded exactly once (none dead-lettered, none twice), and every 202 is among them (a request
-in flight when wrk stops may be acknowledged without wrk counting its 202, so the topic may hold
-up to ``--connections`` more per run). No Python client is in the measured path. The per-client
-rate limit is raised out of the way (one address plays every device; its check still runs);
-every other limit is at its default.
+fresh random record id each time, over ``--connections`` keep-alive connections. Each repetition
+measures, one after the other on the same machine: a bare Starlette app on uvicorn that reads
+the body and answers 202 (:data:`bare_app`), then ``ipdp gateway`` with each worker count, then
+the first worker count again with records that name another study (every request refused with
+400: what a client sending bad records costs the gateway, against what a device sending good
+ones costs). An ``ipdp aggregator run`` folds each run's records after wrk stops (paused while
+it runs, so that on a small machine it takes no CPU from the gateway's runs that the bare
+endpoint's runs would not lose too; ``--fold-while-loading`` lets it fold alongside). Afterwards
+the records on the topic, the records folded in Redis and the 202s wrk counted are compared:
+every record Kafka holds is folded exactly once (none dead-lettered, none twice), and every 202
+is among them (a request in flight when wrk stops may be acknowledged without wrk counting its
+202, so the topic may hold up to ``--connections`` more per run). No Python client is in the
+measured path. The per-client rate limit is raised out of the way (one address plays every
+device; its check still runs); every other limit is at its default.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ __all__ = ["add_arguments", "bare_app", "measure", "run"]
 
 D = 14
 STUDY_ID = "bench-devices"
+#: The study whose records the refused run posts to STUDY_ID's path (refused: study_mismatch).
+OTHER_STUDY_ID = "bench-devices-other"
 
 
 async def _accept(request: Request) -> Response:
@@ -232,6 +236,9 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
         producer.close()
         script = Path(tmp) / "device.lua"
         script.write_text(wrk_script(study))
+        refused_script = Path(tmp) / "refused.lua"
+        refused_script.write_text(wrk_script(Study(study_id=OTHER_STUDY_ID, d=D, n=10**8,
+                                                   epsilon=1.0, delta=0.01)))
         env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
                "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
                "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter,
@@ -256,26 +263,32 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
             accepted_total = 1
             _settled(folded_now, 1, quiet_s=0)
             for rep in range(repeat):
-                for server, n_workers in [("bare", 1), *(("gateway", w) for w in workers)]:
+                for server, n_workers, refused in [("bare", 1, False),
+                                                   *(("gateway", w, False) for w in workers),
+                                                   ("gateway", workers[0], True)]:
+                    load = refused_script if refused else script
                     proc, url = start_server(server, env, n_workers)
                     try:
                         post = f"{url}/studies/{STUDY_ID}/records"
                         if not fold_while_loading:
                             os.kill(aggregator.pid, signal.SIGSTOP)
                         if warmup_s > 0:
-                            accepted_total += _wrk(post, script, warmup_s, connections,
+                            accepted_total += _wrk(post, load, warmup_s, connections,
                                                    threads)["accepted"] * (server == "gateway")
                         cpu0 = _cpu_seconds(proc.pid)
                         agg0, folded0 = _cpu_seconds(aggregator.pid), folded_now()
-                        figures = _wrk(post, script, seconds, connections, threads)
+                        figures = _wrk(post, load, seconds, connections, threads)
                         cpu = _cpu_seconds(proc.pid) - cpu0
                     finally:
                         _stop(proc)
                         os.kill(aggregator.pid, signal.SIGCONT)
                     figures.update(repetition=rep + 1, server=server, workers=n_workers,
+                                   refused=refused,
                                    server_cpu_us_per_request=cpu / max(1, figures["requests"])
                                    * 1e6)
-                    if server == "gateway":
+                    if refused:
+                        accepted_total += figures["accepted"]  # 0 unless one was not refused
+                    elif server == "gateway":
                         accepted_total += figures["accepted"]
                         folded = _settled(folded_now, accepted_total)
                         figures["aggregator_cpu_us_per_record"] = (
@@ -294,22 +307,24 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
             "connections": connections, "threads": threads, "seconds": seconds,
             "repeat": repeat, "workers": list(workers), "fold_while_loading": fold_while_loading,
             "exactly_once": folded == on_topic and dead_letters == 0 and accepted_total <= on_topic
-            <= accepted_total + connections * len(runs) * (2 if warmup_s > 0 else 1)}
+            <= accepted_total + connections * len(runs) * (2 if warmup_s > 0 else 1),
+            "all_refused": all(r["status_errors"] == r["requests"] > 0 and not r["socket_errors"]
+                               for r in runs if r["refused"])}
 
 
 def summary(result: dict) -> dict:
     """The headline figures: medians over the repetitions (one worker for the device figures)."""
     runs = result["runs"]
 
-    def med(server: str, workers: int, key: str) -> float:
-        return statistics.median(r[key] for r in runs
-                                 if r["server"] == server and r["workers"] == workers)
+    def med(server: str, workers: int, key: str, refused: bool = False) -> float:
+        return statistics.median(r[key] for r in runs if r["server"] == server
+                                 and r["workers"] == workers and r["refused"] == refused)
 
     ratios = []
     for rep in {r["repetition"] for r in runs}:
         bare = next(r for r in runs if r["repetition"] == rep and r["server"] == "bare")
         gw = next(r for r in runs if r["repetition"] == rep and r["server"] == "gateway"
-                  and r["workers"] == result["workers"][0])
+                  and r["workers"] == result["workers"][0] and not r["refused"])
         ratios.append(gw["requests_per_second"] / bare["requests_per_second"])
     first = result["workers"][0]
     out = {
@@ -325,6 +340,10 @@ def summary(result: dict) -> dict:
         "accepted": result["accepted"], "on_topic": result["on_topic"],
         "folded": result["folded"], "dead_letters": result["dead_letters"],
         "exactly_once": result["exactly_once"],
+        "refused_requests_per_second": med("gateway", first, "requests_per_second", True),
+        "gateway_cpu_us_per_refused_request": med("gateway", first, "server_cpu_us_per_request",
+                                                  True),
+        "all_refused": result["all_refused"],
     }
     for w in result["workers"][1:]:
         out[f"device_requests_per_second_{w}_workers"] = med("gateway", w, "requests_per_second")
@@ -344,7 +363,9 @@ def print_table(result: dict) -> None:
     for r in result["runs"]:
         if r["server"] == "bare":
             bare[r["repetition"]] = r["requests_per_second"]
-        name = "bare Starlette + uvicorn" if r["server"] == "bare" else "`ipdp gateway`"
+        name = ("bare Starlette + uvicorn" if r["server"] == "bare" else
+                "`ipdp gateway`, every record another study's" if r["refused"] else
+                "`ipdp gateway`")
         agg = r.get("aggregator_cpu_us_per_record")
         print(f"| {r['repetition']} | {name} | {r['workers']} | {r['requests_per_second']:,.0f} "
               f"| {r['requests_per_second'] / bare[r['repetition']]:.2f} "
@@ -357,6 +378,8 @@ def print_table(result: dict) -> None:
           f"{result['on_topic']:,} on the records topic, {result['folded']:,} folded in Redis, "
           f"{result['dead_letters']:,} dead-lettered: "
           f"{'every record on the topic folded exactly once' if result['exactly_once'] else 'MISMATCH'}.")
+    print(f"Records of another study: "
+          f"{'every request refused (400)' if result['all_refused'] else 'NOT ALL REFUSED'}.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -392,7 +415,7 @@ def run(args: argparse.Namespace) -> int:
         print_table(result)
     if args.json:
         print(json.dumps(summary(result), sort_keys=True))
-    return 0 if result["exactly_once"] else 1
+    return 0 if result["exactly_once"] and result["all_refused"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:

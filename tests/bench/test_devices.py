@@ -21,9 +21,14 @@ def test_bench_devices_quick_folds_every_acknowledged_record_exactly_once():
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     for key in ("device_requests_per_second", "device_over_bare_starlette", "device_p99_ms",
                 "bare_starlette_requests_per_second", "gateway_cpu_us_per_request",
-                "aggregator_cpu_us_per_record"):
+                "aggregator_cpu_us_per_record", "refused_requests_per_second",
+                "gateway_cpu_us_per_refused_request"):
         assert figures[key] > 0, key
     assert figures["exactly_once"] is True
     assert figures["folded"] == figures["on_topic"]
     assert 0 < figures["accepted"] <= figures["on_topic"]
     assert "| `ipdp gateway` | 1 |" in out.stderr and "bare Starlette + uvicorn" in out.stderr
+    # The run of another study's records: every request refused, none of them on the topic.
+    assert figures["all_refused"] is True
+    assert "| `ipdp gateway`, every record another study's | 1 |" in out.stderr
+    assert "every request refused (400)" in out.stderr
