@@ -1,12 +1,12 @@
 """The gateway's HTTP application (Starlette): routes, admission, checks and the Kafka hand-off.
 
 A POST goes through admission (the client's rate, the study open), the per-record checks of
-``gateway.checks`` in one vectorised pass, then the group commit (``gateway.batcher``), which
-packs the records of concurrent requests unchanged into version-2 containers of at most
-``max_message_bytes`` and produces them with acks=all; the handler answers 202 once the
-container(s) holding its records are acknowledged, so the event loop never blocks on the
-broker. Nothing here logs or keeps a record's bytes: an error names the reason and the record's
-position, never its content.
+``gateway.checks`` (one vectorised pass over several records, scalar checks for one), then the
+group commit (``gateway.batcher``), which packs the records of concurrent requests unchanged
+into version-2 containers of at most ``max_message_bytes`` and produces them with acks=all; the
+handler answers 202 once the container(s) holding its records are acknowledged, so the event
+loop never blocks on the broker. Nothing here logs or keeps a record's bytes: an error names the
+reason and the record's position, never its content.
 """
 
 from __future__ import annotations

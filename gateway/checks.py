@@ -1,11 +1,13 @@
 """The gateway's per-record checks, pure and vectorised, and the HTTP status of every reason.
 
 A POST goes through, in order: admission (rate limit, study open, the device credential of a
-study that requires one: gateway.credentials), :func:`check_records` on its records, the group commit
-(:class:`gateway.batcher.GroupCommit`), and the acknowledgement of the container holding them.
-:func:`check_records` takes the records of one request, or the coalesced records of many, and
-returns each record's verdict from the one vocabulary, ``ipdp.wire.RejectReason``; further
-per-record checks belong here, as more columns of the same pass.
+study that requires one: gateway.credentials), the checks of its records (:func:`first_rejection`),
+the group commit (:class:`gateway.batcher.GroupCommit`), and the acknowledgement of the container
+holding them. :func:`check_records` takes the records of a request of several, or the coalesced
+records of many, and returns each record's verdict from the one vocabulary,
+``ipdp.wire.RejectReason``; a request of one record (what a device sends) gets the same checks
+on Python scalars. Further per-record checks belong here, as more columns of the same pass and
+in those scalar checks.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ _STUDY_MISMATCH = _code(RejectReason.STUDY_MISMATCH)
 _CODES = {reason: _code(reason) for reason in RejectReason}
 
 #: The one-record shortcut accepts norms this far (relatively) inside the bounds; a record
-#: nearer a bound goes through check_records, which sums like the aggregator.
+#: nearer a bound goes through _acceptance_failure, which sums like the aggregator.
 _SHORTCUT_MARGIN = 1e-9
 
 

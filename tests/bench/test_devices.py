@@ -31,4 +31,4 @@ def test_bench_devices_quick_folds_every_acknowledged_record_exactly_once():
     # The run of another study's records: every request refused, none of them on the topic.
     assert figures["all_refused"] is True
     assert "| `ipdp gateway`, every record another study's | 1 |" in out.stderr
-    assert "every request refused (400)" in out.stderr
+    assert "Records of another study: every request refused" in out.stderr

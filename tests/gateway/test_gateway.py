@@ -8,7 +8,9 @@ import uuid
 
 import numpy as np
 import pytest
+from starlette.responses import JSONResponse
 
+from gateway.app import Refusal
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer
@@ -16,7 +18,7 @@ from ipdp.redis_io import redis_client
 from ipdp.settings import RecordWindowSettings
 from ipdp.studies_topic import read_study_entries
 from ipdp.study import Study
-from ipdp.wire import encode_record, record_size, split_container, study_hash
+from ipdp.wire import RejectReason, encode_record, record_size, split_container, study_hash
 from producer.contributor import now_ms, perturb_records
 from producer.gateway_client import GatewayClient
 from tests.gateway.conftest import running_gateway
@@ -280,3 +282,17 @@ def test_a_device_verifies_the_study_the_gateway_serves(kafka_settings, redis_se
         with pytest.raises(SignatureError):
             c.study(unsigned.study_id, parse_trusted_keys([f"{tmp_path}/owner.pub"]))
     assert owner.key_id != other.key_id
+
+
+@pytest.mark.parametrize("detail", ["record 0: names another study than 'é'", "x" * 300,
+                                    'a quote " a backslash \\ and U+2028 \u2028'])
+def test_a_refusal_answers_what_a_starlette_json_response_would(detail):
+    """The refusal's body is rendered once and kept: byte for byte what JSONResponse renders,
+    with the same status and headers (asked twice, so the kept body is compared too)."""
+    headers = {"WWW-Authenticate": "IPDP-Credential"}
+    expected = JSONResponse({"error": "credential_missing", "detail": detail}, status_code=401,
+                            headers=headers)
+    for _ in range(2):
+        got = Refusal(RejectReason.CREDENTIAL_MISSING, detail, headers=headers).response()
+        assert (got.status_code, got.body, got.raw_headers) == (
+            expected.status_code, expected.body, expected.raw_headers)
