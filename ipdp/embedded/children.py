@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import shlex
 import signal
 import socket
@@ -29,11 +30,49 @@ log = logging.getLogger(__name__)
 LOCALHOST = "127.0.0.1"
 
 
+#: Where free_port looks first: below the kernel's ephemeral range, which Linux's default puts
+#: at 32768-60999 (read from /proc where it can be).
+_LISTEN_PORTS = (20000, 32768)
+_handed_out: set[int] = set()
+_handed_lock = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _LISTEN_PORTS[1]
+
+
 def free_port(host: str = LOCALHOST) -> int:
-    """A TCP port that was free on ``host`` a moment ago (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port that was free on ``host`` a moment ago, for a server about to bind it.
+
+    Taken below the kernel's ephemeral range when there is room: a port the kernel picks for
+    ``bind(0)`` comes from the range it also gives outgoing connections, so a client connecting
+    anywhere (to Kafka, to Redis) could take it as its local port before the server binds it,
+    and the server would fail with "Address already in use". A port is not handed out twice by
+    one process; the kernel's pick is the fallback."""
+    low, high = _LISTEN_PORTS[0], min(_LISTEN_PORTS[1], _ephemeral_low())
+    rng = random.SystemRandom()
+    with _handed_lock:
+        for _ in range(64 if high - low >= 1000 else 0):
+            port = rng.randrange(low, high)
+            if port in _handed_out:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            break
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        if len(_handed_out) >= 4096:
+            _handed_out.clear()
+        _handed_out.add(port)
+        return port
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:

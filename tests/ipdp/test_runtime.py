@@ -372,3 +372,27 @@ def _read_all(ks, topic: str) -> list[bytes]:
         return [r.value for r in consumer]
     finally:
         consumer.close()
+
+
+def test_free_port_hands_out_bindable_ports_outside_the_ephemeral_range():
+    """A port for a server is taken below the range the kernel gives outgoing connections, so a
+    client's local port cannot take it before the server binds; never the same one twice."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    if low - 20000 >= 1000:
+        assert all(20000 <= p < low for p in ports)
+    # Outgoing connections take their local ports from the ephemeral range: none of them
+    # lands on a port handed out above.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        clients = [socket.create_connection(server.getsockname()) for _ in range(50)]
+        try:
+            assert not {c.getsockname()[1] for c in clients} & set(ports)
+        finally:
+            for c in clients:
+                c.close()
+    for port in ports[:20]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
