@@ -286,10 +286,9 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
                                    refused=refused,
                                    server_cpu_us_per_request=cpu / max(1, figures["requests"])
                                    * 1e6)
-                    if refused:
-                        accepted_total += figures["accepted"]  # 0 unless one was not refused
-                    elif server == "gateway":
+                    if server == "gateway":  # (a refused run's: 0 unless one was not refused)
                         accepted_total += figures["accepted"]
+                    if server == "gateway" and not refused:
                         folded = _settled(folded_now, accepted_total)
                         figures["aggregator_cpu_us_per_record"] = (
                             (_cpu_seconds(aggregator.pid) - agg0) / max(1, folded - folded0)
