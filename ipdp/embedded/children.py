@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import random
@@ -35,13 +36,21 @@ LOCALHOST = "127.0.0.1"
 _LISTEN_PORTS = (20000, 32768)
 _handed_out: set[int] = set()
 _handed_lock = threading.Lock()
+_rng = random.SystemRandom()
 
 
+@functools.cache
 def _ephemeral_low() -> int:
+    """The start of the kernel's ephemeral port range (read once)."""
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return _LISTEN_PORTS[1]
+
+
+def _listen_range() -> tuple[int, int]:
+    """The ports free_port draws from: [low, high)."""
+    return _LISTEN_PORTS[0], min(_LISTEN_PORTS[1], _ephemeral_low())
 
 
 def free_port(host: str = LOCALHOST) -> int:
@@ -52,11 +61,10 @@ def free_port(host: str = LOCALHOST) -> int:
     anywhere (to Kafka, to Redis) could take it as its local port before the server binds it,
     and the server would fail with "Address already in use". A port is not handed out twice by
     one process; the kernel's pick is the fallback."""
-    low, high = _LISTEN_PORTS[0], min(_LISTEN_PORTS[1], _ephemeral_low())
-    rng = random.SystemRandom()
+    low, high = _listen_range()
     with _handed_lock:
         for _ in range(64 if high - low >= 1000 else 0):
-            port = rng.randrange(low, high)
+            port = _rng.randrange(low, high)
             if port in _handed_out:
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
