@@ -163,7 +163,7 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
         kafka = kafka_settings(args)
         topics = TopicSettings()
         study = _find_study(args, kafka, topics)
-    serve(MetricsSettings())
+    serve(MetricsSettings(), "loadgen")
     if args.dataset == "synthetic":
         _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,
                                        seed=args.seed)
