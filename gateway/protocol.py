@@ -17,20 +17,20 @@ The idle keep-alive timeout is uvicorn's own (``timeout_keep_alive``). The per-c
 rate is the app's (``gateway.app.RateLimiter``), as it answers 429 with Retry-After.
 
 The deadlines are not timers: arming one per request and cancelling it cost two timer handles per
-request, some 3 µs on the device path. A connection notes when its deadline falls, and one sweep
+request on the device path. A connection notes when its deadline falls, and one sweep
 per server (every quarter of the shorter timeout, at most every second) closes the connections
 past theirs; so a timeout fires up to a quarter of itself (at most 1 s) late.
 
 It also writes a response's head together with its body: uvicorn writes each at once, and uvloop
 sends each write straight to the socket, so a device's 202 cost two send(2) calls, each as dear
-as the request's own checks and hand-off on loopback (docs/benchmarks.md).
+as the request's own checks and hand-off on loopback (docs/architecture.md).
 
 **The device lane.** An app may offer ``device_lane(scope)``: for the requests it takes (the
 gateway's ``POST /studies/{id}/records``), a function ``answer(scope, body, respond)`` that the
 protocol calls once the body is in, and that calls ``respond(response)`` when the answer is
 known. Such a request runs no ASGI task: uvicorn's task, its receive and send coroutines and
-their messages cost some 19 µs a request here, half of what a bare endpoint costs in all
-(docs/benchmarks.md). The protocol writes the answer, with uvicorn's default headers, and then
+their messages are a large share of what a bare endpoint costs per request
+(docs/architecture.md). The protocol writes the answer, with uvicorn's default headers, and then
 completes the request as uvicorn's own send does (keep-alive, the next pipelined request, the
 keep-alive timer). The lane takes only what it can hold without flow control: a declared
 Content-Length up to uvicorn's read high-water mark, no Transfer-Encoding, no ``Expect:
