@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Self
 
@@ -96,12 +97,14 @@ def trusted_study_keys(keys: TrustedKeys | str | Iterable[str] | None) -> Truste
 
 
 class DeliveryCounter:
-    """Thread-safe success/failure counters fed by producer future callbacks."""
+    """Thread-safe success/failure counters fed by producer future callbacks; failures also
+    by the error's class name (``reasons``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.ok = 0
         self.failed = 0
+        self.reasons: Counter[str] = Counter()
         self.last_error: BaseException | None = None
 
     def on_ok(self, _metadata) -> None:
@@ -111,6 +114,7 @@ class DeliveryCounter:
     def on_error(self, exc: BaseException) -> None:
         with self._lock:
             self.failed += 1
+            self.reasons[type(exc).__name__] += 1
             self.last_error = exc
 
     def snapshot(self) -> tuple[int, int]:

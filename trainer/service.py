@@ -196,7 +196,7 @@ class Trainer:
 
 def cmd_run(args) -> int:
     """Entry point of `ipdp trainer run`."""
-    metrics.serve(MetricsSettings())
+    metrics.serve(MetricsSettings(), "trainer")
     trainer = Trainer(KafkaSettings(), RedisSettings(), TopicSettings(), TrainerSettings())
     install_signal_handlers(trainer.stop_event)
     published = trainer.run(idle_exit_s=args.idle_exit)

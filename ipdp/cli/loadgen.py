@@ -50,7 +50,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--connections", type=int, default=LoadgenSettings().connections, metavar="C",
                    help="With --via: concurrent keep-alive connections, i.e. requests in "
                    "flight (IPDP_LOADGEN_CONNECTIONS). The gateway's per-client limits apply to "
-                   "this one address: set IPDP_GATEWAY_RATE_LIMIT_PER_S=0 on a gateway it loads.")
+                   "this one address: a 429 or 503 is sent again after its Retry-After and "
+                   "slows every connection down to the gateway's rate; for a load test set "
+                   "IPDP_GATEWAY_RATE_LIMIT_PER_S=0 on the gateway.")
     p.add_argument("--per-request", dest="per_request", type=int,
                    default=LoadgenSettings().per_request, metavar="K",
                    help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST); 1, a device "
@@ -214,7 +216,7 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
         kafka = kafka_settings(args)
         topics = TopicSettings()
         study = _find_study(args, kafka, topics)
-    serve(MetricsSettings())
+    serve(MetricsSettings(), "loadgen")
     if args.dataset == "synthetic":
         _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,
                                        seed=args.seed)
@@ -237,6 +239,8 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
                                      credentials=credentials, **common)
     print(f"records sent  {result.sent}")
     print(f"errors        {result.errors}")
+    for reason, k in result.refused.items():
+        print(f"  {k:>10}  {reason}")
     print(f"elapsed       {result.seconds:.2f} s")
     print(f"records/s     {result.rate:.0f}")
     if result.interrupted:
