@@ -40,7 +40,14 @@ from gateway.producer_process import ProducerExited, ProducerProcess
 from gateway.settings import GatewaySettings
 from gateway.web import web_directory, web_routes
 from ipdp.credentials import AUTH_SCHEME, Credential, CredentialRefused
-from ipdp.metrics import GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED, GATEWAY_REQUESTS
+from ipdp.metrics import (
+    GATEWAY_RECORDS_ACCEPTED,
+    GATEWAY_RECORDS_REJECTED,
+    GATEWAY_REFUSALS,
+    GATEWAY_REQUEST_SECONDS,
+    GATEWAY_REQUESTS,
+    role_registry,
+)
 from ipdp.settings import KafkaSettings, RecordWindowSettings, TopicSettings, TrustSettings
 from ipdp.studies_topic import StudiesFollower
 from ipdp.study import Study, StudyStatus
@@ -377,10 +384,18 @@ def _credential_refusal(refusal: CredentialRefused, records: int = 0) -> Refusal
 
 
 def _refused(refusal: Refusal) -> Response:
-    """A Refusal's JSON answer; its records counted as rejected (a 503 rejects none)."""
+    """A Refusal's JSON answer, counted by reason; its records counted as rejected (a 503
+    rejects none)."""
+    _refusals_counter(refusal.reason).inc()
     if refusal.records and refusal.status != 503:
         GATEWAY_RECORDS_REJECTED.labels(refusal.reason).inc(refusal.records)
     return refusal.response()
+
+
+@cache
+def _refusals_counter(reason: str):
+    """The labelled ``GATEWAY_REFUSALS`` child (looked up once, not per request)."""
+    return GATEWAY_REFUSALS.labels(reason)
 
 
 @cache
@@ -419,6 +434,7 @@ class RecordsEndpoint:
         self.gw = gw
 
     async def __call__(self, scope, receive, send) -> None:
+        started = time.perf_counter()
         try:
             admitted = admit(self.gw, scope)
             body = await self.gw.read_body(admitted.declared, receive)
@@ -428,16 +444,18 @@ class RecordsEndpoint:
         except Refusal as refusal:
             response = _refused(refusal)
         _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
+        GATEWAY_REQUEST_SECONDS.observe(time.perf_counter() - started)
         await response(scope, receive, send)
 
     def answer(self, scope, body: bytes, respond: Callable[[Response], None]) -> None:
         """The same request, its body already read, without a coroutine: ``respond`` is called
         with the answer once Kafka settled the records (the HTTP protocol's device lane,
         gateway.protocol; the answer, the metrics and the refusals are the ASGI path's)."""
-        gw = self.gw
+        gw, started = self.gw, time.perf_counter()
 
         def finish(response: Response) -> None:
             _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
+            GATEWAY_REQUEST_SECONDS.observe(time.perf_counter() - started)
             respond(response)
 
         try:
@@ -538,7 +556,7 @@ async def readyz(gw: Gateway, request: Request) -> Response:
 
 
 async def metrics(gw: Gateway, request: Request) -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(role_registry("gateway")), media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi(gw: Gateway, request: Request) -> Response:

@@ -54,6 +54,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from gateway.checks import HTTP_STATUS
 from gateway.settings import GatewaySettings
+from ipdp.metrics import GATEWAY_CONNECTIONS, GATEWAY_CONNECTIONS_REFUSED
 from ipdp.wire import RejectReason
 
 __all__ = ["BoundedHttpToolsProtocol"]
@@ -66,6 +67,9 @@ _PHRASES = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 _PER_CLIENT: weakref.WeakKeyDictionary[object, Counter[str]] = weakref.WeakKeyDictionary()
 #: The deadline sweep of each server with open connections (see the module docstring).
 _SWEEPS: weakref.WeakKeyDictionary[object, asyncio.TimerHandle] = weakref.WeakKeyDictionary()
+#: Connections closed at once, by the cap they were above.
+_REFUSED_TOTAL = GATEWAY_CONNECTIONS_REFUSED.labels("max_connections")
+_REFUSED_PER_CLIENT = GATEWAY_CONNECTIONS_REFUSED.labels("max_connections_per_client")
 #: The longest time between two sweeps.
 _SWEEP_MAX_S = 1.0
 
@@ -90,17 +94,23 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         host = self.client[0] if self.client else ""
-        if (len(self.connections) > self.limits.max_connections
-                or self._per_client[host] >= self.limits.max_connections_per_client):
+        if len(self.connections) > self.limits.max_connections:
+            _REFUSED_TOTAL.inc()
+            transport.abort()
+            return
+        if self._per_client[host] >= self.limits.max_connections_per_client:
+            _REFUSED_PER_CLIENT.inc()
             transport.abort()
             return
         self._host = host
         self._per_client[host] += 1
+        GATEWAY_CONNECTIONS.inc()
         self._arm(self.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._host is not None:
+            GATEWAY_CONNECTIONS.dec()
             self._per_client[self._host] -= 1
             if not self._per_client[self._host]:
                 del self._per_client[self._host]
