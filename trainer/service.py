@@ -68,7 +68,7 @@ def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no
     return ModelMessage(
         study_id=study.study_id, round=round_no, n=count, d=study.d, loss=study.loss,
         weights=solution.w.tolist(), constraint_active=solution.constrained,
-        privacy=PrivacyReport.from_calibration(cal, composed),
+        privacy=PrivacyReport.from_calibration(cal, composed), schema=study.schema_,
         round_closed_ms=closed_ms, published_ms=int(time.time() * 1000),
     ), solve_s
 
