@@ -223,7 +223,7 @@ class Gateway:
         self.credentials = DeviceCredentials(TrustSettings().credential_keys())
         self.producer = None
         #: The reverse proxies whose X-Forwarded-For names the client (IPDP_GATEWAY_TRUSTED_PROXIES).
-        self.proxies = trusted_proxies(settings.trusted_proxies)
+        self.proxies = trusted_proxies(settings.trusted_proxies or "")
         self.limiter = (RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
                         if settings.rate_limit_per_s > 0 else None)
         self.batcher = GroupCommit(topics.records, lambda: self.producer,

@@ -103,7 +103,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         # A trusted proxy carries many clients' connections, and caps each client's itself.
         if (self._per_client[host] >= self.limits.max_connections_per_client
-                and host not in trusted_proxies(self.limits.trusted_proxies)):
+                and host not in trusted_proxies(self.limits.trusted_proxies or "")):
             _REFUSED_PER_CLIENT.inc()
             transport.abort()
             return

@@ -64,17 +64,17 @@ class GatewaySettings(BaseSettings):
         description="Open connections per client address and worker; a connection above it is "
         "closed at once, so one client cannot take every connection. A trusted proxy's "
         "connections count against max_connections only (the proxy caps its clients').")
-    trusted_proxies: str = Field(
-        "",
+    trusted_proxies: str | None = Field(
+        None,
         description="Comma-separated addresses or networks (CIDR) of the reverse proxies in "
         "front of the gateway: from those peers only, the client address the rate limit keys "
-        "on is the rightmost X-Forwarded-For address that is not a trusted proxy. Empty: the "
+        "on is the rightmost X-Forwarded-For address that is not a trusted proxy. Unset: the "
         "header is never believed, every client is its peer address.")
 
     @field_validator("trusted_proxies")
     @classmethod
-    def _proxies_parse(cls, value: str) -> str:
-        TrustedProxies(value)
+    def _proxies_parse(cls, value: str | None) -> str | None:
+        TrustedProxies(value or "")
         return value
     web_dir: str | None = Field(
         None, description="Directory served at /web/ (the browser contributor's page). Unset: "

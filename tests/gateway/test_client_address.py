@@ -26,6 +26,6 @@ def test_the_forwarded_address_is_believed_from_a_trusted_proxy_only(peer, heade
 
 
 def test_trusted_proxies_must_be_addresses_or_networks():
-    assert GatewaySettings().trusted_proxies == ""
+    assert GatewaySettings().trusted_proxies is None
     with pytest.raises(ValidationError):
         GatewaySettings(trusted_proxies="gateway-proxy.internal")
