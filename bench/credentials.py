@@ -31,8 +31,9 @@ import time
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from aggregator.batch import NOT_IN_CONTAINER, Polled
 from aggregator.credentials import CredentialCheck
-from aggregator.validate import NOT_IN_CONTAINER, Polled, Validator, split_containers
+from aggregator.validate import Validator, split_containers
 from bench.devices import _LUA as DEVICES_LUA
 from bench.devices import _lua_bytes
 from gateway.checks import first_rejection

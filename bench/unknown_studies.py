@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
+from aggregator.batch import Polled
 from aggregator.fold import Folder
-from aggregator.validate import Polled
 from ipdp import state
 from ipdp.embedded import EmbeddedRedis
 from ipdp.redis_io import redis_client
