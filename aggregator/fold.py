@@ -63,7 +63,7 @@ from ipdp.wire import RejectReason
 
 log = logging.getLogger(__name__)
 
-#: One study's reads, in one round trip.
+#: One study's reads, in one round trip (each redis-py command costs CPU of its own).
 #: KEYS[1] = study hash, KEYS[2] = open round, KEYS[3] = the study's offsets; ARGV = offset
 #: fields -> { status, {round, count, A, b}, {offset per field} }
 _READ_STUDY_LUA = """

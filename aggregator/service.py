@@ -343,7 +343,7 @@ def cmd_run(args) -> int:
     """Entry point of `ipdp aggregator run`."""
     kafka, redis_settings, topics = KafkaSettings(), RedisSettings(), TopicSettings()
     settings = AggregatorSettings()
-    metrics.serve(MetricsSettings())
+    metrics.serve(MetricsSettings(), "aggregator")
     agg = Aggregator(kafka, redis_settings, topics, settings)
     install_signal_handlers(agg.stop_event)
     log.info("aggregator: group %s, topic %s", settings.group, topics.records)

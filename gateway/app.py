@@ -40,7 +40,14 @@ from gateway.producer_process import ProducerExited, ProducerProcess
 from gateway.settings import GatewaySettings
 from gateway.web import web_directory, web_routes
 from ipdp.credentials import AUTH_SCHEME, Credential, CredentialRefused
-from ipdp.metrics import GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED, GATEWAY_REQUESTS
+from ipdp.metrics import (
+    GATEWAY_RECORDS_ACCEPTED,
+    GATEWAY_RECORDS_REJECTED,
+    GATEWAY_REFUSALS,
+    GATEWAY_REQUEST_SECONDS,
+    GATEWAY_REQUESTS,
+    role_registry,
+)
 from ipdp.settings import KafkaSettings, RecordWindowSettings, TopicSettings, TrustSettings
 from ipdp.studies_topic import StudiesFollower
 from ipdp.study import Study, StudyStatus
@@ -176,12 +183,11 @@ def settle_heap() -> None:
 
     Every request leaves a few reference cycles (its task, futures, protocol callbacks), so
     CPython collects often, and each full collection walks every object the worker holds: some
-    85,000 after its imports (numpy, scipy, pydantic, kafka-python), for tens of milliseconds
-    with the event loop stopped. That was most of the gateway's p99 latency (about 50 ms) and
-    some 10 µs of its 70 µs of CPU per request (docs/benchmarks.md). Everything alive once the
-    producer is connected lives as long as the worker, so it is moved out of the collector's
-    sight (:func:`gc.freeze`), and the youngest generation is collected less often; cycles are
-    still collected, so memory stays bounded.
+    85,000 after its imports (numpy, scipy, pydantic, kafka-python), with the event loop
+    stopped: that was most of the gateway's p99 latency under load (docs/architecture.md).
+    Everything alive once the producer is connected lives as long as the worker, so it is moved
+    out of the collector's sight (:func:`gc.freeze`), and the youngest generation is collected
+    less often; cycles are still collected, so memory stays bounded.
     """
     gc.collect()
     gc.freeze()
@@ -249,7 +255,7 @@ class Gateway:
             "linger_ms": 0,
             # kafka-python's own metrics (sensors updated on every produce request and
             # response) are read by nothing here: ipdp's are Prometheus'. Off, its I/O thread
-            # spends some 9 % less CPU per container (docs/benchmarks.md).
+            # spends less CPU per container.
             "metrics_enabled": False,
             "max_request_size": max(self.settings.max_message_bytes + 1024, 1 << 20),
         }
@@ -378,10 +384,18 @@ def _credential_refusal(refusal: CredentialRefused, records: int = 0) -> Refusal
 
 
 def _refused(refusal: Refusal) -> Response:
-    """A Refusal's JSON answer; its records counted as rejected (a 503 rejects none)."""
+    """A Refusal's JSON answer, counted by reason; its records counted as rejected (a 503
+    rejects none)."""
+    _refusals_counter(refusal.reason).inc()
     if refusal.records and refusal.status != 503:
         GATEWAY_RECORDS_REJECTED.labels(refusal.reason).inc(refusal.records)
     return refusal.response()
+
+
+@cache
+def _refusals_counter(reason: str):
+    """The labelled ``GATEWAY_REFUSALS`` child (looked up once, not per request)."""
+    return GATEWAY_REFUSALS.labels(reason)
 
 
 @cache
@@ -420,6 +434,7 @@ class RecordsEndpoint:
         self.gw = gw
 
     async def __call__(self, scope, receive, send) -> None:
+        started = time.perf_counter()
         try:
             admitted = admit(self.gw, scope)
             body = await self.gw.read_body(admitted.declared, receive)
@@ -429,16 +444,18 @@ class RecordsEndpoint:
         except Refusal as refusal:
             response = _refused(refusal)
         _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
+        GATEWAY_REQUEST_SECONDS.observe(time.perf_counter() - started)
         await response(scope, receive, send)
 
     def answer(self, scope, body: bytes, respond: Callable[[Response], None]) -> None:
         """The same request, its body already read, without a coroutine: ``respond`` is called
         with the answer once Kafka settled the records (the HTTP protocol's device lane,
         gateway.protocol; the answer, the metrics and the refusals are the ASGI path's)."""
-        gw = self.gw
+        gw, started = self.gw, time.perf_counter()
 
         def finish(response: Response) -> None:
             _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
+            GATEWAY_REQUEST_SECONDS.observe(time.perf_counter() - started)
             respond(response)
 
         try:
@@ -539,7 +556,7 @@ async def readyz(gw: Gateway, request: Request) -> Response:
 
 
 async def metrics(gw: Gateway, request: Request) -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(role_registry("gateway")), media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi(gw: Gateway, request: Request) -> Response:
