@@ -47,6 +47,8 @@ from ipdp.metrics import (
     GATEWAY_REQUEST_SECONDS,
     GATEWAY_REQUESTS,
     role_registry,
+    start_at_zero,
+    start_studies_reader_at_zero,
 )
 from ipdp.settings import KafkaSettings, RecordWindowSettings, TopicSettings, TrustSettings
 from ipdp.studies_topic import StudiesFollower
@@ -208,6 +210,10 @@ class Gateway:
         # pinned owner keys (IPDP_TRUSTED_STUDY_KEYS); GET /studies/{id} serves only verified ones.
         # Each study's norm bounds are computed as the follower reads it (the first imports
         # scipy.stats, about a second), so no request waits for them.
+        start_at_zero(GATEWAY_REFUSALS, *((reason.value,) for reason in HTTP_STATUS))
+        start_at_zero(GATEWAY_RECORDS_REJECTED, *((reason.value,) for reason, status
+                                                  in HTTP_STATUS.items() if status != 503))
+        start_studies_reader_at_zero("gateway")
         self.studies = StudiesFollower(
             kafka, topics, trusted=TrustSettings().study_keys(),
             prepare=lambda study: study.norm_bounds)

@@ -25,6 +25,7 @@ from prometheus_client import (
     start_http_server,
 )
 
+from ipdp.errors import MALFORMED_REASONS
 from ipdp.settings import MetricsSettings
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,29 @@ _ROLE_METRICS: dict[str, tuple] = {
                 *_STUDIES),
     "loadgen": (LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS, TOPIC_VALUES_MALFORMED, *_STUDIES),
 }
+
+
+def start_at_zero(metric, *label_values: tuple[str, ...]) -> None:
+    """Create these labelled series at 0 when a role starts: a series that appears only with
+    its first event has no rate or increase for that event, and a dashboard shows nothing
+    until it happens (Prometheus's advice: export the label values known in advance)."""
+    for values in label_values:
+        metric.labels(*values)
+
+
+def start_studies_reader_at_zero(reader: str, topic_values: bool = True) -> None:
+    """The series of a reader of studies (``reader``: the label it counts under); with
+    ``topic_values``, of the studies topic's unreadable values too."""
+    start_at_zero(STUDIES_REFUSED, (reader,))
+    if topic_values:
+        start_at_zero(TOPIC_VALUES_MALFORMED,
+                      *(("studies", reader, reason) for reason in MALFORMED_REASONS))
+
+
+def start_backends_at_zero(*operations: tuple[str, str]) -> None:
+    """The series of a role's Kafka and Redis errors, by (backend, operation), and retries."""
+    start_at_zero(BACKEND_ERRORS, *operations)
+    start_at_zero(BACKEND_RETRIES, *{(backend,) for backend, _ in operations})
 
 
 @cache

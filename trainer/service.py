@@ -155,6 +155,8 @@ class Trainer:
 
     def _handle(self, entry_id: bytes, fields: dict) -> None:
         sid, round_no = fields[b"study"].decode(), int(fields[b"round"])
+        metrics.start_at_zero(metrics.MODELS_PUBLISHED, (sid,))
+        metrics.start_at_zero(metrics.ROUNDS_REFUSED, (sid,))
         keys = state.StudyKeys(sid)
         raw = self.redis.hgetall(keys.closed(round_no))
         if not raw:
@@ -197,6 +199,8 @@ class Trainer:
 def cmd_run(args) -> int:
     """Entry point of `ipdp trainer run`."""
     metrics.serve(MetricsSettings(), "trainer")
+    metrics.start_studies_reader_at_zero("trainer", topic_values=False)
+    metrics.start_backends_at_zero(("kafka", "rounds"), ("redis", "rounds"))
     trainer = Trainer(KafkaSettings(), RedisSettings(), TopicSettings(), TrainerSettings())
     install_signal_handlers(trainer.stop_event)
     published = trainer.run(idle_exit_s=args.idle_exit)

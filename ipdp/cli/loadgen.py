@@ -197,7 +197,7 @@ def _csv_dataset(args: argparse.Namespace, study: Study):
 
 def cmd_loadgen(args: argparse.Namespace) -> int:
     """`ipdp loadgen`: simulate --devices devices contributing to --study."""
-    from ipdp.metrics import serve
+    from ipdp.metrics import serve, start_studies_reader_at_zero
     from ipdp.settings import MetricsSettings
     from producer.datasets import synthetic_batches
     from producer.loadgen import run_loadgen_batches, run_loadgen_http
@@ -217,6 +217,7 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
         topics = TopicSettings()
         study = _find_study(args, kafka, topics)
     serve(MetricsSettings(), "loadgen")
+    start_studies_reader_at_zero("device")
     if args.dataset == "synthetic":
         _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,
                                        seed=args.seed)
