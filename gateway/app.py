@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from gateway.batcher import ContainerRefused, GroupCommit
 from gateway.checks import HTTP_STATUS, first_rejection
+from gateway.client_address import FORWARDED_FOR, trusted_proxies
 from gateway.credentials import DeviceCredentials
 from gateway.openapi import openapi_document
 from gateway.producer_process import ProducerExited, ProducerProcess
@@ -221,6 +222,8 @@ class Gateway:
         self.window = RecordWindowSettings().window()
         self.credentials = DeviceCredentials(TrustSettings().credential_keys())
         self.producer = None
+        #: The reverse proxies whose X-Forwarded-For names the client (IPDP_GATEWAY_TRUSTED_PROXIES).
+        self.proxies = trusted_proxies(settings.trusted_proxies or "")
         self.limiter = (RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
                         if settings.rate_limit_per_s > 0 else None)
         self.batcher = GroupCommit(topics.records, lambda: self.producer,
@@ -503,14 +506,7 @@ def admit(gw: Gateway, scope) -> Admitted:
     """The client's rate, the study open, the headers and the device credential; Refusal
     otherwise."""
     study_id = scope["path_params"]["study_id"]
-    if gw.limiter is not None:
-        client = scope.get("client")
-        if not gw.limiter.allow(client[0] if client else "unknown"):
-            raise Refusal(RejectReason.RATE_LIMITED, f"more than {gw.settings.rate_limit_per_s:g} "
-                          "requests per second from this client",
-                          headers={"Retry-After": str(gw.limiter.retry_after_s())})
-    study = gw.study_for(study_id, open_only=True).study
-    content_type, declared, authorization = b"", None, None
+    content_type, declared, authorization, forwarded_for = b"", None, None, None
     for name, value in scope["headers"]:
         if name == b"content-type":
             content_type = value
@@ -518,6 +514,16 @@ def admit(gw: Gateway, scope) -> Admitted:
             declared = value
         elif name == b"authorization":
             authorization = value
+        elif name == FORWARDED_FOR:
+            forwarded_for = value
+    if gw.limiter is not None:
+        peer = scope.get("client")
+        client = gw.proxies.client(peer[0] if peer else "unknown", forwarded_for)
+        if not gw.limiter.allow(client):
+            raise Refusal(RejectReason.RATE_LIMITED, f"more than {gw.settings.rate_limit_per_s:g} "
+                          "requests per second from this client",
+                          headers={"Retry-After": str(gw.limiter.retry_after_s())})
+    study = gw.study_for(study_id, open_only=True).study
     credential = gw.admit_credential(authorization, study)
     media = content_type.decode("latin-1").split(";")[0].strip().lower()
     if media not in (OCTET_STREAM, JSON_TYPE):
