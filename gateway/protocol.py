@@ -14,7 +14,7 @@ exhaust the file descriptors. This subclass adds, per worker:
   accepted, so one client's flood costs that client, not the other devices.
 
 The idle keep-alive timeout is uvicorn's own (``timeout_keep_alive``). The per-client request
-rate is the app's (``gateway.app.RateLimiter``), as it answers 429 with Retry-After.
+rate is the app's (``gateway.limits``), as it answers 429 with Retry-After.
 
 The deadlines are not timers: arming one per request and cancelling it cost two timer handles per
 request, some 3 µs on the device path. A connection notes when its deadline falls, and one sweep

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import ipaddress
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,9 +38,30 @@ class GatewaySettings(BaseSettings):
     rate_limit_per_s: float = Field(
         10.0, ge=0,
         description="Requests per second per client address (429 with Retry-After above it); "
-        "0 turns the limit off. A device sends one record per study.")
+        "0 turns the request limit off (the record limit stays). A device sends one record per "
+        "study.")
     rate_limit_burst: int = Field(
         20, ge=1, description="Requests a client may send at once before the rate applies.")
+    record_limit_per_s: float = Field(
+        20.0, gt=0,
+        description="Records per second per client address (429 with Retry-After above it; a "
+        "request counts as one record at least): what a few devices behind one address send. "
+        "A relay's allowance is relay_record_limit_*.")
+    record_limit_burst: int = Field(
+        100, ge=1,
+        description="Records a client may send at once before the rate applies; a request "
+        "holding more is refused with 413.")
+    relay_addresses: str | None = Field(
+        None,
+        description="Comma-separated addresses and CIDR networks of relays (a proxy in front, "
+        "a batch uploader): their records are limited by relay_record_limit_*, their requests "
+        "not at all.")
+    relay_record_limit_per_s: float = Field(
+        100_000.0, gt=0, description="Records per second per relay address.")
+    relay_record_limit_burst: int = Field(
+        100_000, ge=1,
+        description="Records a relay may send at once; keep it at least the records of the "
+        "largest body (max_body_bytes over the smallest study's record size).")
     max_header_bytes: int = Field(
         16 * 1024, ge=1024,
         description="Largest request head (request line and headers); a longer one is answered "
@@ -64,3 +87,19 @@ class GatewaySettings(BaseSettings):
     web_dir: str | None = Field(
         None, description="Directory served at /web/ (the browser contributor's page). Unset: "
         "this checkout's producer/web/dist once built; empty: no page.")
+
+    @field_validator("relay_addresses")
+    @classmethod
+    def _relay_addresses_are_networks(cls, value: str | None) -> str | None:
+        _networks(value)
+        return value
+
+    def relay_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """The networks of ``relay_addresses`` (an address is a network of one)."""
+        return _networks(self.relay_addresses)
+
+
+def _networks(text: str | None) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The comma-separated addresses and CIDR networks of ``text``; ValueError on a bad one."""
+    return [ipaddress.ip_network(item.strip(), strict=False)
+            for item in (text or "").split(",") if item.strip()]

@@ -45,7 +45,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--connections", type=int, default=LoadgenSettings().connections, metavar="C",
                    help="With --via: concurrent keep-alive connections, i.e. requests in "
                    "flight (IPDP_LOADGEN_CONNECTIONS). The gateway's per-client limits apply to "
-                   "this one address: set IPDP_GATEWAY_RATE_LIMIT_PER_S=0 on a gateway it loads.")
+                   "this one address: list it in IPDP_GATEWAY_RELAY_ADDRESSES on a gateway it "
+                   "loads.")
     p.add_argument("--per-request", dest="per_request", type=int,
                    default=LoadgenSettings().per_request, metavar="K",
                    help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST); 1, a device "
