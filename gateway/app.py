@@ -36,7 +36,12 @@ from gateway.refusals import JSON_TYPE, Refusal, kafka_refusal, refused
 from gateway.settings import GatewaySettings
 from gateway.web import web_directory, web_routes
 from ipdp.credentials import Credential
-from ipdp.metrics import GATEWAY_RECORDS_ACCEPTED, GATEWAY_REQUESTS
+from ipdp.metrics import (
+    GATEWAY_RECORDS_ACCEPTED,
+    GATEWAY_REQUEST_SECONDS,
+    GATEWAY_REQUESTS,
+    role_registry,
+)
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
 from ipdp.wire import RejectReason, record_size
@@ -82,6 +87,7 @@ class RecordsEndpoint:
         self.gw = gw
 
     async def __call__(self, scope, receive, send) -> None:
+        started = time.perf_counter()
         try:
             admitted = admit(self.gw, scope)
             body = await self.gw.read_body(admitted.declared, receive)
@@ -91,16 +97,18 @@ class RecordsEndpoint:
         except Refusal as refusal:
             response = refused(refusal)
         _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
+        GATEWAY_REQUEST_SECONDS.observe(time.perf_counter() - started)
         await response(scope, receive, send)
 
     def answer(self, scope, body: bytes, respond: Callable[[Response], None]) -> None:
         """The same request, its body already read, without a coroutine: ``respond`` is called
         with the answer once Kafka settled the records (the HTTP protocol's device lane,
         gateway.protocol; the answer, the metrics and the refusals are the ASGI path's)."""
-        gw = self.gw
+        gw, started = self.gw, time.perf_counter()
 
         def finish(response: Response) -> None:
             _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
+            GATEWAY_REQUEST_SECONDS.observe(time.perf_counter() - started)
             respond(response)
 
         try:
@@ -199,7 +207,7 @@ async def readyz(gw: Gateway, request: Request) -> Response:
 
 
 async def metrics(gw: Gateway, request: Request) -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(role_registry("gateway")), media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi(gw: Gateway, request: Request) -> Response:

@@ -16,8 +16,7 @@ def settle_heap() -> None:
     Every request leaves a few reference cycles (its task, futures, protocol callbacks), so
     CPython collects often, and each full collection walks every object the worker holds (tens of
     thousands after its imports: numpy, scipy, pydantic, kafka-python) with the event loop
-    stopped: that was most of the gateway's p99 latency and a share of its CPU per request
-    (docs/benchmarks.md). Everything alive once the producer is connected lives as long as the
+    stopped: that was most of the gateway's p99 latency under load (docs/architecture.md). Everything alive once the producer is connected lives as long as the
     worker, so it is moved out of the collector's sight (:func:`gc.freeze`), and the youngest
     generation is collected less often; cycles are still collected, so memory stays bounded.
     Only for a process that is the gateway's alone (an ``ipdp gateway`` worker).

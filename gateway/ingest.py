@@ -12,6 +12,7 @@ import asyncio
 import time
 
 from gateway.batcher import ContainerRefused, GroupCommit
+from gateway.checks import HTTP_STATUS
 from gateway.credentials import DeviceCredentials
 from gateway.heap import settle_heap
 from gateway.limits import ClientLimits
@@ -20,6 +21,12 @@ from gateway.producer_supervisor import ProducerSupervisor
 from gateway.refusals import Refusal, credential_refusal, kafka_refusal
 from gateway.settings import GatewaySettings
 from ipdp.credentials import Credential, CredentialRefused
+from ipdp.metrics import (
+    GATEWAY_RECORDS_REJECTED,
+    GATEWAY_REFUSALS,
+    start_at_zero,
+    start_studies_reader_at_zero,
+)
 from ipdp.settings import KafkaSettings, RecordWindowSettings, TopicSettings, TrustSettings
 from ipdp.studies_topic import StudiesFollower
 from ipdp.study import Study, StudyStatus
@@ -41,6 +48,10 @@ class Gateway:
         # pinned owner keys (IPDP_TRUSTED_STUDY_KEYS); GET /studies/{id} serves only verified ones.
         # Each study's norm bounds are computed as the follower reads it (the first imports
         # scipy.stats, about a second), so no request waits for them.
+        start_at_zero(GATEWAY_REFUSALS, *((reason.value,) for reason in HTTP_STATUS))
+        start_at_zero(GATEWAY_RECORDS_REJECTED, *((reason.value,) for reason, status
+                                                  in HTTP_STATUS.items() if status != 503))
+        start_studies_reader_at_zero("gateway")
         self.studies = StudiesFollower(
             kafka, topics, trusted=TrustSettings().study_keys(),
             prepare=lambda study: study.norm_bounds)

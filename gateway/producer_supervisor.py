@@ -81,7 +81,7 @@ def producer_options(settings: GatewaySettings) -> dict:
         "linger_ms": 0,
         # kafka-python's own metrics (sensors updated on every produce request and response)
         # are read by nothing here: ipdp's are Prometheus'. Off, its I/O thread spends less CPU
-        # per container (docs/benchmarks.md).
+        # per container.
         "metrics_enabled": False,
         "max_request_size": max(settings.max_message_bytes + 1024, 1 << 20),
     }

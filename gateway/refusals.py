@@ -7,14 +7,14 @@ gives its reason (``ipdp.wire.RejectReason``); the records it carried are counte
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from starlette.responses import Response
 
 from gateway.batcher import ContainerRefused
 from gateway.checks import HTTP_STATUS
 from ipdp.credentials import AUTH_SCHEME, CredentialRefused
-from ipdp.metrics import GATEWAY_RECORDS_REJECTED
+from ipdp.metrics import GATEWAY_RECORDS_REJECTED, GATEWAY_REFUSALS
 from ipdp.wire import RejectReason
 
 __all__ = ["JSON_TYPE", "Refusal", "credential_refusal", "kafka_refusal", "refused"]
@@ -52,10 +52,18 @@ def _refusal_body(reason: str, detail: str) -> bytes:
 
 
 def refused(refusal: Refusal) -> Response:
-    """A Refusal's JSON answer; its records counted as rejected (a 503 rejects none)."""
+    """A Refusal's JSON answer, counted by reason; its records counted as rejected (a 503
+    rejects none)."""
+    _refusals_counter(refusal.reason).inc()
     if refusal.records and refusal.status != 503:
         GATEWAY_RECORDS_REJECTED.labels(refusal.reason).inc(refusal.records)
     return refusal.response()
+
+
+@cache
+def _refusals_counter(reason: str):
+    """The labelled ``GATEWAY_REFUSALS`` child (looked up once, not per request)."""
+    return GATEWAY_REFUSALS.labels(reason)
 
 
 def kafka_refusal(exc: ContainerRefused, records: int) -> Refusal:
