@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.checks import first_rejection
+from gateway.client_address import FORWARDED_FOR
 from gateway.ingest import Gateway
 from gateway.json_records import encode_json
 from gateway.limits import Bucket
@@ -151,10 +152,7 @@ def admit(gw: Gateway, scope) -> Admitted:
     """The client's request limit, the study open, the headers and the device credential;
     Refusal otherwise."""
     study_id = scope["path_params"]["study_id"]
-    client = scope.get("client")
-    bucket = gw.limits.admit(client[0] if client else "unknown")
-    study = gw.study_for(study_id, open_only=True).study
-    content_type, declared, authorization = b"", None, None
+    content_type, declared, authorization, forwarded_for = b"", None, None, None
     for name, value in scope["headers"]:
         if name == b"content-type":
             content_type = value
@@ -162,6 +160,11 @@ def admit(gw: Gateway, scope) -> Admitted:
             declared = value
         elif name == b"authorization":
             authorization = value
+        elif name == FORWARDED_FOR:
+            forwarded_for = value
+    peer = scope.get("client")
+    bucket = gw.limits.admit(gw.proxies.client(peer[0] if peer else "unknown", forwarded_for))
+    study = gw.study_for(study_id, open_only=True).study
     credential = gw.admit_credential(authorization, study)
     media = content_type.decode("latin-1").split(";")[0].strip().lower()
     if media not in (OCTET_STREAM, JSON_TYPE):

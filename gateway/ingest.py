@@ -13,6 +13,7 @@ import time
 
 from gateway.batcher import ContainerRefused, GroupCommit
 from gateway.checks import HTTP_STATUS
+from gateway.client_address import trusted_proxies
 from gateway.credentials import DeviceCredentials
 from gateway.heap import settle_heap
 from gateway.limits import ClientLimits
@@ -58,6 +59,8 @@ class Gateway:
         #: The aggregator's record window (IPDP_AGGREGATOR_REPLAY_WINDOW_S, …_MAX_FUTURE_SKEW_S).
         self.window = RecordWindowSettings().window()
         self.credentials = DeviceCredentials(TrustSettings().credential_keys())
+        #: The reverse proxies whose X-Forwarded-For names the client (IPDP_GATEWAY_TRUSTED_PROXIES).
+        self.proxies = trusted_proxies(settings.trusted_proxies or "")
         #: What each client address may still send (IPDP_GATEWAY_RATE_LIMIT_*, …RECORD_LIMIT_*,
         #: …RELAY_*).
         self.limits = ClientLimits.of(settings)

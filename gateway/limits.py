@@ -93,7 +93,7 @@ class ClientLimits:
     """
 
     def __init__(self, device: Allowance, relay: Allowance,
-                 relay_networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network],
+                 relay_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...],
                  max_clients: int = 100_000) -> None:
         self.device, self.relay, self.relay_networks = device, relay, relay_networks
         self.max_clients = max_clients

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
+from ipaddress import IPv4Network, IPv6Network
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.client_address import TrustedProxies
 
 
 class GatewaySettings(BaseSettings):
@@ -53,9 +55,9 @@ class GatewaySettings(BaseSettings):
         "holding more is refused with 413.")
     relay_addresses: str | None = Field(
         None,
-        description="Comma-separated addresses and CIDR networks of relays (a proxy in front, "
-        "a batch uploader): their records are limited by relay_record_limit_*, their requests "
-        "not at all.")
+        description="Comma-separated addresses and CIDR networks of relays (batch uploaders, "
+        "load generators; a client address as the rate limit sees it): their records are "
+        "limited by relay_record_limit_*, their requests not at all.")
     relay_record_limit_per_s: float = Field(
         100_000.0, gt=0, description="Records per second per relay address.")
     relay_record_limit_burst: int = Field(
@@ -83,23 +85,25 @@ class GatewaySettings(BaseSettings):
     max_connections_per_client: int = Field(
         256, ge=1,
         description="Open connections per client address and worker; a connection above it is "
-        "closed at once, so one client cannot take every connection.")
+        "closed at once, so one client cannot take every connection. A trusted proxy's "
+        "connections count against max_connections only (the proxy caps its clients').")
+    trusted_proxies: str | None = Field(
+        None,
+        description="Comma-separated addresses or networks (CIDR) of the reverse proxies in "
+        "front of the gateway: from those peers only, the client address the rate limit keys "
+        "on is the rightmost X-Forwarded-For address that is not a trusted proxy. Unset: the "
+        "header is never believed, every client is its peer address.")
     web_dir: str | None = Field(
         None, description="Directory served at /web/ (the browser contributor's page). Unset: "
         "this checkout's producer/web/dist once built; empty: no page.")
 
-    @field_validator("relay_addresses")
+    @field_validator("trusted_proxies", "relay_addresses")
     @classmethod
-    def _relay_addresses_are_networks(cls, value: str | None) -> str | None:
-        _networks(value)
+    def _address_lists_parse(cls, value: str | None) -> str | None:
+        TrustedProxies(value or "")
         return value
 
-    def relay_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-        """The networks of ``relay_addresses`` (an address is a network of one)."""
-        return _networks(self.relay_addresses)
-
-
-def _networks(text: str | None) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """The comma-separated addresses and CIDR networks of ``text``; ValueError on a bad one."""
-    return [ipaddress.ip_network(item.strip(), strict=False)
-            for item in (text or "").split(",") if item.strip()]
+    def relay_networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """The networks of ``relay_addresses`` (an address is a network of one), parsed as
+        ``trusted_proxies`` is."""
+        return TrustedProxies(self.relay_addresses or "").networks
