@@ -31,8 +31,9 @@ import time
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from aggregator.batch import NOT_IN_CONTAINER, Polled
 from aggregator.credentials import CredentialCheck
-from aggregator.validate import NOT_IN_CONTAINER, Polled, Validator, split_containers
+from aggregator.validate import Validator, split_containers
 from bench.devices import _LUA as DEVICES_LUA
 from bench.devices import _lua_bytes
 from gateway.checks import first_rejection
@@ -291,7 +292,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
 
     from aggregator.settings import AggregatorSettings
     from bench.devices import _stop, _wrk, start_server, wrk_script
-    from bench.gateway_load import _cpu_seconds
+    from bench.gateway_load import cpu_seconds
     from ipdp import state
     from ipdp.embedded import EmbeddedRuntime
     from ipdp.kafka_io import ensure_topics, kafka_producer
@@ -358,11 +359,11 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                         os.kill(aggregator.pid, signal.SIGSTOP)
                         _wrk(f"{url}/studies/bench-plain/records", scripts["plain"], 1.0,
                              connections, threads)  # warm-up
-                        cpu0 = _cpu_seconds(proc.pid)
+                        cpu0 = cpu_seconds(proc.pid)
                         figures = _wrk(f"{url}/studies/{s_.study_id}/records", scripts[script],
                                        seconds, connections, threads)
                         figures.update(repetition=rep + 1, server=name, cpu_us_per_request=(
-                            _cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
+                            cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
                         measured.append(figures)
                         if script != "plain":
                             accepted += figures["accepted"]

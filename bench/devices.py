@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bench.gateway_load import _cpu_seconds
+from bench.gateway_load import cpu_seconds
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
@@ -286,10 +286,10 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
                         if warmup_s > 0:
                             accepted_total += _wrk(post, load, warmup_s, connections,
                                                    threads)["accepted"] * (server == "gateway")
-                        cpu0 = _cpu_seconds(proc.pid)
-                        agg0, folded0 = _cpu_seconds(aggregator.pid), folded_now()
+                        cpu0 = cpu_seconds(proc.pid)
+                        agg0, folded0 = cpu_seconds(aggregator.pid), folded_now()
                         figures = _wrk(post, load, seconds, connections, threads)
-                        cpu = _cpu_seconds(proc.pid) - cpu0
+                        cpu = cpu_seconds(proc.pid) - cpu0
                     finally:
                         _stop(proc)
                         os.kill(aggregator.pid, signal.SIGCONT)
@@ -302,7 +302,7 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
                     if server == "gateway" and not refused:
                         folded = _settled(folded_now, accepted_total)
                         figures["aggregator_cpu_us_per_record"] = (
-                            (_cpu_seconds(aggregator.pid) - agg0) / max(1, folded - folded0)
+                            (cpu_seconds(aggregator.pid) - agg0) / max(1, folded - folded0)
                             * 1e6)
                     runs.append(figures)
             on_topic = _on_topic(kafka, topics.records, accepted_total)

@@ -10,8 +10,8 @@ import uuid
 import numpy as np
 import pytest
 
+from aggregator.batch import Message
 from aggregator.fold import Folder
-from aggregator.validate import Message
 from ipdp import state
 from ipdp.redis_io import redis_client
 from ipdp.study import Study

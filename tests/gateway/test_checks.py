@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.validate import Message, Polled, Validator
+from aggregator.batch import Message, Polled
+from aggregator.validate import Validator
 from gateway.checks import RECORD_OK, check_records, first_rejection, reason_of
 from ipdp.study import Study
 from ipdp.wire import (

@@ -20,9 +20,9 @@ import uuid
 import numpy as np
 import pytest
 
+from aggregator.batch import Message
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
-from aggregator.validate import Message
 from bench.soak import closed_rounds
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
