@@ -11,10 +11,12 @@ exhaust the file descriptors. This subclass adds, per worker:
   ``request_timeout`` if the request had begun, then the connection is closed;
 - a connection cap (``max_connections``) and a cap per client address
   (``max_connections_per_client``): a connection above either is closed as soon as it is
-  accepted, so one client's flood costs that client, not the other devices.
+  accepted, so one client's flood costs that client, not the other devices. A trusted proxy
+  (``trusted_proxies``, gateway.client_address) is held to the first cap only: it carries many
+  clients' connections and caps each client's itself.
 
 The idle keep-alive timeout is uvicorn's own (``timeout_keep_alive``). The per-client request
-rate is the app's (``gateway.app.RateLimiter``), as it answers 429 with Retry-After.
+rate is the app's (``gateway.limits``), as it answers 429 with Retry-After.
 
 The deadlines are not timers: arming one per request and cancelling it cost two timer handles per
 request on the device path. A connection notes when its deadline falls, and one sweep
@@ -53,6 +55,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from gateway.checks import HTTP_STATUS
+from gateway.client_address import trusted_proxies
 from gateway.settings import GatewaySettings
 from ipdp.metrics import GATEWAY_CONNECTIONS, GATEWAY_CONNECTIONS_REFUSED
 from ipdp.wire import RejectReason
@@ -98,7 +101,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             _REFUSED_TOTAL.inc()
             transport.abort()
             return
-        if self._per_client[host] >= self.limits.max_connections_per_client:
+        # A trusted proxy carries many clients' connections, and caps each client's itself.
+        if (self._per_client[host] >= self.limits.max_connections_per_client
+                and host not in trusted_proxies(self.limits.trusted_proxies or "")):
             _REFUSED_PER_CLIENT.inc()
             transport.abort()
             return
