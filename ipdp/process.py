@@ -22,6 +22,14 @@ def setup_logging(level: str | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.getLogger("kafka.cluster").addFilter(_not_cancelled_at_close)
+
+
+def _not_cancelled_at_close(record: logging.LogRecord) -> bool:
+    """False for kafka-python's error about a metadata request that closing a client cancelled
+    (its close shuts the connections before the metadata refresh): a clean stop, not a fault."""
+    return not (record.levelno == logging.ERROR and isinstance(record.args, tuple)
+                and any(type(arg).__name__ == "Cancelled" for arg in record.args))
 
 
 def install_signal_handlers(stop_event: threading.Event) -> None:

@@ -141,7 +141,9 @@ def _make_preexec(parent_pid: int):
     return preexec
 
 
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``argv`` as a child that never outlives us (see the module docstring), its output
+    appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as logf:
         logf.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {shlex.join(argv)}\n".encode())
@@ -173,6 +175,22 @@ def _terminate(proc: subprocess.Popen | None, timeout: float) -> None:
     _signal_group(proc, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=timeout)
+
+
+def terminate_all(procs: list[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM every child's process group at once, SIGKILL what is left after ``timeout``
+    seconds in all, reap them."""
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -236,7 +254,7 @@ class ChildServer:
             if not fixed_port:
                 self.port = free_port(self.host)
             self._prepare()
-            self.proc = _spawn(self._argv(), self.log_path, self._env())
+            self.proc = spawn(self._argv(), self.log_path, self._env())
             register(self)
             try:
                 self._wait_ready()
