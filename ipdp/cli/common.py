@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -80,29 +81,38 @@ def check_kafka(kafka: KafkaSettings) -> None:
 
 
 @contextlib.contextmanager
-def stopped_by_signals() -> Iterator[None]:
-    """SIGTERM and SIGINT (Ctrl-C) raise KeyboardInterrupt where the command is, once, so its
-    ``finally`` blocks stop what it started and remove what it wrote; the CLI then exits with
-    status 130 and no traceback. A repeated signal (a second Ctrl-C) is noted, not raised, so
-    that cleanup runs to its end; what a first signal cuts short of it is finished at
-    interpreter exit (ipdp.embedded.children stops every child still registered)."""
-    received: list[int] = []
+def stop_on_signals(exit_status: int) -> Iterator[None]:
+    """Inside the block, SIGTERM and SIGINT (Ctrl-C) stop the command at once: the handler stops
+    every child process and runtime the command registered (ipdp.embedded.children: services
+    first, then the servers, whose directory goes with them) and exits with ``exit_status``.
+
+    Nothing is raised into the interrupted code: kafka-python at times runs its IO loop in the
+    calling thread and logs and drops an exception raised there, after which the command
+    would wait forever. A signal that comes while the handler stops is ignored (a second
+    Ctrl-C), so the stop runs to its end; it is bounded by the children's stop timeouts."""
+    from ipdp.embedded.children import stop_all_children  # never import in a signal handler
+
+    stopping = []
 
     def handler(signum: int, _frame: object) -> None:
-        received.append(signum)
-        if len(received) == 1:
-            raise KeyboardInterrupt
-        if len(received) == 2:
-            print("ipdp: stopping; every process it started is being stopped", file=sys.stderr,
-                  flush=True)
+        if stopping:
+            return
+        stopping.append(signum)
+        os.write(2, b"ipdp: stopping every process it started\n")
+        try:
+            stop_all_children()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):  # the interrupted code may hold it
+                    stream.flush()
+            os._exit(exit_status)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        if not received:  # else keep noting signals: the exit's own cleanup is still to run
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:

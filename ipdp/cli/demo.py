@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
-from ipdp.cli.common import UsageError, format_validation_error, stopped_by_signals
+from ipdp.cli.common import UsageError, format_validation_error, stop_on_signals
 from ipdp.errors import IpdpError
 
 if TYPE_CHECKING:
@@ -87,13 +87,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise UsageError(format_validation_error(exc)) from None
     if args.web:
-        with stopped_by_signals():
+        with stop_on_signals(exit_status=0):  # Ctrl-C is how a web demo ends
             return serve_web(study, args.port)
     devices = args.devices or args.n
     if devices < args.n:
         raise UsageError(f"--devices {devices} < --n {args.n}: a round needs n records and a "
                          "model is never published from fewer")
-    with stopped_by_signals():
+    with stop_on_signals(exit_status=130):
         return _simulate(args, study, devices, started)
 
 
@@ -198,10 +198,7 @@ def serve_web(study: Study, port: int | None) -> int:
                 "string); Ctrl-C stops everything and removes that directory:")
             print(f"{url}{DEMO_PATH}?study={quote(study.study_id, safe='')}"
                   f"&key={quote(owner.public_b64, safe='')}", flush=True)
-            try:
-                _report_models(rt.kafka_settings(), rt.topics, study.study_id, services, say)
-            except KeyboardInterrupt:
-                say("stopping …")
+            _report_models(rt.kafka_settings(), rt.topics, study.study_id, services, say)
     return 0
 
 
@@ -226,7 +223,10 @@ class Services:
 
     Each runs in its own session (a Ctrl-C reaches the demo only, which stops them in order)
     and dies with the demo even if it is SIGKILLed (ipdp.embedded.children). Leaving the
-    ``with`` block stops them all; so does interpreter exit, if a signal cut that short."""
+    ``with`` block stops them all; so does a signal (ipdp.cli.common.stop_on_signals), before
+    the runtime they use."""
+
+    stop_first = True
 
     def __init__(self, rt: EmbeddedRuntime, roles: tuple[str, ...], gateway_port: int | None,
                  **extra_env: str) -> None:

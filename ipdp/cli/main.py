@@ -107,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    from ipdp.process import setup_logging
-
-    setup_logging()
     try:
+        from ipdp.process import setup_logging
+
+        setup_logging()
         check_backends(args, backends_needed(args))
         return int(args.func(args) or 0)
     except BackendUnavailable as exc:

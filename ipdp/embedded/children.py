@@ -94,7 +94,8 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
 
 _PR_SET_PDEATHSIG = 1
 _LIVE: set[Any] = set()  # started servers / runtimes, stopped at interpreter exit
-_LIVE_LOCK = threading.Lock()
+# Re-entrant: a signal handler that stops everything may interrupt a register() in its thread.
+_LIVE_LOCK = threading.RLock()
 
 
 def register(obj: Any) -> None:
@@ -108,11 +109,15 @@ def unregister(obj: Any) -> None:
 
 
 @atexit.register
-def _stop_all_at_exit() -> None:
+def stop_all_children() -> None:
+    """Stop every started server, runtime and other registered owner of children (at
+    interpreter exit, and from a command's signal handler)."""
     with _LIVE_LOCK:
         live = list(_LIVE)
-    # Owners of other children first (a runtime stops its own servers and removes its directory).
-    for obj in sorted(live, key=lambda o: not getattr(o, "owns_children", False)):
+    # Clients of the servers first (``stop_first``: the services of a demo), then owners of
+    # other children (a runtime stops its own servers and removes its directory).
+    for obj in sorted(live, key=lambda o: (not getattr(o, "stop_first", False),
+                                           not getattr(o, "owns_children", False))):
         with contextlib.suppress(Exception):
             obj.stop()
 

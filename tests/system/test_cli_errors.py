@@ -62,7 +62,7 @@ def test_a_command_imports_only_what_it_uses(argv, leaves_out):
 ])
 def test_a_flag_typo_shows_the_usage_of_the_command_it_was_given_to(argv, usage, message):
     proc = ipdp(*argv)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert err.startswith(usage), err
     assert message in err and "Traceback" not in err
