@@ -26,7 +26,7 @@ from kafka.errors import KafkaError, OffsetOutOfRangeError
 from aggregator import fetch
 from aggregator.fetch import Polled
 from aggregator.fold import Folder, FoldResult
-from aggregator.logs import LogGuard, Pause
+from aggregator.logs import PAUSE_REASONS, LogGuard, Pause
 from aggregator.settings import AggregatorSettings
 from aggregator.validate import Rejection
 from ipdp import metrics, state
@@ -40,6 +40,7 @@ from ipdp.settings import (
     TopicSettings,
     TrustSettings,
 )
+from ipdp.wire import DEAD_LETTER_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +345,13 @@ def cmd_run(args) -> int:
     """Entry point of `ipdp aggregator run`."""
     kafka, redis_settings, topics = KafkaSettings(), RedisSettings(), TopicSettings()
     settings = AggregatorSettings()
-    metrics.serve(MetricsSettings())
+    metrics.serve(MetricsSettings(), "aggregator")
+    metrics.start_at_zero(metrics.RECORDS_DEAD_LETTERED,
+                          *((reason.value,) for reason in DEAD_LETTER_REASONS))
+    metrics.start_at_zero(metrics.PARTITION_PAUSES, *((reason,) for reason in PAUSE_REASONS))
+    metrics.start_studies_reader_at_zero("aggregator", topic_values=False)
+    metrics.start_backends_at_zero(("kafka", "poll"), ("kafka", "commit"), ("kafka", "end_offsets"),
+                                   ("kafka", "dead_letter"), ("redis", "fold"))
     agg = Aggregator(kafka, redis_settings, topics, settings)
     install_signal_handlers(agg.stop_event)
     log.info("aggregator: group %s, topic %s", settings.group, topics.records)

@@ -35,7 +35,7 @@ guarantees (bench.accuracy_data).
   features get N(0, σ²I) once, labels stay in the clear, and T projected gradient steps run on the
   perturbed data, σ² = c·G²·T·log(1/δ)/(n(n−1)√Δ·ε²) (`kang2020_sigma`, `kang2020_descent`).
   For replace-one the released w is, on a simple pair of data sets, a Gaussian mechanism with
-  μ = 2√λ/σ (docs/benchmarks.md), so their claim needs c to grow like n²; `kang2020_proof_c`
+  μ = 2√λ/σ (docs/benchmarks/accuracy.md), so their claim needs c to grow like n²; `kang2020_proof_c`
   gives the least c that pair allows.
 """
 

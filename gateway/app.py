@@ -34,13 +34,23 @@ from starlette.routing import Route
 
 from gateway.batcher import ContainerRefused, GroupCommit
 from gateway.checks import HTTP_STATUS, first_rejection
+from gateway.client_address import FORWARDED_FOR, trusted_proxies
 from gateway.credentials import DeviceCredentials
 from gateway.openapi import openapi_document
 from gateway.producer_process import ProducerExited, ProducerProcess
 from gateway.settings import GatewaySettings
 from gateway.web import web_directory, web_routes
 from ipdp.credentials import AUTH_SCHEME, Credential, CredentialRefused
-from ipdp.metrics import GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED, GATEWAY_REQUESTS
+from ipdp.metrics import (
+    GATEWAY_RECORDS_ACCEPTED,
+    GATEWAY_RECORDS_REJECTED,
+    GATEWAY_REFUSALS,
+    GATEWAY_REQUEST_SECONDS,
+    GATEWAY_REQUESTS,
+    role_registry,
+    start_at_zero,
+    start_studies_reader_at_zero,
+)
 from ipdp.settings import KafkaSettings, RecordWindowSettings, TopicSettings, TrustSettings
 from ipdp.studies_topic import StudiesFollower
 from ipdp.study import Study, StudyStatus
@@ -176,12 +186,11 @@ def settle_heap() -> None:
 
     Every request leaves a few reference cycles (its task, futures, protocol callbacks), so
     CPython collects often, and each full collection walks every object the worker holds: some
-    85,000 after its imports (numpy, scipy, pydantic, kafka-python), for tens of milliseconds
-    with the event loop stopped. That was most of the gateway's p99 latency (about 50 ms) and
-    some 10 µs of its 70 µs of CPU per request (docs/benchmarks.md). Everything alive once the
-    producer is connected lives as long as the worker, so it is moved out of the collector's
-    sight (:func:`gc.freeze`), and the youngest generation is collected less often; cycles are
-    still collected, so memory stays bounded.
+    85,000 after its imports (numpy, scipy, pydantic, kafka-python), with the event loop
+    stopped: that was most of the gateway's p99 latency under load (docs/architecture.md).
+    Everything alive once the producer is connected lives as long as the worker, so it is moved
+    out of the collector's sight (:func:`gc.freeze`), and the youngest generation is collected
+    less often; cycles are still collected, so memory stays bounded.
     """
     gc.collect()
     gc.freeze()
@@ -202,6 +211,10 @@ class Gateway:
         # pinned owner keys (IPDP_TRUSTED_STUDY_KEYS); GET /studies/{id} serves only verified ones.
         # Each study's norm bounds are computed as the follower reads it (the first imports
         # scipy.stats, about a second), so no request waits for them.
+        start_at_zero(GATEWAY_REFUSALS, *((reason.value,) for reason in HTTP_STATUS))
+        start_at_zero(GATEWAY_RECORDS_REJECTED, *((reason.value,) for reason, status
+                                                  in HTTP_STATUS.items() if status != 503))
+        start_studies_reader_at_zero("gateway")
         self.studies = StudiesFollower(
             kafka, topics, trusted=TrustSettings().study_keys(),
             prepare=lambda study: study.norm_bounds)
@@ -209,6 +222,8 @@ class Gateway:
         self.window = RecordWindowSettings().window()
         self.credentials = DeviceCredentials(TrustSettings().credential_keys())
         self.producer = None
+        #: The reverse proxies whose X-Forwarded-For names the client (IPDP_GATEWAY_TRUSTED_PROXIES).
+        self.proxies = trusted_proxies(settings.trusted_proxies or "")
         self.limiter = (RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
                         if settings.rate_limit_per_s > 0 else None)
         self.batcher = GroupCommit(topics.records, lambda: self.producer,
@@ -249,7 +264,7 @@ class Gateway:
             "linger_ms": 0,
             # kafka-python's own metrics (sensors updated on every produce request and
             # response) are read by nothing here: ipdp's are Prometheus'. Off, its I/O thread
-            # spends some 9 % less CPU per container (docs/benchmarks.md).
+            # spends less CPU per container.
             "metrics_enabled": False,
             "max_request_size": max(self.settings.max_message_bytes + 1024, 1 << 20),
         }
@@ -378,10 +393,18 @@ def _credential_refusal(refusal: CredentialRefused, records: int = 0) -> Refusal
 
 
 def _refused(refusal: Refusal) -> Response:
-    """A Refusal's JSON answer; its records counted as rejected (a 503 rejects none)."""
+    """A Refusal's JSON answer, counted by reason; its records counted as rejected (a 503
+    rejects none)."""
+    _refusals_counter(refusal.reason).inc()
     if refusal.records and refusal.status != 503:
         GATEWAY_RECORDS_REJECTED.labels(refusal.reason).inc(refusal.records)
     return refusal.response()
+
+
+@cache
+def _refusals_counter(reason: str):
+    """The labelled ``GATEWAY_REFUSALS`` child (looked up once, not per request)."""
+    return GATEWAY_REFUSALS.labels(reason)
 
 
 @cache
@@ -420,6 +443,7 @@ class RecordsEndpoint:
         self.gw = gw
 
     async def __call__(self, scope, receive, send) -> None:
+        started = time.perf_counter()
         try:
             admitted = admit(self.gw, scope)
             body = await self.gw.read_body(admitted.declared, receive)
@@ -429,16 +453,18 @@ class RecordsEndpoint:
         except Refusal as refusal:
             response = _refused(refusal)
         _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
+        GATEWAY_REQUEST_SECONDS.observe(time.perf_counter() - started)
         await response(scope, receive, send)
 
     def answer(self, scope, body: bytes, respond: Callable[[Response], None]) -> None:
         """The same request, its body already read, without a coroutine: ``respond`` is called
         with the answer once Kafka settled the records (the HTTP protocol's device lane,
         gateway.protocol; the answer, the metrics and the refusals are the ASGI path's)."""
-        gw = self.gw
+        gw, started = self.gw, time.perf_counter()
 
         def finish(response: Response) -> None:
             _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
+            GATEWAY_REQUEST_SECONDS.observe(time.perf_counter() - started)
             respond(response)
 
         try:
@@ -480,14 +506,7 @@ def admit(gw: Gateway, scope) -> Admitted:
     """The client's rate, the study open, the headers and the device credential; Refusal
     otherwise."""
     study_id = scope["path_params"]["study_id"]
-    if gw.limiter is not None:
-        client = scope.get("client")
-        if not gw.limiter.allow(client[0] if client else "unknown"):
-            raise Refusal(RejectReason.RATE_LIMITED, f"more than {gw.settings.rate_limit_per_s:g} "
-                          "requests per second from this client",
-                          headers={"Retry-After": str(gw.limiter.retry_after_s())})
-    study = gw.study_for(study_id, open_only=True).study
-    content_type, declared, authorization = b"", None, None
+    content_type, declared, authorization, forwarded_for = b"", None, None, None
     for name, value in scope["headers"]:
         if name == b"content-type":
             content_type = value
@@ -495,6 +514,16 @@ def admit(gw: Gateway, scope) -> Admitted:
             declared = value
         elif name == b"authorization":
             authorization = value
+        elif name == FORWARDED_FOR:
+            forwarded_for = value
+    if gw.limiter is not None:
+        peer = scope.get("client")
+        client = gw.proxies.client(peer[0] if peer else "unknown", forwarded_for)
+        if not gw.limiter.allow(client):
+            raise Refusal(RejectReason.RATE_LIMITED, f"more than {gw.settings.rate_limit_per_s:g} "
+                          "requests per second from this client",
+                          headers={"Retry-After": str(gw.limiter.retry_after_s())})
+    study = gw.study_for(study_id, open_only=True).study
     credential = gw.admit_credential(authorization, study)
     media = content_type.decode("latin-1").split(";")[0].strip().lower()
     if media not in (OCTET_STREAM, JSON_TYPE):
@@ -539,7 +568,7 @@ async def readyz(gw: Gateway, request: Request) -> Response:
 
 
 async def metrics(gw: Gateway, request: Request) -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(role_registry("gateway")), media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi(gw: Gateway, request: Request) -> Response:

@@ -11,26 +11,28 @@ exhaust the file descriptors. This subclass adds, per worker:
   ``request_timeout`` if the request had begun, then the connection is closed;
 - a connection cap (``max_connections``) and a cap per client address
   (``max_connections_per_client``): a connection above either is closed as soon as it is
-  accepted, so one client's flood costs that client, not the other devices.
+  accepted, so one client's flood costs that client, not the other devices. A trusted proxy
+  (``trusted_proxies``, gateway.client_address) is held to the first cap only: it carries many
+  clients' connections and caps each client's itself.
 
 The idle keep-alive timeout is uvicorn's own (``timeout_keep_alive``). The per-client request
 rate is the app's (``gateway.app.RateLimiter``), as it answers 429 with Retry-After.
 
 The deadlines are not timers: arming one per request and cancelling it cost two timer handles per
-request, some 3 µs on the device path. A connection notes when its deadline falls, and one sweep
+request on the device path. A connection notes when its deadline falls, and one sweep
 per server (every quarter of the shorter timeout, at most every second) closes the connections
 past theirs; so a timeout fires up to a quarter of itself (at most 1 s) late.
 
 It also writes a response's head together with its body: uvicorn writes each at once, and uvloop
 sends each write straight to the socket, so a device's 202 cost two send(2) calls, each as dear
-as the request's own checks and hand-off on loopback (docs/benchmarks.md).
+as the request's own checks and hand-off on loopback (docs/architecture.md).
 
 **The device lane.** An app may offer ``device_lane(scope)``: for the requests it takes (the
 gateway's ``POST /studies/{id}/records``), a function ``answer(scope, body, respond)`` that the
 protocol calls once the body is in, and that calls ``respond(response)`` when the answer is
 known. Such a request runs no ASGI task: uvicorn's task, its receive and send coroutines and
-their messages cost some 19 µs a request here, half of what a bare endpoint costs in all
-(docs/benchmarks.md). The protocol writes the answer, with uvicorn's default headers, and then
+their messages are a large share of what a bare endpoint costs per request
+(docs/architecture.md). The protocol writes the answer, with uvicorn's default headers, and then
 completes the request as uvicorn's own send does (keep-alive, the next pipelined request, the
 keep-alive timer). The lane takes only what it can hold without flow control: a declared
 Content-Length up to uvicorn's read high-water mark, no Transfer-Encoding, no ``Expect:
@@ -53,7 +55,9 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from gateway.checks import HTTP_STATUS
+from gateway.client_address import trusted_proxies
 from gateway.settings import GatewaySettings
+from ipdp.metrics import GATEWAY_CONNECTIONS, GATEWAY_CONNECTIONS_REFUSED
 from ipdp.wire import RejectReason
 
 __all__ = ["BoundedHttpToolsProtocol"]
@@ -66,6 +70,9 @@ _PHRASES = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 _PER_CLIENT: weakref.WeakKeyDictionary[object, Counter[str]] = weakref.WeakKeyDictionary()
 #: The deadline sweep of each server with open connections (see the module docstring).
 _SWEEPS: weakref.WeakKeyDictionary[object, asyncio.TimerHandle] = weakref.WeakKeyDictionary()
+#: Connections closed at once, by the cap they were above.
+_REFUSED_TOTAL = GATEWAY_CONNECTIONS_REFUSED.labels("max_connections")
+_REFUSED_PER_CLIENT = GATEWAY_CONNECTIONS_REFUSED.labels("max_connections_per_client")
 #: The longest time between two sweeps.
 _SWEEP_MAX_S = 1.0
 
@@ -90,17 +97,25 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         host = self.client[0] if self.client else ""
-        if (len(self.connections) > self.limits.max_connections
-                or self._per_client[host] >= self.limits.max_connections_per_client):
+        if len(self.connections) > self.limits.max_connections:
+            _REFUSED_TOTAL.inc()
+            transport.abort()
+            return
+        # A trusted proxy carries many clients' connections, and caps each client's itself.
+        if (self._per_client[host] >= self.limits.max_connections_per_client
+                and host not in trusted_proxies(self.limits.trusted_proxies or "")):
+            _REFUSED_PER_CLIENT.inc()
             transport.abort()
             return
         self._host = host
         self._per_client[host] += 1
+        GATEWAY_CONNECTIONS.inc()
         self._arm(self.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._host is not None:
+            GATEWAY_CONNECTIONS.dec()
             self._per_client[self._host] -= 1
             if not self._per_client[self._host]:
                 del self._per_client[self._host]

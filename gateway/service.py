@@ -21,8 +21,10 @@ def uvicorn_options(settings: GatewaySettings) -> dict:
     """The uvicorn options every gateway server uses (`ipdp gateway` and the tests alike).
 
     Access logs are off: the metrics count requests, and a log line per request would cost more
-    than the request's own checks. Proxy headers are off: the client address the rate limit and
-    the connection caps key on is the peer's, never a header's (docs/operations.md).
+    than the request's own checks. uvicorn's proxy headers are off: its middleware rewrites the
+    client address of requests that pass through the ASGI app, and the device lane does not
+    (gateway.protocol); the client address the rate limit keys on comes from
+    gateway.client_address instead, which believes X-Forwarded-For from trusted proxies only.
     """
     return {"host": settings.host, "port": settings.port, "access_log": False,
             "log_level": "warning", "server_header": False, "proxy_headers": False,

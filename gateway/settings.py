@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.client_address import TrustedProxies
 
 
 class GatewaySettings(BaseSettings):
@@ -60,7 +62,20 @@ class GatewaySettings(BaseSettings):
     max_connections_per_client: int = Field(
         256, ge=1,
         description="Open connections per client address and worker; a connection above it is "
-        "closed at once, so one client cannot take every connection.")
+        "closed at once, so one client cannot take every connection. A trusted proxy's "
+        "connections count against max_connections only (the proxy caps its clients').")
+    trusted_proxies: str | None = Field(
+        None,
+        description="Comma-separated addresses or networks (CIDR) of the reverse proxies in "
+        "front of the gateway: from those peers only, the client address the rate limit keys "
+        "on is the rightmost X-Forwarded-For address that is not a trusted proxy. Unset: the "
+        "header is never believed, every client is its peer address.")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_parse(cls, value: str | None) -> str | None:
+        TrustedProxies(value or "")
+        return value
     web_dir: str | None = Field(
         None, description="Directory served at /web/ (the browser contributor's page). Unset: "
         "this checkout's producer/web/dist once built; empty: no page.")

@@ -1,6 +1,8 @@
 """The published model: one JSON message per (study, round) on the models topic.
 
-It carries the weights and the privacy report, never A, b or any record. Its Kafka key is
+It carries the weights and the privacy report, never A, b or any record, and the study's schema
+when it has one (ipdp.schema): the weights are in the schema's encoded space, and the schema is
+what maps them back to raw units (ipdp.model), so it is signed with them. Its Kafka key is
 `{study_id}:{round}` so a consumer (and a compacted topic) can drop a repeat.
 
 A trainer with a signing key (IPDP_TRAINER_SIGNING_KEY) publishes it inside a signed envelope,
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ipdp.accounting import Composed
 from ipdp.calibration import Calibration
 from ipdp.errors import MalformedValue, SignatureError
+from ipdp.schema import Schema
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
 
@@ -60,7 +63,11 @@ class PrivacyReport(BaseModel):
     composed_epsilon: float | None = Field(
         None, description="ε of rounds 1 … rounds_composed together, for a device that "
         "contributed one record to each; None: no finite ε at composed_delta.")
-    composed_delta: float | None = None
+    composed_delta: float | None = Field(
+        None, description="δ at which composed_epsilon holds: the study's budget δ if it has "
+        "one, else δ for round 1 (the round's own guarantee) and (r + 1)·δ for r ≥ 2 rounds "
+        "(r·δ is what the rounds' δ add up to; one δ more buys a smaller ε), at most 0.5 "
+        "(docs/accounting.md).")
     rounds_composed: int | None = None
     composition: str | None = Field(None, description="The composition theorem applied.")
 
@@ -68,9 +75,6 @@ class PrivacyReport(BaseModel):
     def from_calibration(cls, cal: Calibration, composed: Composed | None = None) -> PrivacyReport:
         """Copy the guarantee-bearing fields of a calibration, and the composed guarantee."""
         fields = cal.model_dump(include=set(cls.model_fields))
-        # The deployed mechanism's δ: the calibration's and the norm check's share.
-        fields["delta"] = cal.guaranteed_delta
-        fields["delta_split"] = cal.guaranteed_delta_split
         if composed is not None:
             fields |= {"composed_epsilon": composed.epsilon, "composed_delta": composed.delta,
                        "rounds_composed": composed.rounds, "composition": composed.composition}
@@ -80,7 +84,9 @@ class PrivacyReport(BaseModel):
 class ModelMessage(BaseModel):
     """A model trained on exactly n records of one closed round."""
 
-    model_config = ConfigDict(frozen=True)
+    # `schema_` because BaseModel has a `schema` method; its JSON name is "schema".
+    model_config = ConfigDict(frozen=True, validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
 
     version: int = MESSAGE_VERSION
     study_id: str
@@ -91,6 +97,8 @@ class ModelMessage(BaseModel):
     weights: list[float]
     constraint_active: bool = Field(description="True when ‖w‖ = η binds.")
     privacy: PrivacyReport
+    schema_: Schema | None = Field(None, alias="schema", description="The study's schema: "
+                                   "the weights' coordinates, and their map to raw units.")
     round_closed_ms: int
     published_ms: int
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ipdp.calibration import Calibration
+from ipdp.sample_size import SampleSize
 
 
 def table(rows: list[tuple[str, str]], title: str | None = None) -> str:
@@ -23,9 +24,9 @@ def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
     rows = [
         ("mode", f"{cal.mode} ({'proven' if cal.proven else 'NOT proven: for reproducing the paper'})"),
         ("neighbouring data sets", cal.neighbouring),
-        ("central (ε, δ)", (f"({fmt(cal.epsilon)}, {fmt(cal.guaranteed_delta)})  — δ = "
-                            f"{fmt(cal.delta)} from the calibration + "
-                            f"{fmt(cal.norm_check_delta)} from the aggregator's norm check")),
+        ("central (ε, δ)", (f"({fmt(cal.epsilon)}, {fmt(cal.delta)})  — δ = "
+                            f"{fmt(cal.mechanism_delta)} for the noise (Steps 1–7) + "
+                            f"{fmt(cal.norm_check_delta)} for the aggregator's norm check")),
         ("n, d", f"{cal.n}, {cal.d}"),
         ("λ, P, η", f"{fmt(cal.lam)}, {fmt(cal.p_bound)}, {fmt(cal.eta)}"),
         ("ζ = λη + P", fmt(cal.zeta)),
@@ -47,18 +48,60 @@ def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
     rows += [
         ("linear sensitivity", fmt(cal.linear_sensitivity)),
         ("ε split", _split(cal.epsilon_split)),
-        ("δ split", _split(cal.guaranteed_delta_split)),
+        ("δ split", _split(cal.delta_split)),
     ]
-    local = (f"({fmt(cal.local_epsilon, 5)}, {fmt(cal.local_delta)})  — each record alone is "
-             "only weakly protected; the central guarantee is the one to quote")
+    local = (f"({fmt(cal.local_epsilon, 5)}, {fmt(cal.local_delta)})  — "
+             f"{local_protection(cal.local_epsilon)}")
     rows.append(("local (ε, δ) of one record", local))
     return rows
+
+
+LOCAL_EPSILON_STRONG = 1.0
+"""A local ε at most this protects a record on its own about as well as a central ε of 1."""
+LOCAL_EPSILON_WEAK = 10.0
+"""Past this local ε a record on its own is barely protected: e^ε > 20,000."""
+
+
+def local_protection(local_epsilon: float | None) -> str:
+    """What the local ε of one record means, in words that follow its value (docs/security.md)."""
+    if local_epsilon is not None and local_epsilon <= LOCAL_EPSILON_STRONG:
+        return "each record alone is well protected too (local ε ≤ 1)"
+    if local_epsilon is not None and local_epsilon <= LOCAL_EPSILON_WEAK:
+        return ("each record alone is moderately protected (1 < local ε ≤ 10); the central "
+                "guarantee is the one to quote")
+    return ("each record alone is only weakly protected (local ε > 10): guard the records topic "
+            "and Redis like raw data; the central guarantee is the one to quote")
+
+
+def sample_size_rows(size: SampleSize, n: int) -> list[tuple[str, str]]:
+    """The model's predicted error against the zero model's, and the least n predicted useful."""
+    name, zero = (("D", "1") if size.loss == "logistic"
+                  else ("R", f"μη² = {fmt(size.zero_model_error, 4)}"))
+    least = ("none up to 2^40" if size.least_useful_n is None
+             else f"{size.least_useful_n:,}")
+    against = f"{name} is {100 * size.relative_error:.3g} % of the zero model's ({zero})"
+    useful = (f"{least}  — the least n whose predicted error is at most "
+              f"{100 * (1 - size.margin):.3g} % of the zero model's (public parameters only; "
+              f"n = {n:,} is {'above' if size.useful else 'BELOW'} it)")
+    return [("predicted error against w = 0", against),
+            (f"least useful n (margin {fmt(size.margin, 3)})", useful)]
+
+
+def sample_size_warning(size: SampleSize, n: int) -> str | None:
+    """What `study create` says when the study's n is predicted too small, else None."""
+    if size.useful:
+        return None
+    need = ("no n up to 2^40" if size.least_useful_n is None
+            else f"n ≥ {size.least_useful_n:,}")
+    return (f"WARNING: at n = {n:,} the model's predicted error is {100 * size.relative_error:.3g} % "
+            f"of the zero model's (w = 0); beating it by the margin {fmt(size.margin, 3)} needs "
+            f"{need} (docs/privacy.md, \"The n a study needs\")")
 
 
 def _split(parts: dict[str, float]) -> str:
     return ", ".join(f"{k}={fmt(v, 4)}" for k, v in parts.items())
 
 
-def calibration_table(cal: Calibration) -> str:
-    """`ipdp calibrate`'s human output."""
-    return table(calibration_rows(cal), title="ipdp calibration")
+def calibration_table(cal: Calibration, more: list[tuple[str, str]] | None = None) -> str:
+    """`ipdp calibrate`'s human output, with `more` rows at the end."""
+    return table(calibration_rows(cal) + (more or []), title="ipdp calibration")

@@ -83,6 +83,10 @@ class RejectReason(enum.StrEnum):
     BAD_REQUEST = "bad_request"
 
 
+#: The reasons the aggregator dead-letters a record for (the members before ``TOO_LARGE``).
+DEAD_LETTER_REASONS = tuple(RejectReason)[:list(RejectReason).index(RejectReason.TOO_LARGE)]
+
+
 class MalformedRecord(ValueError):
     """A value that is not a well-formed record; ``reason`` says why, ``detail`` says how."""
 

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka import TopicPartition
-from prometheus_client import REGISTRY
 
 from aggregator.fold import Folder
 from aggregator.service import Aggregator
@@ -23,6 +22,7 @@ from ipdp import state
 from ipdp.calibration import record_norm_bounds
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.losses import prepare
+from ipdp.metrics import EVERY_METRIC
 from ipdp.redis_io import redis_client
 from ipdp.study import Study
 from ipdp.wire import (
@@ -289,7 +289,7 @@ def _dead_letters(kafka, topic: str, expect: int, timeout_s: float = 30.0) -> li
 
 
 def _dead_lettered(reason: str) -> float:
-    return REGISTRY.get_sample_value("ipdp_records_dead_lettered_total", {"reason": reason}) or 0
+    return EVERY_METRIC.get_sample_value("ipdp_records_dead_lettered_total", {"reason": reason}) or 0
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ rate limit."""
 from __future__ import annotations
 
 import json
+import random
 import socket
 import time
 from contextlib import ExitStack
@@ -12,9 +13,11 @@ from contextlib import ExitStack
 import pytest
 
 from gateway.settings import GatewaySettings
+from ipdp.metrics import EVERY_METRIC
 from ipdp.study import Study
 from ipdp.wire import decode_record
 from producer.gateway_client import GatewayClient
+from producer.retry import RetryPolicy, parse_retry_after
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import D, known, records
 from tests.pipeline import create
@@ -169,3 +172,56 @@ def test_the_rate_limit_is_on_by_default(kafka_settings, redis_settings, topics)
                         for r in records(study, defaults.rate_limit_burst + 5)]
     assert statuses.count(202) >= defaults.rate_limit_burst
     assert statuses[-1] == 429
+
+
+def test_a_device_sends_its_refused_record_again_after_retry_after(
+        kafka_settings, redis_settings, topics):
+    study = create(kafka_settings, redis_settings, topics, study_id="limits-retry", d=D,
+                   n=1000, epsilon=1.0, delta=0.01)
+    # One request a second, no burst: every second device of this address is refused at first.
+    with running_gateway(kafka_settings, topics, rate_limit_per_s=1.0,
+                         rate_limit_burst=1) as url:
+        known(url, study.study_id)
+        sent = records(study, 3)
+        with GatewayClient(url) as c:
+            refused = c.post_records(study.study_id, sent[0])
+            refused = c.post_records(study.study_id, sent[1])
+            assert refused.status == 429 and refused.retry_after_s == 1.0
+            answers = [c.send_record(study.study_id, r) for r in sent[1:]]
+            # Without a retry policy the first answer stands.
+            assert c.post_records(study.study_id, records(study, 1)[0]).status == 429
+    assert [a.status for a in answers] == [202, 202]
+
+
+def test_a_device_gives_up_after_its_tries_with_the_last_refusal(
+        kafka_settings, redis_settings, topics):
+    study = create(kafka_settings, redis_settings, topics, study_id="limits-give-up", d=D,
+                   n=1000, epsilon=1.0, delta=0.01)
+    # A token every 20 s: the tries below, each waiting at most 15 ms, all meet an empty bucket.
+    with running_gateway(kafka_settings, topics, rate_limit_per_s=0.05,
+                         rate_limit_burst=1) as url:
+        known(url, study.study_id)
+        with GatewayClient(url) as c:
+            assert c.send_record(study.study_id, records(study, 1)[0]).status == 202
+            before = refusals("rate_limited")
+            answer = c.send_record(study.study_id, records(study, 1)[0],
+                                   retry=RetryPolicy(max_attempts=3, max_wait_s=0.01))
+    assert (answer.status, answer.error, answer.retry_after_s) == (429, "rate_limited", 20.0)
+    assert refusals("rate_limited") == before + 3
+
+
+def refusals(reason: str) -> float:
+    return EVERY_METRIC.get_sample_value("ipdp_gateway_refusals_total", {"reason": reason}) or 0
+
+
+def test_a_retry_waits_the_servers_delay_or_a_doubling_backoff_stretched_by_jitter():
+    policy = RetryPolicy(max_attempts=3, backoff_s=0.01, max_wait_s=0.05, jitter=0.5)
+    waits = [policy.wait_s(k, None, random.Random(k)) for k in (1, 2, 3)]
+    assert 0.01 <= waits[0] <= 0.015 and 0.02 <= waits[1] <= 0.03
+    assert waits[2] <= 0.05 * 1.5, "a wait is at most max_wait_s, stretched by the jitter"
+    assert policy.wait_s(1, 120.0, random.Random(1)) <= 0.05 * 1.5
+    assert parse_retry_after("2") == 2.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert parse_retry_after("-1") is None
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)

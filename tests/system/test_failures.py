@@ -19,7 +19,6 @@ import uuid
 
 import numpy as np
 import pytest
-from prometheus_client import REGISTRY
 
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
@@ -28,6 +27,7 @@ from bench.soak import closed_rounds
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import ensure_topics, kafka_consumer
+from ipdp.metrics import EVERY_METRIC
 from ipdp.model_message import model_key
 from ipdp.redis_io import redis_client
 from ipdp.settings import KafkaSettings, RedisSettings, TopicSettings
@@ -59,7 +59,7 @@ def assert_clean_fold(redis_settings, study, q: np.ndarray, p: np.ndarray) -> No
 
 
 def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    return EVERY_METRIC.get_sample_value(name, labels) or 0.0
 
 
 class Feeder:
