@@ -1,5 +1,5 @@
-"""`ipdp bench accuracy|throughput|credentials|devices`, `ipdp soak` and `ipdp audit`: bench/,
-which prints tables."""
+"""`ipdp bench accuracy|throughput|credentials|devices|flood`, `ipdp soak` and `ipdp audit`:
+bench/, which prints tables."""
 
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ def add_commands(sub: argparse._SubParsersAction, words: list[str] | None = None
         "devices", help="One record per request, driven by wrk: the gateway against a bare "
         "Starlette endpoint.")
     flags(p, "devices", "run", "bench", "devices", docstring_is_description=True)
+    p = kinds.add_parser(
+        "flood", help="Floods against a live gateway and aggregator: re-sent records (and "
+        "connections), with honest devices alongside.")
+    flags(p, "flood", "run", "bench", "flood", docstring_is_description=True)
     p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times; check invariants.")
     flags(p, "soak", "run", "soak")
     p = sub.add_parser(

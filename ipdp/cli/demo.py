@@ -284,9 +284,9 @@ class Services:
         self.directory = Path(rt.directory)
         self.env = {**rt.env(), "IPDP_METRICS_PORT": "0", **extra_env}
         if gateway_port is not None:
-            # One loopback address plays every device: no per-client rate limit on this gateway.
+            # One loopback address plays every device: a relay, with the relay allowance.
             self.env.update(IPDP_GATEWAY_HOST="127.0.0.1", IPDP_GATEWAY_PORT=str(gateway_port),
-                            IPDP_GATEWAY_RATE_LIMIT_PER_S="0")
+                            IPDP_GATEWAY_RELAY_ADDRESSES="127.0.0.1")
         self.roles = roles
         self.procs: dict[str, subprocess.Popen] = {}
 
