@@ -210,6 +210,8 @@ def cmd_study_show(args: argparse.Namespace) -> int:
          if study.require_credentials else "not required"),
         ("rounds published", str(info["rounds_published"])),
         ("open round", "none yet" if o is None else f"{o['round']}: {o['count']}/{study.n}"),
+        ("schema", "none: devices send an encoded (x, y)" if study.schema_ is None
+         else schema_text(study.schema_)),
         ("Δ_in given", "mode default" if study.delta_in is None else fmt(study.delta_in)),
         ("signed by", f"key {info['key_id']}" if info["key_id"] else "nobody (unsigned)"),
         ("study hash", study.hash.hex()),
@@ -218,6 +220,17 @@ def cmd_study_show(args: argparse.Namespace) -> int:
     print()
     print(table(calibration_rows(cal), title="calibration"))
     return 0
+
+
+def schema_text(schema) -> str:
+    """`age [21, 35], income [0, 1e+05] → weeks [0, 52], with an intercept`: one line."""
+    from ipdp.report import fmt
+
+    t = schema.target
+    target = (f"{t.name} ({' or '.join(t.classes)})" if t.is_class
+              else f"{t.name} [{fmt(t.min)}, {fmt(t.max)}]")
+    features = ", ".join(f"{f.name} [{fmt(f.min)}, {fmt(f.max)}]" for f in schema.features)
+    return f"{features} → {target}, {'with' if schema.intercept else 'without'} an intercept"
 
 
 def cmd_study_close(args: argparse.Namespace) -> int:
