@@ -71,19 +71,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def add_margin_flag(p: argparse.ArgumentParser) -> None:
-    from ipdp.sample_size import DEFAULT_MARGIN
-
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, metavar="M",
+    # No default here: ipdp.sample_size imports the calibration, which building the parser
+    # must not (`ipdp --help` would import numpy).
+    p.add_argument("--margin", type=float, default=None, metavar="M",
                    help="A useful model is predicted to have at most 1 − M of the zero model's "
-                   f"error; the least n that gives it is printed (default {DEFAULT_MARGIN}).")
+                   "error; the least n that gives it is printed (default: "
+                   "ipdp.sample_size.DEFAULT_MARGIN, 0.5).")
 
 
-def _sample_size(study, margin: float):
+def _sample_size(study, margin: float | None):
     from ipdp.errors import CalibrationError
-    from ipdp.sample_size import for_study
+    from ipdp.sample_size import DEFAULT_MARGIN, for_study
 
     try:
-        return for_study(study, margin)
+        return for_study(study, DEFAULT_MARGIN if margin is None else margin)
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
 
