@@ -422,7 +422,8 @@ def _parse_group(
     word 0 holds version, reserved bytes and d, so one comparison checks all three; q̃ and p̃ are
     float64 views of words 6.. (no copy). A row's squared norm is finite only if every value in
     it is, so the norms the validator needs also decide finiteness; only rows that fail either
-    check are looked at one by one, in the order version, reserved bytes, d, finite values.
+    check are looked at again (:func:`_row_errors`, as arrays), in the order version, reserved
+    bytes, d, finite values.
     """
     if joined is None:
         joined = b"".join([bufs[i] for i in idx.tolist()])
