@@ -36,7 +36,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import queue
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from typing import Self
 
 import numpy as np
 
-from bench.gateway_load import cpu_seconds, request_bodies
+from bench.gateway_load import cpu_seconds, post_all, request_bodies
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
@@ -163,31 +162,6 @@ class HonestDevices:
             t.join(timeout=60)
 
 
-def _post_all(url: str, study: Study, bodies: list[bytes], connections: int) -> None:
-    """POST ``bodies`` over ``connections`` keep-alive connections; every one must be 202."""
-    work: queue.Queue[bytes | None] = queue.Queue()
-    for b in bodies:
-        work.put(b)
-    for _ in range(connections):
-        work.put(None)
-    refused: list[int] = []
-
-    def client() -> None:
-        with GatewayClient(url) as c:
-            while (body := work.get()) is not None:
-                answer = c.post_records(study.study_id, body)
-                if answer.status != 202:
-                    refused.append(answer.status)
-
-    threads = [threading.Thread(target=client) for _ in range(connections)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if refused:
-        raise RuntimeError(f"the gateway refused {len(refused)} requests: {sorted(set(refused))}")
-
-
 def _merged(phases: list[HonestDevices]) -> dict:
     """The honest devices' figures over several phases of one kind."""
     lat = sorted(x for h in phases for x in h.latencies)
@@ -235,7 +209,7 @@ def measure_resend(records: int = 100_000, *, per_request: int = 1000, connectio
             """POST ``bodies``; the time to the last 202 and until ``done()``."""
             agg_cpu0 = cpu_seconds(agg.pid)
             t0 = time.perf_counter()
-            _post_all(url, flood, bodies, connections)
+            post_all(url, flood.study_id, bodies, connections)
             posted = time.perf_counter()
             end = _wait(what, done, alive)
             return {"seconds": end - t0, "posted_seconds": posted - t0,
