@@ -29,7 +29,7 @@ from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.settings import RecordWindowSettings, TopicSettings
 from ipdp.study import Study
-from ipdp.wire import container_of, record_size
+from ipdp.wire import container_count, container_of, record_size
 from producer.contributor import perturb_records
 from producer.gateway_client import GatewayClient
 
@@ -114,7 +114,7 @@ def _bare_consume(kafka, topic: str, records: int) -> float:
         while got < records and time.monotonic() < deadline:
             for msgs in consumer.poll(timeout_ms=500).values():
                 first = first or time.perf_counter()
-                got += sum(int.from_bytes(m.value[4:8], "little") for m in msgs)
+                got += sum(container_count(m.value) for m in msgs)
         return got / (time.perf_counter() - first)
     finally:
         consumer.close()
@@ -147,7 +147,11 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
                "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter, "IPDP_TOPIC_STUDIES": topics.studies,
                "IPDP_GATEWAY_HOST": "127.0.0.1", "IPDP_GATEWAY_PORT": str(port),
-               "IPDP_GATEWAY_WORKERS": str(workers)}
+               "IPDP_GATEWAY_WORKERS": str(workers),
+               # The load generator uploads batches from this one address: a relay.
+               "IPDP_GATEWAY_RELAY_ADDRESSES": "127.0.0.1",
+               "IPDP_GATEWAY_RELAY_RECORD_LIMIT_PER_S": "1e9",
+               "IPDP_GATEWAY_RELAY_RECORD_LIMIT_BURST": "1000000000"}
         gw = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway"], env=env)
         aggs = [subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"], env=env)
                 for _ in range(aggregators)]

@@ -50,7 +50,7 @@ from ipdp.report import table
 from ipdp.settings import TopicSettings
 from ipdp.study import Study
 from ipdp.subscriber import ModelSubscriber
-from ipdp.wire import RejectReason, decode_batch
+from ipdp.wire import RECORD_ID_BYTES, RejectReason, decode_batch
 from producer.contributor import perturb_records
 from trainer.solver import solve_constrained
 
@@ -125,8 +125,8 @@ class Load(threading.Thread):
                 for _ in range(chunk // self.bad_every + (self.rng.random() < 0.5)):
                     kind = kinds[len(self.bad) % len(kinds)] if earlier else kinds[1]
                     hostile.append((kind, self._hostile(kind, earlier)))
-                good = [producer.send(self.topic, key=v[24:40], value=v) for v in values]
-                bad = [(kind, producer.send(self.topic, key=v[24:40], value=v))
+                good = [producer.send(self.topic, key=v[RECORD_ID_BYTES], value=v) for v in values]
+                bad = [(kind, producer.send(self.topic, key=v[RECORD_ID_BYTES], value=v))
                        for kind, v in hostile]
                 producer.flush()
                 self.where += [(m.partition, m.offset) for m in (f.get(0) for f in good)]

@@ -16,7 +16,7 @@ exhaust the file descriptors. This subclass adds, per worker:
   clients' connections and caps each client's itself.
 
 The idle keep-alive timeout is uvicorn's own (``timeout_keep_alive``). The per-client request
-rate is the app's (``gateway.app.RateLimiter``), as it answers 429 with Retry-After.
+rate is the app's (``gateway.limits``), as it answers 429 with Retry-After.
 
 The deadlines are not timers: arming one per request and cancelling it cost two timer handles per
 request on the device path. A connection notes when its deadline falls, and one sweep

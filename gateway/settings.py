@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ipaddress import IPv4Network, IPv6Network
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -38,9 +40,30 @@ class GatewaySettings(BaseSettings):
     rate_limit_per_s: float = Field(
         10.0, ge=0,
         description="Requests per second per client address (429 with Retry-After above it); "
-        "0 turns the limit off. A device sends one record per study.")
+        "0 turns the request limit off (the record limit stays). A device sends one record per "
+        "study.")
     rate_limit_burst: int = Field(
         20, ge=1, description="Requests a client may send at once before the rate applies.")
+    record_limit_per_s: float = Field(
+        20.0, gt=0,
+        description="Records per second per client address (429 with Retry-After above it; a "
+        "request counts as one record at least): what a few devices behind one address send. "
+        "A relay's allowance is relay_record_limit_*.")
+    record_limit_burst: int = Field(
+        100, ge=1,
+        description="Records a client may send at once before the rate applies; a request "
+        "holding more is refused with 413.")
+    relay_addresses: str | None = Field(
+        None,
+        description="Comma-separated addresses and CIDR networks of relays (batch uploaders, "
+        "load generators; a client address as the rate limit sees it): their records are "
+        "limited by relay_record_limit_*, their requests not at all.")
+    relay_record_limit_per_s: float = Field(
+        100_000.0, gt=0, description="Records per second per relay address.")
+    relay_record_limit_burst: int = Field(
+        100_000, ge=1,
+        description="Records a relay may send at once; keep it at least the records of the "
+        "largest body (max_body_bytes over the smallest study's record size).")
     max_header_bytes: int = Field(
         16 * 1024, ge=1024,
         description="Largest request head (request line and headers); a longer one is answered "
@@ -70,12 +93,17 @@ class GatewaySettings(BaseSettings):
         "front of the gateway: from those peers only, the client address the rate limit keys "
         "on is the rightmost X-Forwarded-For address that is not a trusted proxy. Unset: the "
         "header is never believed, every client is its peer address.")
-
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _proxies_parse(cls, value: str | None) -> str | None:
-        TrustedProxies(value or "")
-        return value
     web_dir: str | None = Field(
         None, description="Directory served at /web/ (the browser contributor's page). Unset: "
         "this checkout's producer/web/dist once built; empty: no page.")
+
+    @field_validator("trusted_proxies", "relay_addresses")
+    @classmethod
+    def _address_lists_parse(cls, value: str | None) -> str | None:
+        TrustedProxies(value or "")
+        return value
+
+    def relay_networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """The networks of ``relay_addresses`` (an address is a network of one), parsed as
+        ``trusted_proxies`` is."""
+        return TrustedProxies(self.relay_addresses or "").networks

@@ -249,9 +249,9 @@ def _start_services(rt: EmbeddedRuntime, directory: Path, roles: tuple[str, ...]
                     gateway_port: int | None, **extra_env: str) -> dict[str, subprocess.Popen]:
     env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", **extra_env}
     if gateway_port is not None:
-        # One loopback address plays every device: no per-client rate limit on this gateway.
+        # One loopback address plays every device: a relay, with the relay allowance.
         env.update(IPDP_GATEWAY_HOST="127.0.0.1", IPDP_GATEWAY_PORT=str(gateway_port),
-                   IPDP_GATEWAY_RATE_LIMIT_PER_S="0")
+                   IPDP_GATEWAY_RELAY_ADDRESSES="127.0.0.1")
     children = {}
     for role in roles:
         logfile = open(directory / f"{role}.log", "ab")  # noqa: SIM115 - child owns it

@@ -51,8 +51,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="With --via: concurrent keep-alive connections, i.e. requests in "
                    "flight (IPDP_LOADGEN_CONNECTIONS). The gateway's per-client limits apply to "
                    "this one address: a 429 or 503 is sent again after its Retry-After and "
-                   "slows every connection down to the gateway's rate; for a load test set "
-                   "IPDP_GATEWAY_RATE_LIMIT_PER_S=0 on the gateway.")
+                   "slows every connection down to the gateway's rate; for a load test list "
+                   "this address in IPDP_GATEWAY_RELAY_ADDRESSES on the gateway.")
     p.add_argument("--per-request", dest="per_request", type=int,
                    default=LoadgenSettings().per_request, metavar="K",
                    help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST); 1, a device "

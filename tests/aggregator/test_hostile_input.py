@@ -27,6 +27,7 @@ from ipdp.metrics import EVERY_METRIC
 from ipdp.redis_io import redis_client
 from ipdp.study import Study
 from ipdp.wire import (
+    RECORD_ID_BYTES,
     RejectReason,
     decode_record,
     encode_batch,
@@ -192,7 +193,7 @@ def test_replay_ids_expire_after_the_window_and_are_the_only_thing_kept(redis_se
     r = redis_client(redis_settings)
     index = state.StudyKeys(study.study_id).replay
     assert folder.fold([Message(0, 0, old[0])]).folded == {"hostile": 1}
-    old_id = old[0][24:40]
+    old_id = old[0][RECORD_ID_BYTES]
     (end,) = [int(k) for k in r.hkeys(index)]  # one bucket of 1 s (window / 24, at least 1 s)
     assert t0 < end <= t0 + 1000
     # Only the first 8 bytes of the id, in the bucket of its fold time.
@@ -308,10 +309,10 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
 
     # Wave 1: honest records with the hostile ones, and one honest record sent twice in a row
     # (same key, same partition; the fold-level test pins the same-batch and later-batch cases).
-    futures = [send(v, v[24:40]) for v in good[:150]]
+    futures = [send(v, v[RECORD_ID_BYTES]) for v in good[:150]]
     bad = [(reason, value, send(value, b"bad-%d" % i)) for i, (reason, value) in
            enumerate(hostile)]
-    twin = send(good[0], good[0][24:40])
+    twin = send(good[0], good[0][RECORD_ID_BYTES])
     producer.flush()
     for reason, value, f in bad:
         m = f.get(timeout=30)
@@ -331,8 +332,8 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
         wait_for(lambda: total_stats(redis_settings, study)[2] == 150, GROUP_JOIN_TIMEOUT_S,
                  "150 honest records folded")
         # Wave 2, after wave 1 is folded: the rest, and a replay from an earlier batch.
-        futures = [send(v, v[24:40]) for v in good[150:]]
-        replay = send(good[7], good[7][24:40])
+        futures = [send(v, v[RECORD_ID_BYTES]) for v in good[150:]]
+        replay = send(good[7], good[7][RECORD_ID_BYTES])
         producer.flush()
         m = replay.get(timeout=30)
         expected[(m.partition, m.offset)] = (RejectReason.REPLAYED, good[7])

@@ -11,7 +11,7 @@ import pytest
 
 from ipdp.losses import prepare
 from ipdp.study import Study
-from ipdp.wire import decode_batch
+from ipdp.wire import RECORD_ID_BYTES, decode_batch
 from producer.contributor import Contributor, new_record_ids
 from producer.datasets import from_csv, synthetic, synthetic_batches, train_test_split
 from tests.pipeline import read_records
@@ -211,7 +211,7 @@ def test_loadgen_sends_one_record_per_device(kafka_settings, topics):
     assert len(msgs) == 3001
     (batch,), rejects = decode_batch([m.value for m in msgs])
     assert not rejects and len(batch) == 3001
-    assert all(m.key == m.value[24:40] for m in msgs)  # key = record id
+    assert all(m.key == m.value[RECORD_ID_BYTES] for m in msgs)  # key = record id
     assert len({m.key for m in msgs}) == 3001
     assert np.all(batch.study_hash == np.frombuffer(study.hash, np.uint8))
     # Same rng, same batch boundaries → exactly the noise prepare() draws.
