@@ -19,11 +19,11 @@ studies of their own, so Redis's counts tell whose record was folded. The whole 
 figure is wall time on a shared machine, and the ratio compares two phases of one run.
 
 The gateway is configured explicitly, and the table says so: the bench's client address is a
-relay (``IPDP_GATEWAY_RELAY_ADDRESSES``, with a record allowance that covers the floods), and
-the per-address request limit is off (``IPDP_GATEWAY_RATE_LIMIT_PER_S=0``): one address stands
-for the many devices or the relay an attacker would use. Each request holds distinct records
-(a request holding one record id twice is refused by the gateway): the attacker re-sends
-records the service has folded, which only the aggregator can recognise.
+relay (``IPDP_GATEWAY_RELAY_ADDRESSES``, whose requests are not limited, with a record allowance
+that covers the floods): one address stands for the many devices, or the relay, an attacker
+would use, and for the honest devices too. Each request holds distinct records (the gateway
+refuses a request holding one record id twice): the attacker re-sends records the service has
+folded, which only the aggregator can recognise.
 
 ``connections`` (a connection flood) is bench/flood_connections.py's, when this checkout has it
 (it provides ``add_arguments(parser)`` and ``run(args) -> int``); ``both`` runs the two.
@@ -64,7 +64,6 @@ GATEWAY_ENV = {
     "IPDP_GATEWAY_RELAY_ADDRESSES": "127.0.0.1",
     "IPDP_GATEWAY_RELAY_RECORD_LIMIT_PER_S": "10000000",
     "IPDP_GATEWAY_RELAY_RECORD_LIMIT_BURST": "10000000",
-    "IPDP_GATEWAY_RATE_LIMIT_PER_S": "0",
 }
 #: How often the honest device's fold is looked for in Redis.
 POLL_S = 0.002
