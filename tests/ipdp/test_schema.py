@@ -159,6 +159,14 @@ def test_a_loaded_model_predicts_in_raw_units_what_its_weights_give_on_the_encod
         m.predict_proba(rows)
 
 
+def test_a_pandas_data_frame_is_a_mapping_of_columns_to_predict_from():
+    pd = pytest.importorskip("pandas")
+    m = Model(message(study(), [0.2, 1.1, -0.4]))
+    rows = {"rooms": [1.0, 3.0], "area": [35.0, 90.0]}
+    frame = pd.DataFrame(rows | {"colour": ["red", "blue"]})
+    np.testing.assert_array_equal(m.predict(frame), m.predict(rows))
+
+
 def test_a_logistic_model_gives_class_probabilities_and_labels():
     s = study(LOANS, loss="logistic")
     w = np.array([-0.3, 0.9, -0.8])
