@@ -77,6 +77,10 @@ def test_a_study_without_a_schema_keeps_its_text():
     (RENTS | {"colour": "red"}, {}, "schema.colour: Extra inputs are not permitted"),
     (RENTS, {"loss": "logistic"}, "a logistic study's target is a class label"),
     (LOANS, {}, "a class target needs loss logistic"),
+    (LOANS | {"target": {"name": "approved", "classes": ["yes", "yes"]}}, {"loss": "logistic"},
+     "its two classes must be distinct"),
+    (LOANS | {"target": {"name": "approved", "classes": ["no", " yes"]}}, {"loss": "logistic"},
+     "non-empty names without surrounding spaces"),
     (RENTS, {"d": 5}, "d=5 contradicts the schema, which gives d=3"),
     (RENTS, {"x_bound": 2.0}, "x_bound=2.0 contradicts the schema"),
 ])
