@@ -64,6 +64,9 @@ class ModelSubscriber:
                       "write %r can publish one. Pin the trainer's public key: "
                       "IPDP_TRUSTED_MODEL_KEYS=PREFIX.pub, or --trust (docs/security.md)",
                       self.topic)
+        #: The models-topic value (signed envelope or plain JSON) of the model last yielded:
+        #: what `ipdp models --export` writes, so that the file can be verified again.
+        self.last_value: bytes | None = None
         self.duplicates_dropped = 0
         self.invalid = 0
         self.refused = 0
@@ -128,6 +131,7 @@ class ModelSubscriber:
             self.duplicates_dropped += 1
             return None
         self._seen.add(ident)
+        self.last_value = bytes(message.value)
         return msg
 
     def _follow(self, consumer) -> Iterator:
