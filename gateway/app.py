@@ -15,7 +15,6 @@ import asyncio
 import gc
 import json
 import logging
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -35,6 +34,7 @@ from starlette.routing import Route
 from gateway.batcher import ContainerRefused, GroupCommit
 from gateway.checks import HTTP_STATUS, first_rejection
 from gateway.credentials import DeviceCredentials
+from gateway.http_connection import DeviceRequest
 from gateway.openapi import openapi_document
 from gateway.producer_process import ProducerExited, ProducerProcess
 from gateway.settings import GatewaySettings
@@ -48,7 +48,7 @@ from ipdp.wire import RejectReason, encode_batch, record_size
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Refusal", "create_app", "create_app_from_env"]
+__all__ = ["GatewayApp", "Refusal", "create_app"]
 
 OCTET_STREAM = "application/octet-stream"
 JSON_TYPE = "application/json"
@@ -299,30 +299,14 @@ class Gateway:
                           "and accepts no more records")
         return entry
 
-    async def read_body(self, declared: bytes | None, receive) -> bytes:
-        """The request body from ASGI ``receive``; Refusal (413) above ``max_body_bytes``, as
-        soon as the Content-Length header (``declared``) or the bytes received say so."""
-        self.read_declared(declared, 0)
-        chunks, total = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise Refusal(RejectReason.UNDECODABLE, "the client closed the request early")
-            chunk = message.get("body", b"")
-            total += len(chunk)
-            self.read_declared(None, total)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def read_declared(self, declared: bytes | None, received: int) -> None:
-        """Refusal (413) when the Content-Length header (``declared``) or the ``received``
-        bytes exceed ``max_body_bytes``."""
+    def check_size(self, declared: bytes | None, whole: bool) -> None:
+        """Refusal (413) when the Content-Length header (``declared``) exceeds
+        ``max_body_bytes``, or the body did (``whole`` False: the server stopped reading it)."""
         limit = self.settings.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise Refusal(RejectReason.TOO_LARGE,
                           f"body of {declared.decode()} bytes exceeds {limit}")
-        if received > limit:
+        if not whole:
             raise Refusal(RejectReason.TOO_LARGE, f"body exceeds {limit} bytes")
 
     def admit_credential(self, authorization: bytes | None, study: Study
@@ -411,30 +395,15 @@ _RECORDS_ROUTE = "/studies/{study_id}/records"
 
 
 class RecordsEndpoint:
-    """``POST /studies/{study_id}/records`` as a plain ASGI app: the path a device takes on
-    every request, so it reads the scope's headers and ``receive`` directly rather than through
-    a Starlette Request (whose client address, headers and body stream each cost a few
-    microseconds a request)."""
+    """``POST /studies/{study_id}/records``: the one handler of a device's request, whatever
+    its shape (chunked or not, with ``Expect: 100-continue`` or not); the server
+    (gateway.server) calls it once the body is in, and it calls ``respond`` with the answer
+    once Kafka settled the records, without a coroutine."""
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
 
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            admitted = admit(self.gw, scope)
-            body = await self.gw.read_body(admitted.declared, receive)
-            records, k = checked(self.gw, admitted, body)
-            await self.gw.commit(records, k, admitted.study, admitted.credential)
-            response = _accepted(k)
-        except Refusal as refusal:
-            response = _refused(refusal)
-        _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
-        await response(scope, receive, send)
-
-    def answer(self, scope, body: bytes, respond: Callable[[Response], None]) -> None:
-        """The same request, its body already read, without a coroutine: ``respond`` is called
-        with the answer once Kafka settled the records (the HTTP protocol's device lane,
-        gateway.protocol; the answer, the metrics and the refusals are the ASGI path's)."""
+    def answer(self, request: DeviceRequest, respond: Callable[[Response], None]) -> None:
         gw = self.gw
 
         def finish(response: Response) -> None:
@@ -442,9 +411,12 @@ class RecordsEndpoint:
             respond(response)
 
         try:
-            admitted = admit(gw, scope)
-            gw.read_declared(admitted.declared, len(body))
-            records, k = checked(gw, admitted, body)
+            if request.method != b"POST":
+                raise Refusal(RejectReason.METHOD_NOT_ALLOWED, "Method Not Allowed",
+                              headers={"Allow": "POST"})
+            admitted = admit(gw, request)
+            gw.check_size(admitted.declared, request.whole)
+            records, k = checked(gw, admitted, request.body)
             waiters = gw.enqueue(records, k, admitted.study, admitted.credential)
         except Refusal as refusal:
             finish(_refused(refusal))
@@ -467,8 +439,8 @@ class RecordsEndpoint:
 
 
 class Admitted(NamedTuple):
-    """A request admitted before its body is read: its study, media type, declared length and
-    device credential."""
+    """A request admitted before its records are checked: its study, media type, declared
+    length and device credential."""
 
     study: Study
     media: str
@@ -476,19 +448,16 @@ class Admitted(NamedTuple):
     credential: tuple[bytes, Credential] | None
 
 
-def admit(gw: Gateway, scope) -> Admitted:
+def admit(gw: Gateway, request: DeviceRequest) -> Admitted:
     """The client's rate, the study open, the headers and the device credential; Refusal
     otherwise."""
-    study_id = scope["path_params"]["study_id"]
-    if gw.limiter is not None:
-        client = scope.get("client")
-        if not gw.limiter.allow(client[0] if client else "unknown"):
-            raise Refusal(RejectReason.RATE_LIMITED, f"more than {gw.settings.rate_limit_per_s:g} "
-                          "requests per second from this client",
-                          headers={"Retry-After": str(gw.limiter.retry_after_s())})
-    study = gw.study_for(study_id, open_only=True).study
+    if gw.limiter is not None and not gw.limiter.allow(request.client or "unknown"):
+        raise Refusal(RejectReason.RATE_LIMITED, f"more than {gw.settings.rate_limit_per_s:g} "
+                      "requests per second from this client",
+                      headers={"Retry-After": str(gw.limiter.retry_after_s())})
+    study = gw.study_for(request.study_id, open_only=True).study
     content_type, declared, authorization = b"", None, None
-    for name, value in scope["headers"]:
+    for name, value in request.headers:
         if name == b"content-type":
             content_type = value
         elif name == b"content-length":
@@ -559,10 +528,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 def create_app(settings: GatewaySettings | None = None, kafka: KafkaSettings | None = None,
                topics: TopicSettings | None = None, *, owns_process: bool = False
-               ) -> DevicePath:
-    """The gateway as an ASGI app; settings default to the IPDP_* environment.
-    ``owns_process``: the app is the process's only job (an ``ipdp gateway`` worker), so it
-    tunes the garbage collector once connected (:func:`settle_heap`)."""
+               ) -> GatewayApp:
+    """The gateway for its server (gateway.server); settings default to the IPDP_*
+    environment. ``owns_process``: the app is the process's only job (an ``ipdp gateway``
+    worker), so it tunes the garbage collector once connected (:func:`settle_heap`)."""
     gw = Gateway(settings or GatewaySettings(), kafka or KafkaSettings(),
                  topics or TopicSettings(), owns_process=owns_process)
 
@@ -574,9 +543,7 @@ def create_app(settings: GatewaySettings | None = None, kafka: KafkaSettings | N
         finally:
             await gw.stop()
 
-    records = RecordsEndpoint(gw)
     routes = [
-        Route(_RECORDS_ROUTE, records, methods=["POST"]),
         Route("/studies/{study_id}", _counted("/studies/{study_id}", get_study),
               methods=["GET"]),
         Route("/healthz", _counted("/healthz", healthz), methods=["GET"]),
@@ -588,54 +555,23 @@ def create_app(settings: GatewaySettings | None = None, kafka: KafkaSettings | N
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
     app.state.gateway = gw
-    return DevicePath(app, records)
+    return GatewayApp(app, RecordsEndpoint(gw))
 
 
-class DevicePath:
-    """The gateway's ASGI app: a device's POST goes straight to its handler, the rest to
-    Starlette.
+class GatewayApp:
+    """The gateway's two doors, as its server sees them: the records route, whose every request
+    goes to :meth:`RecordsEndpoint.answer`, and the Starlette app (``asgi``: every other route,
+    and the lifespan that starts and stops the :class:`Gateway`)."""
 
-    A POST waits for its container's acknowledgement, and resuming a request suspended under
-    Starlette's middleware and router costs a dozen coroutine frames; devices make nearly every
-    request, so theirs skips that stack (the handler, its Refusal answers and its metrics are the
-    same :class:`RecordsEndpoint` the router serves; every other route and method goes through
-    Starlette, which also runs the lifespan). Under ``ipdp gateway`` most device POSTs do not
-    reach it either: the HTTP protocol takes them through :meth:`device_lane`.
-    """
+    def __init__(self, asgi: Starlette, records: RecordsEndpoint) -> None:
+        self.asgi, self.state, self.answer = asgi, asgi.state, records.answer
 
-    def __init__(self, app: Starlette, records: RecordsEndpoint) -> None:
-        self.app, self.state, self._records = app, app.state, records
-
-    def device_lane(self, scope) -> Callable[[dict, bytes, Callable[[Response], None]],
-                                             None] | None:
-        """For a device's POST, :meth:`RecordsEndpoint.answer`, which answers it without a
-        coroutine (the HTTP protocol calls it once the body is in: gateway.protocol); None for
-        every other request."""
-        return self._records.answer if _device_post(scope) else None
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and _device_post(scope):
-            await self._records(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-def _device_post(scope) -> bool:
-    """Whether an HTTP request is a POST to the records route; if so, its ``path_params``."""
-    if scope["method"] != "POST":
-        return False
-    match = _RECORDS_PATH.fullmatch(scope["path"])
-    if match is None:
-        return False
-    scope["path_params"] = {"study_id": match[1]}
-    return True
-
-
-#: The records route, as Starlette matches "/studies/{study_id}/records" (no "/" in the id).
-_RECORDS_PATH = re.compile(r"/studies/([^/]+)/records")
-
-
-def create_app_from_env() -> DevicePath:
-    """uvicorn's factory (``gateway.app:create_app_from_env``): every worker builds its own."""
-    return create_app(owns_process=True)
-
+    @staticmethod
+    def device_study(path: str) -> str | None:
+        """The study id if ``path`` is the records route (as Starlette would match
+        "/studies/{study_id}/records": no "/" in the id), else None."""
+        if path.startswith("/studies/") and path.endswith("/records"):
+            study_id = path[len("/studies/"):-len("/records")]
+            if study_id and "/" not in study_id:
+                return study_id
+        return None

@@ -51,9 +51,10 @@ def test_a_gateway_worker_settles_its_heap_and_an_embedded_app_leaves_the_collec
     # In a fresh interpreter, as an `ipdp gateway` worker is: what lives after the imports is
     # frozen out of the collector's sight and the youngest generation is collected less often.
     code = ("import gc\n"
-            "from gateway.app import GC_YOUNG_THRESHOLD, create_app, create_app_from_env, "
-            "settle_heap\n"
-            "assert create_app_from_env().state.gateway.owns_process\n"
+            "from gateway.app import GC_YOUNG_THRESHOLD, create_app, settle_heap\n"
+            "from gateway.service import worker_app\n"
+            "from gateway.settings import GatewaySettings\n"
+            "assert worker_app(GatewaySettings()).state.gateway.owns_process\n"
             "assert not create_app().state.gateway.owns_process\n"
             "before = gc.get_threshold()\n"
             "settle_heap()\n"
