@@ -1,8 +1,8 @@
 """Columnar fetch: Kafka record batches parsed as arrays, not one Python object per record.
 
 kafka-python parses every fetched record in Python (a varint at a time) and builds a
-``ConsumerRecord`` for it: about 7 µs of CPU per record on this project's machines, most of a
-bare consumer's cost. The aggregator needs three things per record: its offset, its value and,
+``ConsumerRecord`` for it: most of a bare consumer's CPU per record (docs/benchmarks.md,
+"Throughput and cost"). The aggregator needs three things per record: its offset, its value and,
 for the rare rejected record, its headers. :class:`ColumnarRecords` replaces kafka-python's
 per-partition record iterator (``Fetcher.PartitionRecords``) in the aggregator's consumer, and
 nothing else: group membership, fetch requests, positions, pauses, seeks and fetch errors stay

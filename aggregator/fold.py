@@ -67,7 +67,7 @@ REFUSAL_RETRY_S = 30.0
 #: Most unknown study hashes (and ids) remembered at once.
 UNKNOWN_CACHE_LIMIT = 100_000
 
-#: One study's reads, in one round trip (redis-py costs ~60-90 µs of CPU per command).
+#: One study's reads, in one round trip (each redis-py command costs CPU of its own).
 #: KEYS[1] = study hash, KEYS[2] = open round, KEYS[3] = the study's offsets; ARGV = offset
 #: fields -> { status, {round, count, A, b}, {offset per field} }
 _READ_STUDY_LUA = """

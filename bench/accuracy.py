@@ -43,7 +43,6 @@ import itertools
 import math
 import os
 import platform
-import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -898,34 +897,23 @@ def render(outcomes: list[Outcome], meta: dict, figures: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
-SKELETON = """# Benchmarks
+#: Where the tables go under --out (docs/ by default): a page of their own, beside the plots,
+#: linked from benchmarks.md, whose Accuracy section says what they measure.
+TABLES_PAGE = Path("benchmarks") / "accuracy.md"
 
-## Accuracy
+SKELETON = """# Accuracy: every table
 
-{block}
-## Throughput and cost
-
-Filled in by the throughput benchmark.
-"""
+{block}"""
 
 
 def write_section(md: Path, generated: str) -> None:
-    """Put `generated` between the markers of the Accuracy section, leaving the rest untouched."""
-    block = f"{BEGIN}\n{generated}{END}\n"
-    if not md.exists():
-        md.write_text(SKELETON.format(block=block), encoding="utf-8")
-        return
+    """Put `generated` between the `bench.accuracy` markers of `md`, leaving the rest untouched
+    (a new page if `md` does not exist)."""
     if replace_block(md, "bench.accuracy", generated):
         return
-    text = md.read_text(encoding="utf-8")
-    if "## Accuracy" in text:
-        head, rest = text.split("## Accuracy", 1)
-        nxt = re.search(r"^## ", rest, flags=re.MULTILINE)
-        cut = nxt.start() if nxt else len(rest)
-        text = head + "## Accuracy" + rest[:cut].rstrip("\n") + "\n\n" + block + "\n" + rest[cut:]
-    else:
-        text = text.rstrip("\n") + "\n\n## Accuracy\n\n" + block
-    md.write_text(text, encoding="utf-8")
+    text = md.read_text(encoding="utf-8").rstrip("\n") + "\n\n" if md.exists() else ""
+    block = f"{BEGIN}\n{generated}{END}\n"
+    md.write_text(text + block if text else SKELETON.format(block=block), encoding="utf-8")
 
 
 def command_line(args: argparse.Namespace, trials: int) -> str:
@@ -956,8 +944,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Smoke run: synthetic data, n ∈ {2^7, 2^9, 2^11}, 2 trials, no plots; "
                              "prints the tables and writes nothing unless --out is given.")
     parser.add_argument("--out", type=Path, default=None,
-                        help="Directory for benchmarks.md (its '## Accuracy' section) and "
-                             "benchmarks/*.png (default: the repository's docs/).")
+                        help="Directory for benchmarks/accuracy.md (the block between its "
+                             "bench.accuracy markers) and benchmarks/*.png (default: the "
+                             "repository's docs/).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of every generator (default 0).")
 
 
@@ -980,10 +969,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     out_dir = args.out if args.out is not None else (None if args.quick else DOCS)
     figures: dict[str, str] = {}
     if out_dir is not None and not args.quick:
-        (out_dir / "benchmarks").mkdir(parents=True, exist_ok=True)
+        (out_dir / TABLES_PAGE.parent).mkdir(parents=True, exist_ok=True)
         for o in outcomes:
-            name = f"benchmarks/accuracy-{o.source}-{o.task.name}.png"
-            plot(o, out_dir / name)
+            # Named relative to the tables page, which sits beside the plots.
+            name = f"accuracy-{o.source}-{o.task.name}.png"
+            plot(o, out_dir / TABLES_PAGE.parent / name)
             figures[o.source + o.task.name] = name
     meta = {
         "command": command_line(args, trials), "wall": f"{wall // 60:.0f} min {wall % 60:.0f} s",
@@ -994,9 +984,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     if out_dir is None:
         print(report)
     else:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_section(out_dir / "benchmarks.md", report)
-        print(f"bench.accuracy: wrote {out_dir / 'benchmarks.md'} ({meta['wall']})",
+        (out_dir / TABLES_PAGE.parent).mkdir(parents=True, exist_ok=True)
+        write_section(out_dir / TABLES_PAGE, report)
+        print(f"bench.accuracy: wrote {out_dir / TABLES_PAGE} ({meta['wall']})",
               file=sys.stderr)
     return 0
 

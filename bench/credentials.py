@@ -312,9 +312,9 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
         for s_ in (plain, study):
             state.create_study(r, producer, topics, s_)
         producer.close()
-        # More credentials than one run can use at this machine's rates (version 1: 4,400
-        # requests/s, version 2: 11,600 in the recorded runs), so no run reuses one: a reused
-        # credential would be dead-lettered, not folded, and its 202 would not be a device's.
+        # More credentials than one run can use at this machine's rates (docs/benchmarks.md,
+        # "Device credentials"), so no run reuses one: a reused credential would be
+        # dead-lettered, not folded, and its 202 would not be a device's.
         tokens = {f"cred{v}": issue(key, study, int(seconds * per_s) * repeat, v)
                   for v, per_s in ((1, 8_000), (2, 25_000))}
         scripts = {name: Path(tmp) / f"{name}.lua" for name in ("plain", "cred1", "cred2")}
@@ -335,12 +335,12 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                         study, pool[rep * per_run:(rep + 1) * per_run], threads))
                 # Every row is a freshly started server, warmed up for a second: a row measures
                 # what serving its kind of study costs, not what an earlier row left behind (a
-                # worker that cached version-1 credentials first served version-2 devices some
-                # 10 % slower in one process; docs/benchmarks.md). The bare endpoint runs
-                # before and after each gateway row, which is read against the mean of the
-                # two: on a shared machine the same work can take half again as long from one
-                # minute to the next, and a gateway row read against one bare run measured
-                # 30 s earlier reads that drift as the gateway's (docs/benchmarks.md).
+                # worker that served version-1 devices first carries their cache into the
+                # version-2 row). The bare endpoint runs before and after each gateway row,
+                # which is read against the mean of the two: on a shared machine the same work
+                # can take half again as long from one minute to the next, and a gateway row
+                # read against one bare run measured 30 s earlier would read that drift as the
+                # gateway's.
                 bare = ("bare", "bare", plain, "plain")
                 rows = [bare, ("gateway", "no credentials", plain, "plain"), bare,
                         ("gateway", f"requires credentials, version 2 (batches of {BATCH})",

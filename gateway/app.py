@@ -176,12 +176,11 @@ def settle_heap() -> None:
 
     Every request leaves a few reference cycles (its task, futures, protocol callbacks), so
     CPython collects often, and each full collection walks every object the worker holds: some
-    85,000 after its imports (numpy, scipy, pydantic, kafka-python), for tens of milliseconds
-    with the event loop stopped. That was most of the gateway's p99 latency (about 50 ms) and
-    some 10 µs of its 70 µs of CPU per request (docs/benchmarks.md). Everything alive once the
-    producer is connected lives as long as the worker, so it is moved out of the collector's
-    sight (:func:`gc.freeze`), and the youngest generation is collected less often; cycles are
-    still collected, so memory stays bounded.
+    85,000 after its imports (numpy, scipy, pydantic, kafka-python), with the event loop
+    stopped: that was most of the gateway's p99 latency under load (docs/architecture.md).
+    Everything alive once the producer is connected lives as long as the worker, so it is moved
+    out of the collector's sight (:func:`gc.freeze`), and the youngest generation is collected
+    less often; cycles are still collected, so memory stays bounded.
     """
     gc.collect()
     gc.freeze()
@@ -249,7 +248,7 @@ class Gateway:
             "linger_ms": 0,
             # kafka-python's own metrics (sensors updated on every produce request and
             # response) are read by nothing here: ipdp's are Prometheus'. Off, its I/O thread
-            # spends some 9 % less CPU per container (docs/benchmarks.md).
+            # spends less CPU per container.
             "metrics_enabled": False,
             "max_request_size": max(self.settings.max_message_bytes + 1024, 1 << 20),
         }

@@ -2,9 +2,9 @@
 
 kafka-python's producer sends from an I/O thread beside the caller. In a gateway worker that
 thread shares the GIL with an event loop that is busy with requests, and every container costs
-it a wake-up to send and one for the acknowledgement, each waiting for the GIL: it spent 415–465
-µs of CPU per container there, about twice what the same producer spends alone, and a worker
-whose acknowledgements cost nothing served 1.5 times the device requests (docs/benchmarks.md).
+it a wake-up to send and one for the acknowledgement, each waiting for the GIL: there it spent
+far more CPU per container than the same producer spends alone, and it held back the device
+requests the worker could serve (docs/architecture.md).
 So each worker starts a child, ``python -m gateway.producer_process``, that owns the producer;
 the worker writes each container to the child's stdin and reads the acknowledgements from its
 stdout on the event loop, with no thread and no GIL of its own to share.

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 COMPOSITION = ("optimal composition of (ε, δ)-DP rounds (Kairouz, Oh & Viswanath 2015, Thm 3.3), "
                "by dp-accounting's PLD accountant")
+ONE_ROUND = "one round: its own (ε, δ), nothing composed"
 GROUP_PRIVACY = "group privacy: k records cost (kε, k·e^{(k−1)ε}·δ) (Dwork & Roth 2014, Thm 2.2)"
 
 #: Bin width of the privacy-loss discretisation: rounding is pessimistic, so ε only grows.
@@ -53,11 +54,12 @@ class GroupPrivacy(BaseModel):
 
 
 def default_composed_delta(delta: float, rounds: int) -> float:
-    """δ at which an unbudgeted study's composed ε is reported: (r + 1)·δ, capped below 1.
+    """δ at which an unbudgeted study's composed ε is reported: δ for one round (its own
+    guarantee), else (r + 1)·δ, capped at 0.5.
 
     r·δ is what the rounds' own δ can add up to; one more δ buys a much smaller ε than r·ε.
     """
-    return min((rounds + 1) * delta, 0.5)
+    return delta if rounds == 1 else min((rounds + 1) * delta, 0.5)
 
 
 def composed_epsilon(epsilon: float, delta: float, rounds: int, target_delta: float) -> float | None:
@@ -87,6 +89,9 @@ def compose(epsilon: float, delta: float, rounds: int,
             target_delta: float | None = None) -> Composed:
     """The composed guarantee after `rounds` rounds (at `target_delta`, else the default)."""
     target = default_composed_delta(delta, rounds) if target_delta is None else target_delta
+    if rounds == 1 and target == delta:
+        # One round composes nothing: its guarantee is the round's own, exactly.
+        return Composed(epsilon=epsilon, delta=delta, rounds=1, composition=ONE_ROUND)
     return Composed(epsilon=composed_epsilon(epsilon, delta, rounds, target), delta=target,
                     rounds=rounds)
 

@@ -44,6 +44,8 @@ class Calibration(BaseModel):
     mode: Mode
     epsilon: float
     delta: float
+    """δ of the published model, the study's: Steps 1–7 spend ``mechanism_delta`` of it and the
+    aggregator's norm check the rest, ``norm_check_delta`` (docs/privacy.md, "The norm check")."""
     n: int
     d: int
     lam: float
@@ -69,6 +71,8 @@ class Calibration(BaseModel):
     epsilon_split: dict[str, float]
     """ε = log_det + linear (Step 7)."""
     delta_split: dict[str, float]
+    """The parts of ``delta``: Steps 1–7's (they add up to ``mechanism_delta``) and the norm
+    check's (``norm_check``); their sum is at most ``delta``."""
     proven: bool
     """True when docs/privacy.md proves the guarantee (rigorous mode); False in paper mode."""
     local_epsilon: float | None
@@ -85,18 +89,14 @@ class Calibration(BaseModel):
     """Per-coordinate standard deviation of u, √(σ_u²/n)."""
     noise_std_p: float
     """Per-coordinate standard deviation of r, √(σ_b²/n)."""
+    mechanism_delta: float
+    """δ Steps 1–7 prove for the first n records: ``delta`` less ``norm_check_delta``."""
     norm_check_delta: float
-    """δ the aggregator's norm check adds, which may refuse an honest record:
+    """δ the aggregator's norm check spends, which may refuse an honest record:
     (1 + e^ε)·n·π = REJECTION_DELTA_SHARE·δ (docs/privacy.md, "The norm check")."""
     honest_rejection_probability: float
     """π = REJECTION_DELTA_SHARE·δ/((1 + e^ε)·n): the per-record false-rejection budget of the
     norm check (record_norm_bounds)."""
-    guaranteed_delta: float
-    """δ of the deployed mechanism, the one ipdp reports: Steps 1–7 prove (ε, δ) for the first n
-    records, and the norm check adds ``norm_check_delta``."""
-    guaranteed_delta_split: dict[str, float]
-    """The parts of ``guaranteed_delta``: ``delta_split`` and the norm check's share
-    (``norm_check``)."""
 
 
 def kifer_sigma_b2(zeta: float, epsilon: float, delta: float) -> float:
@@ -116,12 +116,17 @@ def paper_min_n(delta: float) -> float:
 
 def calibrate_paper(
     *, epsilon: float, delta: float, n: int, d: int, lam: float, p_bound: float, eta: float,
-    delta_in: float | None,
+    delta_in: float | None, check_within_delta: bool = True,
 ) -> Calibration:
     """Algorithm 1 verbatim: γ = δ′ = δ/2, σ_u from Lemma 7's quadratic, σ_b from Kifer et al.
 
-    Not a proof (docs/privacy.md, "The erratum"); `proven=False`.
+    Not a proof (docs/privacy.md, "The erratum"); `proven=False`. Algorithm 1 runs at the
+    mechanism's share of δ (`mechanism_delta`), the norm check takes the rest; with
+    `check_within_delta=False` (a study created before that rule) at the whole δ.
     """
+    study_delta = delta
+    if check_within_delta:
+        delta = mechanism_delta(delta)
     a = paper_a(n, delta)
     if 1.0 - 2.0 * a <= 0.0:
         raise CalibrationError(
@@ -143,7 +148,7 @@ def calibrate_paper(
     zeta = lam * eta + p_bound
     sigma_b2 = kifer_sigma_b2(zeta, epsilon, delta / 2.0)
     return _finish(
-        mode="paper", epsilon=epsilon, delta=delta, n=n, d=d, lam=lam, p_bound=p_bound, eta=eta,
+        mechanism=delta, mode="paper", epsilon=epsilon, delta=study_delta, n=n, d=d, lam=lam, p_bound=p_bound, eta=eta,
         sigma_u2=sigma_u**2, sigma_b2=sigma_b2, delta_in=delta_in, zeta=zeta,
         delta_split={"gamma": delta / 2.0, "delta_prime": delta / 2.0},
         linear_sensitivity=zeta, epsilon_split={"log_det": epsilon / 2.0, "linear": epsilon / 2.0},
@@ -325,6 +330,13 @@ class _Problem:
     eta: float
     delta_in: float
     loss: str = "squared"
+    check_within_delta: bool = True
+    """Steps 1–7 spend mechanism_delta(δ), the norm check the rest; False: the whole δ (a study
+    created before the norm check's share came out of δ keeps its noise that way)."""
+
+    @property
+    def mechanism_delta(self) -> float:
+        return mechanism_delta(self.delta) if self.check_within_delta else self.delta
 
 
 @dataclass(frozen=True)
@@ -341,7 +353,7 @@ class _Point:
         return self.lambda_prime * pr.eta
 
     def delta_k(self, pr: _Problem) -> float:
-        return pr.delta - self.gamma1 - self.gamma2
+        return pr.mechanism_delta - self.gamma1 - self.gamma2
 
 
 def _sigma_u2(pr: _Problem, eps1: float, gamma1: float, gamma2: float) -> float | None:
@@ -576,16 +588,17 @@ def _least_error_ridge(pr: _Problem, floor: _Point) -> tuple[_Problem, _Point]:
 
 
 def _proof_for_noise(pr: _Problem, sigma_u2: float, sigma_b: float) -> _Point | None:
-    """A split under which Steps 3–7 prove (ε, δ) for the given noise, or None.
+    """A split under which Steps 3–7 prove (ε, pr.mechanism_delta) for the given noise, or None.
 
     Minimises the δ the split spends, γ₁ + γ₂ + linear_term_delta(ε − ε₁, σ_b), over (γ₁, γ₂)
-    with ε₁ the least the noise allows; a proof exists when that is at most δ. Without noise on q
+    with ε₁ the least the noise allows; a proof exists when that is at most pr.mechanism_delta. Without noise on q
     the split is the ridge's alone (`_noise_free_point`).
     """
     if sigma_u2 == 0.0:
         free = _noise_free_point(pr)
         fits = free is not None and linear_term_delta(
-            pr.epsilon - free.eps1, sigma_b, free.kappa(pr), pr.p_bound) <= pr.delta
+            pr.epsilon - free.eps1, sigma_b, free.kappa(pr), pr.p_bound,
+        ) <= pr.mechanism_delta
         return free if fits else None
 
     def spent(x: list[float]) -> float:
@@ -614,15 +627,18 @@ def calibrate_rigorous(
     """The proven calibration of docs/privacy.md, Steps 1–8, with its free splits optimised.
 
     Step 2 (conditioning on the noise) and Step 7 (the budget): on the event of Steps 3–4 the
-    conditional mechanism is (ε₁ + ε₂, δ_K)-DP, so the released w is (ε, δ_K + γ₁ + γ₂)-DP.
+    conditional mechanism is (ε₁ + ε₂, δ_K)-DP, so the released w is (ε, δ_K + γ₁ + γ₂)-DP with
+    δ_K + γ₁ + γ₂ = mechanism_delta(δ); the norm check spends the rest of δ.
 
     Step 8 (choice of the splits): the split, and Δ_in when it is None, with the least
     `predicted_error`, or for `loss="logistic"` the least `predicted_direction_error`.
     `log_det_share` fixes ε₁ = share·ε (then the δ split minimises it).
     `noise_std` = (std_q, std_p) is the noise a study's text carries: when it is not this
-    version's choice, the calibration keeps it (with its ridge) if it is the squared-error rule's
-    choice, which every loss got before the rule for classifiers, or if Steps 3–7 prove (ε, δ)
-    for it at Δ_in (0 if None) under some split, and raises CalibrationError otherwise.
+    version's choice, the calibration keeps it (with its ridge) if it is an earlier version's
+    choice (`_earlier_choices`), or if Steps 3–7 prove (ε, mechanism_delta(δ)) for it at Δ_in
+    (0 if None) under some split, and raises CalibrationError otherwise. An earlier choice is
+    proven again at mechanism_delta(δ) with its ridge; where that fails it keeps its proof at
+    the whole δ and reports δ plus the norm check's share, which is what it spends.
     """
     if delta_in is not None and delta_in < 0.0:
         raise CalibrationError(f"delta_in={delta_in} must be ≥ 0")
@@ -635,14 +651,28 @@ def calibrate_rigorous(
     cal = _calibrate_rigorous(pr, log_det_share, delta_in is None)
     if noise_std is None or tuple(noise_std) == (cal.noise_std_q, cal.noise_std_p):
         return cal
+    std_q, std_p = float(noise_std[0]), float(noise_std[1])
+    for earlier in _earlier_choices(pr, log_det_share, delta_in is None):
+        if (std_q, std_p) == (earlier.noise_std_q, earlier.noise_std_p):
+            try:
+                return _calibrate_for_noise(replace(pr, delta_in=earlier.delta_in), std_q, std_p)
+            except CalibrationError:
+                return earlier
+    try:
+        return _calibrate_for_noise(pr, std_q, std_p)
+    except CalibrationError:
+        return _calibrate_for_noise(replace(pr, check_within_delta=False), std_q, std_p)
+
+
+def _earlier_choices(pr: _Problem, share: float | None, choose_ridge: bool):
+    """The calibrations earlier versions chose for these parameters, each with its ridge: Steps
+    1–7 at the whole δ (before the norm check's share came out of it), and for a classifier the
+    squared-error rule's split, which every loss got before the rule for classifiers."""
+    whole = replace(pr, check_within_delta=False)
+    yield _calibrate_rigorous(whole, share, choose_ridge)
     if pr.loss != "squared":
-        # Before the rule for classifiers every study got the squared-error rule's split, with
-        # the ridge it chose: such a study keeps both.
-        earlier = _calibrate_rigorous(replace(pr, loss="squared"), log_det_share,
-                                      delta_in is None)
-        if tuple(noise_std) == (earlier.noise_std_q, earlier.noise_std_p):
-            return earlier
-    return _calibrate_for_noise(pr, float(noise_std[0]), float(noise_std[1]))
+        yield _calibrate_rigorous(replace(pr, loss="squared"), share, choose_ridge)
+        yield _calibrate_rigorous(replace(whole, loss="squared"), share, choose_ridge)
 
 
 @lru_cache(maxsize=256)
@@ -675,7 +705,7 @@ def _calibrate_for_noise(pr: _Problem, std_q: float, std_p: float) -> Calibratio
 def _rigorous(pr: _Problem, pt: _Point, sigma_b2: float) -> Calibration:
     lp = pt.lambda_prime
     return _finish(
-        mode="rigorous", epsilon=pr.epsilon, delta=pr.delta, n=pr.n, d=pr.d, lam=pr.lam,
+        mechanism=pr.mechanism_delta, mode="rigorous", epsilon=pr.epsilon, delta=pr.delta, n=pr.n, d=pr.d, lam=pr.lam,
         p_bound=pr.p_bound, eta=pr.eta, sigma_u2=pt.sigma_u2, sigma_b2=sigma_b2,
         delta_in=pr.delta_in, zeta=pr.lam * pr.eta + pr.p_bound, lambda_prime=lp,
         zeta_prime=lp * pr.eta + pr.p_bound,
@@ -743,8 +773,27 @@ def objective_perturbation(
                                  epsilon_split={"log_det": eps1, "linear": epsilon - eps1})
 
 
-def _finish(**kw) -> Calibration:
-    """The Calibration of a mode's noise, with every number derived from it computed here, once."""
+def norm_check_delta(delta: float) -> float:
+    """The norm check's share of a study's δ (REJECTION_DELTA_SHARE·δ, "The norm check")."""
+    return REJECTION_DELTA_SHARE * delta
+
+
+def mechanism_delta(delta: float) -> float:
+    """The share of a study's δ that Steps 1–7 may spend: δ − norm_check_delta(δ), rounded down
+    so that the two shares add up to at most δ in floating point too."""
+    check = norm_check_delta(delta)
+    share = delta - check
+    while share + check > delta:
+        share = math.nextafter(share, 0.0)
+    return share
+
+
+def _finish(*, mechanism: float, **kw) -> Calibration:
+    """The Calibration of a mode's noise, with every number derived from it computed here, once.
+
+    ``kw["delta"]`` is the study's δ, ``mechanism`` the δ Steps 1–7 spend and ``kw["delta_split"]``
+    its parts; the norm check's part joins them here. The δ reported is the study's when the two
+    fit in it, else (a study created before the rule) their sum."""
     n, lam, p_bound, epsilon, delta = kw["n"], kw["lam"], kw["p_bound"], kw["epsilon"], kw["delta"]
     std_q = math.sqrt(kw["sigma_u2"] / n)
     std_p = math.sqrt(kw["sigma_b2"] / n)
@@ -752,13 +801,13 @@ def _finish(**kw) -> Calibration:
         sensitivity_over_sigma=_pair_mu(2.0 * math.sqrt(lam), std_q, 2.0 * p_bound, std_p),
         delta=delta,
     )
-    norm_check = REJECTION_DELTA_SHARE * delta
+    check = norm_check_delta(delta)
+    spent = max(delta, mechanism + check)
     return Calibration(
-        **kw, local_epsilon=local, local_delta=delta, noise_std_q=std_q, noise_std_p=std_p,
-        norm_check_delta=norm_check,
-        honest_rejection_probability=norm_check / ((1.0 + math.exp(min(epsilon, 700.0))) * n),
-        guaranteed_delta=delta + norm_check,
-        guaranteed_delta_split={**kw["delta_split"], "norm_check": norm_check})
+        **{**kw, "delta": spent, "delta_split": {**kw["delta_split"], "norm_check": check}},
+        local_epsilon=local, local_delta=delta, noise_std_q=std_q, noise_std_p=std_p,
+        mechanism_delta=mechanism, norm_check_delta=check,
+        honest_rejection_probability=check / ((1.0 + math.exp(min(epsilon, 700.0))) * n))
 
 
 def _pair_mu(sens_q: float, std_q: float, sens_p: float, std_p: float) -> float:
@@ -832,6 +881,9 @@ def calibrate(
         if mode == "paper":
             cal = calibrate_paper(**common)
             if noise_std is not None and tuple(noise_std) != (cal.noise_std_q, cal.noise_std_p):
+                # A paper-mode study created before the norm check's share came out of δ.
+                cal = calibrate_paper(**common, check_within_delta=False)
+            if noise_std is not None and tuple(noise_std) != (cal.noise_std_q, cal.noise_std_p):
                 raise CalibrationError(
                     f"the noise std_q={noise_std[0]!r}, std_p={noise_std[1]!r} is not paper "
                     "mode's (Algorithm 1)")
@@ -888,9 +940,9 @@ def _beyond_double_precision(params: dict) -> str:
 
 
 REJECTION_DELTA_SHARE = 1e-3
-"""Share of δ the norm check may add to the deployed mechanism: each honest record is rejected
-with probability at most π = share·δ/((1 + e^ε)·n), so a round's n records add at most share·δ
-(docs/privacy.md, "The norm check")."""
+"""Share of a study's δ the norm check spends: each honest record is rejected with probability
+at most π = share·δ/((1 + e^ε)·n), so a round's n records spend at most share·δ, and Steps 1–7
+get the rest (docs/privacy.md, "The norm check")."""
 
 
 CLIPPING_ROUNDING = 1e-9

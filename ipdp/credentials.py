@@ -51,7 +51,8 @@ verification, and h + 1 SHA-256 calls for its path; a verifier that keeps a batc
 paths (CredentialVerifier) hashes only up to the level MEMO_LEVELS below the root and compares
 the rest of the path with a verified one in one step, so a new device of a known batch costs
 max(0, h − MEMO_LEVELS) + 1 SHA-256 calls (three for a tree of height 10) once a path through
-the same node of that level was verified, h + 1 before, instead of ~100 µs of signature.
+the same node of that level was verified, h + 1 before, instead of a signature verification
+(docs/benchmarks.md, "Device credentials").
 
 **On Kafka**, each record's credential travels in the ``credentials`` header of its message, as
 runs: repeated (u32 little-endian count, token), the counts adding up to the message's records

@@ -60,7 +60,11 @@ class PrivacyReport(BaseModel):
     composed_epsilon: float | None = Field(
         None, description="ε of rounds 1 … rounds_composed together, for a device that "
         "contributed one record to each; None: no finite ε at composed_delta.")
-    composed_delta: float | None = None
+    composed_delta: float | None = Field(
+        None, description="δ at which composed_epsilon holds: the study's budget δ if it has "
+        "one, else δ for round 1 (the round's own guarantee) and (r + 1)·δ for r ≥ 2 rounds "
+        "(r·δ is what the rounds' δ add up to; one δ more buys a smaller ε), at most 0.5 "
+        "(docs/accounting.md).")
     rounds_composed: int | None = None
     composition: str | None = Field(None, description="The composition theorem applied.")
 
@@ -68,9 +72,6 @@ class PrivacyReport(BaseModel):
     def from_calibration(cls, cal: Calibration, composed: Composed | None = None) -> PrivacyReport:
         """Copy the guarantee-bearing fields of a calibration, and the composed guarantee."""
         fields = cal.model_dump(include=set(cls.model_fields))
-        # The deployed mechanism's δ: the calibration's and the norm check's share.
-        fields["delta"] = cal.guaranteed_delta
-        fields["delta_split"] = cal.guaranteed_delta_split
         if composed is not None:
             fields |= {"composed_epsilon": composed.epsilon, "composed_delta": composed.delta,
                        "rounds_composed": composed.rounds, "composition": composed.composition}

@@ -23,9 +23,9 @@ def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
     rows = [
         ("mode", f"{cal.mode} ({'proven' if cal.proven else 'NOT proven: for reproducing the paper'})"),
         ("neighbouring data sets", cal.neighbouring),
-        ("central (ε, δ)", (f"({fmt(cal.epsilon)}, {fmt(cal.guaranteed_delta)})  — δ = "
-                            f"{fmt(cal.delta)} from the calibration + "
-                            f"{fmt(cal.norm_check_delta)} from the aggregator's norm check")),
+        ("central (ε, δ)", (f"({fmt(cal.epsilon)}, {fmt(cal.delta)})  — δ = "
+                            f"{fmt(cal.mechanism_delta)} for the noise (Steps 1–7) + "
+                            f"{fmt(cal.norm_check_delta)} for the aggregator's norm check")),
         ("n, d", f"{cal.n}, {cal.d}"),
         ("λ, P, η", f"{fmt(cal.lam)}, {fmt(cal.p_bound)}, {fmt(cal.eta)}"),
         ("ζ = λη + P", fmt(cal.zeta)),
@@ -47,12 +47,29 @@ def calibration_rows(cal: Calibration) -> list[tuple[str, str]]:
     rows += [
         ("linear sensitivity", fmt(cal.linear_sensitivity)),
         ("ε split", _split(cal.epsilon_split)),
-        ("δ split", _split(cal.guaranteed_delta_split)),
+        ("δ split", _split(cal.delta_split)),
     ]
-    local = (f"({fmt(cal.local_epsilon, 5)}, {fmt(cal.local_delta)})  — each record alone is "
-             "only weakly protected; the central guarantee is the one to quote")
+    local = (f"({fmt(cal.local_epsilon, 5)}, {fmt(cal.local_delta)})  — "
+             f"{local_protection(cal.local_epsilon)}")
     rows.append(("local (ε, δ) of one record", local))
     return rows
+
+
+LOCAL_EPSILON_STRONG = 1.0
+"""A local ε at most this protects a record on its own about as well as a central ε of 1."""
+LOCAL_EPSILON_WEAK = 10.0
+"""Past this local ε a record on its own is barely protected: e^ε > 20,000."""
+
+
+def local_protection(local_epsilon: float | None) -> str:
+    """What the local ε of one record means, in words that follow its value (docs/security.md)."""
+    if local_epsilon is not None and local_epsilon <= LOCAL_EPSILON_STRONG:
+        return "each record alone is well protected too (local ε ≤ 1)"
+    if local_epsilon is not None and local_epsilon <= LOCAL_EPSILON_WEAK:
+        return ("each record alone is moderately protected (1 < local ε ≤ 10); the central "
+                "guarantee is the one to quote")
+    return ("each record alone is only weakly protected (local ε > 10): guard the records topic "
+            "and Redis like raw data; the central guarantee is the one to quote")
 
 
 def _split(parts: dict[str, float]) -> str:

@@ -244,7 +244,7 @@ class Study(BaseModel):
         from ipdp.accounting import rounds_within_budget
 
         # Each round's δ is the deployed mechanism's, the norm check's share included.
-        within = rounds_within_budget(self.epsilon, self.calibration.guaranteed_delta,
+        within = rounds_within_budget(self.epsilon, self.calibration.delta,
                                       self.budget_epsilon,
                                       self.budget_delta,
                                       limit=self.max_rounds or BUDGET_ROUNDS_COUNTED)

@@ -197,7 +197,7 @@ class Contributor:
         """This device's per-round guarantee: the study's (ε, δ) for one record, the group-privacy
         cost (kε, k·e^{(k−1)ε}·δ) when it may send k = records_per_device."""
         cal = self.study.calibration
-        return group_privacy(cal.epsilon, cal.guaranteed_delta, self.records_per_device)
+        return group_privacy(cal.epsilon, cal.delta, self.records_per_device)
 
     def encode_many(self, x, y) -> tuple[np.ndarray, list[bytes]]:
         """Perturb and wire-encode k examples without sending: (ids (k,16) uint8, values).

@@ -64,7 +64,7 @@ def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no
     solve_s = time.perf_counter() - started
     # The study's guarantee after rounds 1 … round_no for a device in each once (at the
     # budget's δ when the study has a budget).
-    composed = compose(cal.epsilon, cal.guaranteed_delta, round_no, study.budget_delta)
+    composed = compose(cal.epsilon, cal.delta, round_no, study.budget_delta)
     return ModelMessage(
         study_id=study.study_id, round=round_no, n=count, d=study.d, loss=study.loss,
         weights=solution.w.tolist(), constraint_active=solution.constrained,

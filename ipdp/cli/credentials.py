@@ -31,7 +31,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    default=None, help="1: one signature per credential (121-byte tokens); 2: "
                    "batches of up to 2^20 credentials under one signature (a Merkle tree; "
                    "158 + 32·⌈log2 batch⌉ bytes), which the gateway and the aggregator verify "
-                   "in a few µs per new device instead of ~100. Default: 2 when --count > 1.")
+                   "with a few hashes per new device instead of a signature each. Default: 2 "
+                   "when --count > 1.")
     p.add_argument("--valid-for", dest="valid_for", type=int, default=None, metavar="SECONDS",
                    help="Validity; at most the aggregator's replay window "
                    "(IPDP_AGGREGATOR_REPLAY_WINDOW_S), which is also the default.")

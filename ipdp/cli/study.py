@@ -89,7 +89,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     study = study_from_args(args)
     cal = study.calibration
     if args.json:
-        # "delta" is the calibration's; "guaranteed_delta" the published models' (docs/privacy.md).
+        # "delta" is the published models', the norm check's share included (docs/privacy.md).
         print(json.dumps(cal.model_dump(), sort_keys=True))
     else:
         print(calibration_table(cal))

@@ -54,6 +54,16 @@ def test_no_finite_epsilon_below_the_rounds_own_delta():
     assert "Kairouz" in report.composition
 
 
+def test_one_round_reports_its_own_guarantee_not_a_composition():
+    report = compose(1.0, 0.01, 1)
+    assert (report.epsilon, report.delta, report.rounds) == (1.0, 0.01, 1)
+    assert "nothing composed" in report.composition
+    # Against a budget's δ, one round is still put through the accountant.
+    budgeted = compose(1.0, 0.01, 1, target_delta=0.05)
+    assert budgeted.delta == 0.05 and budgeted.epsilon < 1.0
+    assert "Kairouz" in budgeted.composition
+
+
 def test_a_budget_allows_the_last_round_whose_composed_epsilon_fits():
     # By the formula above: 2 rounds of (1, 0.01) are (1.94…, 0.05)-DP, 3 need ε ≈ 2.945.
     assert optimal_delta(1.0, 0.01, 2, 2.0) <= 0.05 < optimal_delta(1.0, 0.01, 3, 2.0)
@@ -86,8 +96,8 @@ def test_group_privacy_is_k_epsilon_and_k_e_to_the_k_minus_one_epsilon_delta():
 def test_a_device_may_send_one_record_per_round_unless_allowed_more():
     study = Study(**STUDY)
     c = Contributor(study, producer=None, topic="unused", noise=np.random.default_rng(1))
-    # The deployed mechanism's δ: the calibration's 0.01 and the norm check's 10⁻⁵.
-    assert c.privacy.epsilon == 1.0 and c.privacy.delta == pytest.approx(0.01001, rel=1e-12)
+    # The deployed mechanism's δ is the study's: the norm check's 10⁻⁵ is taken out of it.
+    assert (c.privacy.epsilon, c.privacy.delta) == (1.0, 0.01)
     c.encode_many(np.zeros((1, 3)), np.zeros(1))
     with pytest.raises(TooManyRecords, match="group privacy"):
         c.encode_many(np.zeros((1, 3)), np.zeros(1))
@@ -97,7 +107,7 @@ def test_a_device_may_send_one_record_per_round_unless_allowed_more():
     allowed = Contributor(study, producer=None, topic="unused", records_per_device=2)
     allowed.encode_many(np.zeros((2, 3)), np.zeros(2))
     assert allowed.privacy.epsilon == 2.0
-    assert allowed.privacy.delta == pytest.approx(2 * math.e * 0.01001)
+    assert allowed.privacy.delta == pytest.approx(2 * math.e * 0.01)
     assert "group privacy" in allowed.privacy.theorem
 
 

@@ -74,12 +74,15 @@ def test_the_proof_admits_the_reviewed_noise_and_refuses_a_tenth_of_its_linear_n
                   noise_std=(math.sqrt(sigma_u2 / n), math.sqrt(sigma_b2 / 10 / n)))
 
 
-def test_paper_sigma_b2_is_kifer_noise_at_half_delta():
+def test_paper_sigma_b2_is_kifer_noise_at_half_the_mechanisms_delta():
     cal = calibrate(mode="paper", n=10_000, d=14, delta_in=1e-6, **REFERENCE)
     zeta = 1.0 * 1.0 + 1.0
     assert cal.zeta == zeta
-    assert cal.sigma_b2 == pytest.approx(zeta**2 * (8 * math.log(2 / 0.005) + 4) / 1.0)
-    assert cal.delta_split == {"gamma": 0.005, "delta_prime": 0.005}
+    # Algorithm 1 runs at δ_M = 0.00999, the norm check spends the study's other 10⁻⁵.
+    half = 0.5 * 0.01 * (1 - 1e-3)
+    assert cal.sigma_b2 == pytest.approx(zeta**2 * (8 * math.log(2 / half) + 4) / 1.0)
+    assert cal.delta_split == pytest.approx({"gamma": half, "delta_prime": half,
+                                             "norm_check": 1e-5})
     assert cal.proven is False and cal.linear_sensitivity == zeta
 
 
@@ -112,7 +115,9 @@ def assert_every_inequality_of_the_proof(cal: Calibration) -> None:
     delta_k, gamma1, gamma2 = (cal.delta_split[k] for k in ("delta_k", "gamma_1", "gamma_2"))
     # Step 7: the budgets add up.
     assert eps1 > 0.0 and eps2 > 0.0 and eps1 + eps2 == pytest.approx(cal.epsilon, rel=1e-12)
-    assert delta_k > 0.0 and delta_k + gamma1 + gamma2 <= cal.delta * (1 + 1e-12)
+    assert delta_k > 0.0 and delta_k + gamma1 + gamma2 <= cal.mechanism_delta * (1 + 1e-12)
+    # The norm check's share is on top of the proof's and within the reported δ.
+    assert cal.mechanism_delta + cal.norm_check_delta <= cal.delta
     if cal.sigma_u2 == 0.0:  # no noise on q: λ′ = λ and the ridge alone is β (no γ spent)
         assert (cal.lambda_prime, gamma1, gamma2) == (cal.lam, 0.0, 0.0)
         beta = cal.delta_in
@@ -146,7 +151,10 @@ def test_rigorous_sigma_u_is_the_least_that_meets_the_log_det_condition():
 def test_rigorous_delta_split_adds_up_to_delta():
     cal = calibrate(mode="rigorous", n=10_000, d=14, delta_in=0.0, **REFERENCE)
     assert sum(cal.delta_split.values()) == pytest.approx(0.01)
-    assert set(cal.delta_split) == {"delta_k", "gamma_1", "gamma_2"}
+    assert sum(cal.delta_split.values()) <= cal.delta * (1 + 1e-12) and cal.delta == 0.01
+    assert set(cal.delta_split) == {"delta_k", "gamma_1", "gamma_2", "norm_check"}
+    proof = cal.delta_split["delta_k"] + cal.delta_split["gamma_1"] + cal.delta_split["gamma_2"]
+    assert proof == pytest.approx(cal.mechanism_delta) and cal.mechanism_delta == 0.01 - 1e-5
 
 
 def test_large_delta_in_needs_no_noise_on_q_and_reports_no_local_guarantee():
@@ -154,7 +162,7 @@ def test_large_delta_in_needs_no_noise_on_q_and_reports_no_local_guarantee():
     assert cal.sigma_u2 == 0.0
     assert cal.local_epsilon is None
     assert cal.epsilon_split["log_det"] == pytest.approx(math.log(1.5))
-    assert cal.delta_split["delta_k"] == 0.01
+    assert cal.delta_split["delta_k"] == cal.mechanism_delta == 0.01 - 1e-5
 
 
 def test_a_fixed_log_det_share_is_honoured():
@@ -553,6 +561,10 @@ def test_a_study_created_before_the_error_rule_keeps_its_noise_and_its_hash(stor
                                          rel=1e-12)
     if cal.proven:
         assert_every_inequality_of_the_proof(cal)
+    # Proven again within the study's δ, or, where its noise was chosen for the whole δ, the
+    # δ it spends: the study's plus the norm check's share.
+    assert cal.delta in (study.delta, study.delta + cal.norm_check_delta)
+    assert sum(cal.delta_split.values()) <= cal.delta * (1 + 1e-12)
     # Less noise than it carries is refused: the text's noise is checked, not believed.
     envelope = json.loads(stored["envelope"])
     text = json.loads(envelope["study"])

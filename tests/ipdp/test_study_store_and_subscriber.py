@@ -323,7 +323,7 @@ def test_models_cli(env_topics, producer, capsys):
     cap = capsys.readouterr()
     lines = cap.out.splitlines()
     assert len(lines) == 3
-    assert lines[0].startswith("m-a  round 1  n=10000  ‖w‖=0.5000  ε=1  δ=0.01001  mode=rigorous")
+    assert lines[0].startswith("m-a  round 1  n=10000  ‖w‖=0.5000  ε=1  δ=0.01  mode=rigorous")
     assert "solve" not in lines[0]  # a data-dependent duration is never published
     assert "‖w‖=1.0000" in lines[2]
     assert "1 duplicate(s) dropped" in cap.err

@@ -160,9 +160,10 @@ def test_a_budget_for_exactly_two_rounds_closes_the_study_before_the_third(
     status = r.hget(state.StudyKeys(study.study_id).study, "status")
     assert status == StudyStatus.CLOSED.value.encode()
     assert r.hget(state.StudyKeys(study.study_id).counts, "folded") == str(2 * study.n).encode()
-    # Each round enters as the deployed mechanism's (ε, δ): δ and the norm check's share.
-    per_round_delta = study.calibration.guaranteed_delta
-    assert per_round_delta == pytest.approx(0.01001, rel=1e-12)
+    # Each round enters as the deployed mechanism's (ε, δ), the study's: the norm check's share
+    # is taken out of δ.
+    per_round_delta = study.calibration.delta
+    assert per_round_delta == 0.01
     for m in models:
         assert (m.privacy.rounds_composed, m.privacy.composed_delta) == (m.round, 0.05)
         assert m.privacy.composed_epsilon == composed_epsilon(1.0, per_round_delta, m.round,

@@ -28,3 +28,12 @@ def test_a_paper_mode_model_says_its_guarantee_is_not_proven():
 def test_the_published_message_carries_no_solve_duration():
     message = _model()
     assert "solve_seconds" not in message.model_dump()
+
+
+def test_a_one_round_model_reports_the_studys_delta_and_composes_nothing():
+    privacy = _model().privacy
+    assert (privacy.epsilon, privacy.delta) == (1.0, 0.01)
+    assert (privacy.composed_epsilon, privacy.composed_delta, privacy.rounds_composed) == (
+        1.0, 0.01, 1)
+    assert "nothing composed" in privacy.composition
+    assert sum(privacy.delta_split.values()) <= privacy.delta * (1 + 1e-12)

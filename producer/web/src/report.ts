@@ -8,7 +8,7 @@ const LOSS_WORDS = {
 } as const;
 
 /**
- * The share of δ the aggregator's norm check adds to the published guarantee
+ * The share of the study's δ the aggregator's norm check spends; the noise spends the rest
  * (ipdp.calibration.REJECTION_DELTA_SHARE, docs/privacy.md "The norm check").
  */
 export const NORM_CHECK_DELTA_SHARE = 1e-3;
@@ -23,10 +23,10 @@ export function privacyReport(verified: VerifiedStudy): string[] {
   const sentences = [
     `Study ${s.studyId} trains ${LOSS_WORDS[s.loss]} on d = ${num(s.d)} features.`,
     `Each published model is computed from exactly n = ${num(s.n)} contributions and is ` +
-      `(ε = ${num(s.epsilon)}, δ = ${num(s.delta * (1 + NORM_CHECK_DELTA_SHARE))})-` +
+      `(ε = ${num(s.epsilon)}, δ = ${num(s.delta)})-` +
       `differentially private: your one contribution changes the chance of any model by at ` +
-      `most a factor e^ε ≈ ${num(Math.exp(s.epsilon))}, except with probability δ (the ` +
-      `study's δ = ${num(s.delta)}, and a thousandth of it for the service's check of the ` +
+      `most a factor e^ε ≈ ${num(Math.exp(s.epsilon))}, except with probability δ (of which ` +
+      `${num(s.delta * NORM_CHECK_DELTA_SHARE)} is spent on the service's check of the ` +
       "records it receives).",
     s.mode === "rigorous"
       ? "The noise follows ipdp's rigorous calibration (the default), which repairs a gap in " +
