@@ -46,10 +46,6 @@ class DeviceRequest(NamedTuple):
     whole: bool
 
 
-class _HeadTooLarge(Exception):
-    """Raised from a parser callback to stop parsing a head above the limit."""
-
-
 class _Request:
     """A request being read or waiting for its turn."""
 
@@ -101,6 +97,7 @@ class HttpConnection(asyncio.Protocol):
         self.continue_owed = False
         self.close_after = False
         self.admitted = False
+        self.head_too_large = False
         self._disconnected: asyncio.Future | None = None
 
     # asyncio.Protocol
@@ -130,15 +127,12 @@ class HttpConnection(asyncio.Protocol):
         self.received += len(data)
         try:
             self.parser.feed_data(data)
-        except _HeadTooLarge:
-            self._refuse(RejectReason.HEADERS_TOO_LARGE, self._head_detail())
-            return
         except httptools.HttpParserUpgrade:
             # No protocol upgrades: answer what came, read no more, then close.
             self.close_after = True
             self.transport.pause_reading()
-        except httptools.HttpParserError as exc:
-            if isinstance(exc.__context__, _HeadTooLarge):
+        except httptools.HttpParserError:
+            if self.head_too_large:
                 self._refuse(RejectReason.HEADERS_TOO_LARGE, self._head_detail())
             else:
                 self._refuse(RejectReason.BAD_REQUEST, "malformed HTTP request", 400)
@@ -173,7 +167,9 @@ class HttpConnection(asyncio.Protocol):
         request, self.in_head = self.reading, False
         if (len(request.url) + sum(len(n) + len(v) + 4 for n, v in request.headers)
                 > self.settings.max_header_bytes):
-            raise _HeadTooLarge
+            # An exception in a callback stops the parser (feed_data raises a parser error).
+            self.head_too_large = True
+            raise ValueError("request head too large")
         self.server.table.busy(self)
         request.method = self.parser.get_method()
         request.keep_alive = self.parser.should_keep_alive()

@@ -1,9 +1,9 @@
 """The gateway's HTTP/1.1 server: httptools' parser on an asyncio protocol (docs/architecture.md,
 "The gateway's server"; the limits are in docs/operations.md).
 
-Each connection is a :class:`~gateway.http_connection.HttpConnection`; the server of one worker (:class:`HttpServer`)
-owns the connection table (gateway.connections: caps per address and prefix, eviction) and the
-deadlines. Per request it enforces
+Each connection is a :class:`~gateway.http_connection.HttpConnection`; the server of one worker
+(:class:`HttpServer`) owns the connection table (gateway.connections: caps per address and
+prefix, eviction) and the deadlines. Per request it enforces
 
 - a largest request head (``max_header_bytes``): 431 ``headers_too_large``, connection closed;
 - a head deadline (``header_timeout_s``, from the connection's opening or a request's first

@@ -13,7 +13,8 @@ class GatewaySettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a container).")
     port: int = Field(8080, ge=0, le=65535, description="TCP port; 0 picks a free one.")
-    workers: int = Field(1, ge=1, description="Worker processes sharing the listening socket (each its own producer).")
+    workers: int = Field(1, ge=1, description="Worker processes sharing the listening socket "
+                         "(each its own producer).")
     max_body_bytes: int = Field(
         4 << 20, ge=64, description="Largest request body; a longer one is refused with 413.")
     max_message_bytes: int = Field(

@@ -1,4 +1,4 @@
-"""`ipdp bench accuracy|throughput|devices`, `ipdp soak` and `ipdp audit`: bench/, which prints tables."""
+"""`ipdp bench accuracy|throughput|devices|flood`, `ipdp soak` and `ipdp audit`: bench/, which prints tables."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `bench`, `soak` and `audit` (bench/ is installed with ipdp)."""
-    from bench import accuracy, audit, credentials, devices, soak, throughput
+    from bench import accuracy, audit, credentials, devices, flood, soak, throughput
 
     bench = sub.add_parser("bench", help="Benchmarks that print tables (docs/benchmarks.md).")
     kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
@@ -27,6 +27,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     devices.add_arguments(p)
     p.set_defaults(func=devices.run)
+    p = kinds.add_parser(
+        "flood", help="Floods against a live gateway: what they leave honest devices.",
+        description=flood.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    flood.add_arguments(p)
+    p.set_defaults(func=flood.run)
     p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times; check invariants.")
     soak.add_arguments(p)
     p.set_defaults(func=soak.run)

@@ -1,0 +1,157 @@
+"""The connection flood against a live gateway: idle connections held from a few addresses.
+
+16 source addresses × 256 connections (each address at the per-address cap), every one opened
+and then left silent, and opened again as soon as the gateway closes it (at the head deadline,
+or to make room for another), from loopback addresses only. Two layouts: the 16 addresses in one
+/24 (127.0.5.1–16, which the per-prefix cap bounds) and in 16 different /24s (127.6.x.1, which
+only eviction answers, as together they fill a worker's 4,096 connections). While the flood
+runs, a probe from another address (127.0.8.x) opens a connection once a second and asks for
+``/healthz``: answered within 2 s or not. The caller measures the device rate beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["LAYOUTS", "FloodResult", "probe", "run_flood"]
+
+#: The flood's source addresses per layout.
+LAYOUTS: dict[str, list[str]] = {
+    "one /24": [f"127.0.5.{i}" for i in range(1, 17)],
+    "16 /24s": [f"127.6.{i}.1" for i in range(1, 17)],
+}
+#: Connections per source address (the default IPDP_GATEWAY_MAX_CONNECTIONS_PER_CLIENT).
+PER_SOURCE = 256
+#: A probe counts as answered if its whole answer came within this long.
+PROBE_TIMEOUT_S = 2.0
+#: How long a flood connection waits before another try when it could not connect.
+_RETRY_S = 0.05
+#: Openings per flood connection at most (the gateway may close one at once, every time).
+_MAX_OPENINGS = 100_000
+
+
+@dataclass
+class FloodResult:
+    layout: str
+    probes: int
+    answered: int
+    slowest_s: float | None
+    #: Connections the flood opened in all (the initial ones and the re-openings).
+    opened: int
+
+
+async def _hold(host: str, port: int, source: str, deadline: float, opened: list[int]) -> None:
+    """Keep one silent connection from ``source`` open until ``deadline``, opening another
+    whenever the gateway closes it (at most one opening per ``_RETRY_S`` while refused)."""
+    loop = asyncio.get_running_loop()
+    for _ in range(_MAX_OPENINGS):
+        if loop.time() >= deadline:
+            return
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, local_addr=(source, 0)),
+                max(0.01, deadline - loop.time()))
+        except (OSError, TimeoutError):
+            await asyncio.sleep(_RETRY_S)
+            continue
+        opened[0] += 1
+        try:
+            await asyncio.wait_for(reader.read(1), max(0.01, deadline - loop.time()))
+        except (OSError, TimeoutError):
+            pass
+        writer.close()
+
+
+async def _flood(host: str, port: int, sources: list[str], per_source: int,
+                 seconds: float) -> int:
+    deadline = asyncio.get_running_loop().time() + seconds
+    opened = [0]
+    await asyncio.gather(*(_hold(host, port, source, deadline, opened)
+                           for source in sources for _ in range(per_source)))
+    return opened[0]
+
+
+def _flood_process(host: str, port: int, sources: list[str], per_source: int, seconds: float,
+                   out: multiprocessing.Queue) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = len(sources) * per_source + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    try:
+        import uvloop
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        out.put(runner.run(_flood(host, port, sources, per_source, seconds)))
+
+
+def probe(host: str, port: int, source: str, timeout_s: float = PROBE_TIMEOUT_S
+          ) -> float | None:
+    """Seconds a new connection from ``source`` took to get ``/healthz`` answered 200; None if
+    not within ``timeout_s``."""
+    import socket
+
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s,
+                                      source_address=(source, 0)) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            raw = b""
+            while time.monotonic() - t0 < timeout_s:
+                sock.settimeout(max(0.01, timeout_s - (time.monotonic() - t0)))
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                raw += chunk
+    except OSError:
+        return None
+    elapsed = time.monotonic() - t0
+    return elapsed if raw.startswith(b"HTTP/1.1 200") and elapsed <= timeout_s else None
+
+
+def run_flood(url: str, layout: str | None, *, probes: int = 30, ramp_s: float = 5.0,
+              per_source: int = PER_SOURCE, beside: Callable[[], None] | None = None
+              ) -> FloodResult:
+    """Flood the gateway at ``url`` with ``layout``'s connections (None: no flood, the
+    reference); after ``ramp_s`` (the flood in place), send ``probes`` probes, one a second,
+    and run ``beside`` (the caller's device load) in a thread alongside them."""
+    import threading
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    seconds = ramp_s + probes + PROBE_TIMEOUT_S + 1
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = context.Queue()
+    flood = None
+    if layout is not None:
+        flood = context.Process(target=_flood_process, args=(
+            host, int(port), LAYOUTS[layout], per_source, seconds, results))
+        flood.start()
+    load = threading.Thread(target=beside) if beside is not None else None
+    try:
+        if flood is not None:
+            time.sleep(ramp_s)
+        if load is not None:
+            load.start()
+        times = []
+        start = time.monotonic()
+        for i in range(probes):
+            times.append(probe(host, int(port), f"127.0.8.{i % 250 + 1}"))
+            time.sleep(max(0.0, start + i + 1 - time.monotonic()))
+        if load is not None:
+            load.join()
+        opened = results.get(timeout=seconds + 60) if flood is not None else 0
+    finally:
+        if flood is not None:
+            flood.join(timeout=seconds + 60)
+            if flood.is_alive():
+                flood.kill()
+                flood.join()
+    answered = [t for t in times if t is not None]
+    return FloodResult(layout or "none", probes, len(answered),
+                       max(answered) if answered else None, opened)
