@@ -18,10 +18,12 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.devices import D, _stop, _wrk, start_server, wrk_script
 from bench.flood_connections import LAYOUTS, run_flood
+from bench.gateway_load import _cpu_seconds
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import ensure_topics, kafka_producer
@@ -63,11 +65,14 @@ def measure_connections(*, probes: int = 30, device_seconds: float = 15,
                     device.update(_wrk(f"{url}/studies/{STUDY_ID}/records", script,
                                        min(device_seconds, probes), connections, threads))
 
+                cpu, t0 = _cpu_seconds(gateway.pid), time.monotonic()
                 result = run_flood(url, layout, probes=probes, beside=load)
+                gateway_cpu = (_cpu_seconds(gateway.pid) - cpu) / (time.monotonic() - t0)
                 rows.append({"attack": "connections", "layout": result.layout,
                              "probes": result.probes, "answered": result.answered,
                              "slowest_probe_s": result.slowest_s,
                              "opened": result.opened,
+                             "flood_cpu_s": result.flood_cpu_s, "gateway_cpu": gateway_cpu,
                              "device_rps": device["accepted"] / (device["duration_us"] / 1e6),
                              "device_p99_ms": device["p99_us"] / 1000})
         finally:
@@ -80,12 +85,14 @@ def measure_connections(*, probes: int = 30, device_seconds: float = 15,
 def print_table(rows: list[dict]) -> None:
     out = sys.stderr
     print("| attack | flood from | probes answered ≤ 2 s | slowest probe | flood connections "
-          "opened | device 202/s | × unflooded | device p99 |", file=out)
-    print("|---|---|--:|--:|--:|--:|--:|--:|", file=out)
+          "opened | flood CPU s | gateway CPU (cores) | device 202/s | × unflooded | "
+          "device p99 |", file=out)
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|", file=out)
     for r in rows:
         slowest = "—" if r["slowest_probe_s"] is None else f"{r['slowest_probe_s']:.2f} s"
         print(f"| {r['attack']} | {r['layout']} | {r['answered']}/{r['probes']} | {slowest} | "
-              f"{r['opened']:,} | {r['device_rps']:,.0f} | {r['device_vs_unflooded']:.2f} | "
+              f"{r['opened']:,} | {r['flood_cpu_s']:.1f} | {r['gateway_cpu']:.2f} | "
+              f"{r['device_rps']:,.0f} | {r['device_vs_unflooded']:.2f} | "
               f"{r['device_p99_ms']:.1f} ms |", file=out)
 
 

@@ -43,6 +43,8 @@ class FloodResult:
     slowest_s: float | None
     #: Connections the flood opened in all (the initial ones and the re-openings).
     opened: int
+    #: CPU seconds the flooding process used (on this machine, taken from everyone else).
+    flood_cpu_s: float
 
 
 async def _hold(host: str, port: int, source: str, deadline: float, opened: list[int]) -> None:
@@ -88,7 +90,9 @@ def _flood_process(host: str, port: int, sources: list[str], per_source: int, se
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        out.put(runner.run(_flood(host, port, sources, per_source, seconds)))
+        opened = runner.run(_flood(host, port, sources, per_source, seconds))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out.put((opened, usage.ru_utime + usage.ru_stime))
 
 
 def probe(host: str, port: int, source: str, timeout_s: float = PROBE_TIMEOUT_S
@@ -145,7 +149,7 @@ def run_flood(url: str, layout: str | None, *, probes: int = 30, ramp_s: float =
             time.sleep(max(0.0, start + i + 1 - time.monotonic()))
         if load is not None:
             load.join()
-        opened = results.get(timeout=seconds + 60) if flood is not None else 0
+        opened, flood_cpu_s = results.get(timeout=seconds + 60) if flood is not None else (0, 0.0)
     finally:
         if flood is not None:
             flood.join(timeout=seconds + 60)
@@ -154,4 +158,4 @@ def run_flood(url: str, layout: str | None, *, probes: int = 30, ramp_s: float =
                 flood.join()
     answered = [t for t in times if t is not None]
     return FloodResult(layout or "none", probes, len(answered),
-                       max(answered) if answered else None, opened)
+                       max(answered) if answered else None, opened, flood_cpu_s)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
+from functools import lru_cache
 from typing import Protocol
 
 __all__ = ["ConnectionTable", "Holder", "prefix_of"]
@@ -31,9 +32,11 @@ class Holder(Protocol):
     def evict(self) -> None: ...
 
 
+@lru_cache(maxsize=1 << 16)
 def prefix_of(host: str, v4_bits: int, v6_bits: int) -> str:
     """The network prefix ``host`` belongs to, as text (an IPv4-mapped IPv6 address counts as
-    IPv4; a host that is not an IP address is its own prefix)."""
+    IPv4; a host that is not an IP address is its own prefix). Kept for the addresses seen
+    last: a flood re-opens its connections from the same few."""
     try:
         address = ipaddress.ip_address(host)
     except ValueError:

@@ -81,7 +81,8 @@ class HttpConnection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server, self.settings, self.app = server, server.settings, server.app
         self.loop = asyncio.get_running_loop()
-        self.parser = httptools.HttpRequestParser(self)
+        #: Made once the connection is admitted (a refused one costs no parser).
+        self.parser: httptools.HttpRequestParser | None = None
         self.transport: asyncio.Transport | None = None
         self.client, self.peer = "", ("", 0)
         #: Bytes received so far (the eviction order).
@@ -111,6 +112,7 @@ class HttpConnection(asyncio.Protocol):
             transport.abort()
             return
         self.admitted = True
+        self.parser = httptools.HttpRequestParser(self)
         self._arm(self.settings.header_timeout_s, _HEAD)
 
     def connection_lost(self, exc: Exception | None) -> None:
