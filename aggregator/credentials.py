@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aggregator.fetch import decode_headers
+from aggregator.batch import Polled, decode_headers
 from ipdp.credentials import CredentialRefused, CredentialVerifier, tokens_of_header
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study
@@ -31,16 +31,17 @@ class CredentialCheck:
         self.verifier = CredentialVerifier(trusted, max_validity_ms=replay_window_s * 1000,
                                            skew_ms=max_future_skew_s * 1000)
 
-    def admit(self, study: Study, batch: RecordBatch, polled, now_ms: int,
-              bad_rows: list) -> RecordBatch:
-        """The rows of ``batch`` (rows of ``polled``, a validate.Polled) whose credential admits
-        them; the others are appended to ``bad_rows`` as (row, reason, detail)."""
+    def admit(self, study: Study, batch: RecordBatch, polled: Polled, now_ms: int,
+              refused: list) -> RecordBatch:
+        """The rows of ``batch`` (rows of ``polled``) whose credential admits them; the others
+        are appended to ``refused`` as (rows of ``polled``, reason, detail), one entry per
+        refused credential."""
         rows = batch.index.tolist()
         m = study.records_per_device
         distinct: dict[object, int] = {}
         which = np.fromiter((distinct.setdefault(t, len(distinct))
                              for t in self._tokens(polled, rows)), np.int64, len(rows))
-        slots, refused = [], {}
+        slots, refusals = [], {}
         no_slots = bytes(16 * m)
         for token, u in distinct.items():
             try:
@@ -48,23 +49,21 @@ class CredentialCheck:
                     raise token
                 slots.append(self.verifier.check(token, study.hash, now_ms).slot_ids(m))
             except CredentialRefused as refusal:
-                refused[u] = refusal
+                refusals[u] = refusal
                 slots.append(no_slots)
         ok = np.ones(len(rows), bool)
-        if refused:
-            for j in np.flatnonzero(np.isin(which, list(refused))).tolist():
-                refusal = refused[int(which[j])]
-                bad_rows.append((rows[j], refusal.reason, refusal.detail))
-                ok[j] = False
+        for u, refusal in refusals.items():
+            hit = which == u
+            refused.append((batch.index[hit], refusal.reason, refusal.detail))
+            ok &= ~hit
         # Every row against its credential's slots at once: (rows, m, 16) comparisons.
         expected = np.frombuffer(b"".join(
             s if type(s) is bytes else s.tobytes() for s in slots), np.uint8).reshape(-1, m, 16)
         in_slots = (batch.record_id[:, None, :] == expected[which]).all(axis=2).any(axis=1)
         outside = ok & ~in_slots
         if outside.any():
-            detail = f"record id is none of its credential's {m} slot id(s)"
-            bad_rows += [(rows[j], RejectReason.CREDENTIAL_BAD_SLOT, detail)
-                         for j in np.flatnonzero(outside).tolist()]
+            refused.append((batch.index[outside], RejectReason.CREDENTIAL_BAD_SLOT,
+                            f"record id is none of its credential's {m} slot id(s)"))
             ok &= in_slots
         return batch if ok.all() else batch.take(ok)
 

@@ -6,11 +6,11 @@ kafka-python parses every fetched record in Python (a varint at a time) and buil
 for the rare rejected record, its headers. :class:`ColumnarRecords` replaces kafka-python's
 per-partition record iterator (``Fetcher.PartitionRecords``) in the aggregator's consumer, and
 nothing else: group membership, fetch requests, positions, pauses, seeks and fetch errors stay
-kafka-python's. A poll then returns, per partition, :class:`Polled` chunks: the records' offsets
-as an array, their values, and their header blocks as they are on the wire
-(:func:`decode_headers` reads one). :func:`batch_of` makes one :class:`Polled` of a whole poll,
-whichever parser made it; the validator and the fold take that batch, and keep or drop its rows
-with index arrays (:meth:`Polled.take`).
+kafka-python's. A poll then returns, per partition, :class:`~aggregator.batch.Polled` chunks:
+the records' offsets as an array, their values, and their header blocks as they are on the wire
+(:func:`~aggregator.batch.decode_headers` reads one). :func:`batch_of` makes one Polled of a
+whole poll, whichever parser made it; the validator and the fold take that batch
+(aggregator/batch.py).
 
 Parsing a version-2 batch (:func:`parse_records`). Records follow one another, each starting
 with its length, so finding them is sequential; but a producer's records are nearly always
@@ -46,9 +46,7 @@ from __future__ import annotations
 import logging
 import operator
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import kafka
 import numpy as np
@@ -57,24 +55,19 @@ from kafka.errors import CorruptRecordError
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import decode_varint
 
+from aggregator.batch import Polled
 from ipdp.errors import IpdpError
-from ipdp.wire import header_study, study_headers
-
-if TYPE_CHECKING:
-    from aggregator.validate import Message
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NOT_IN_CONTAINER", "ColumnarRecords", "Polled", "UnsupportedKafkaClient",
-           "batch_of", "decode_headers", "install", "parse_records", "topic_id_seen"]
+__all__ = ["ColumnarRecords", "UnsupportedKafkaClient", "batch_of", "install", "parse_records",
+           "topic_id_seen"]
 
 #: kafka-python's isolation level value for read_uncommitted (kafka.protocol's IsolationLevel).
 READ_UNCOMMITTED = 0
 _OFFSET = operator.attrgetter("offset")
 _VALUE = operator.attrgetter("value")
 _HEADERS = operator.attrgetter("headers")
-NOT_IN_CONTAINER = -1
-"""The ``index`` of a record that is a Kafka message of its own."""
 
 #: The kafka-python release series whose internals this module was checked against.
 CHECKED_SERIES = "3.0."
@@ -214,67 +207,6 @@ def parse_records(buf: bytes, pos: int, count: int, base_offset: int
     return (np.concatenate(offsets) if offsets else np.zeros(0, np.int64)), values, headers
 
 
-def decode_headers(block) -> list[tuple[str, bytes | None]]:
-    """A record's header block (count, then key/value pairs) as kafka-python's header list;
-    a list is returned as it is (records parsed by kafka-python)."""
-    if not isinstance(block, bytes | bytearray | memoryview):
-        return block or []
-    count, p = decode_varint(block, 0)
-    out = []
-    for _ in range(count):
-        key_len, p = decode_varint(block, p)
-        key = bytes(block[p:p + key_len]).decode("utf-8", errors="replace")
-        p += key_len
-        value_len, p = decode_varint(block, p)
-        out.append((key, None if value_len < 0 else bytes(block[p:p + value_len])))
-        p += max(value_len, 0)
-    return out
-
-
-@dataclass
-class Polled:
-    """Records of a poll as arrays, the one shape from the fetch to the fold: ``partition``,
-    ``offset`` and container ``index`` per row (NOT_IN_CONTAINER for a plain message; the
-    validator gives a container's records 0..k-1), ``values`` and the Kafka ``headers`` (None:
-    none gathered; per row the wire's header block or, from kafka-python's own parser, a header
-    list) in the same order. Headers are read only for rejected rows."""
-
-    partition: np.ndarray
-    offset: np.ndarray
-    values: list
-    index: np.ndarray | None = None
-    headers: list | None = None
-
-    def __post_init__(self) -> None:
-        if self.index is None:
-            self.index = np.full(len(self.values), NOT_IN_CONTAINER, np.int64)
-
-    @classmethod
-    def of(cls, messages: Sequence[Message]) -> Polled:
-        """From Message objects in any order (tests, benchmarks), sorted by (partition, offset)."""
-        polled = cls(np.fromiter((m.partition for m in messages), np.int64, len(messages)),
-                     np.fromiter((m.offset for m in messages), np.int64, len(messages)),
-                     [m.value for m in messages],
-                     headers=[study_headers(m.study_id) if m.study_id else None
-                              for m in messages])
-        return polled.take(np.lexsort((polled.offset, polled.partition)))
-
-    def study_header(self, row: int) -> str | None:
-        """The ``study`` header of row ``row``'s message."""
-        return None if self.headers is None else header_study(decode_headers(self.headers[row]))
-
-    def __len__(self) -> int:
-        """Return the number of rows."""
-        return len(self.values)
-
-    def take(self, rows: np.ndarray) -> Polled:
-        """The rows at positions ``rows``, in that order."""
-        picked = rows.tolist()
-        return Polled(self.partition[rows], self.offset[rows], [self.values[i] for i in picked],
-                      self.index[rows],
-                      None if self.headers is None else [self.headers[i] for i in picked])
-
-
 def batch_of(polled: dict) -> Polled:
     """A poll's records as one Polled in (partition, offset) order: the columnar fetch's chunks
     joined, or kafka-python's ``ConsumerRecord`` objects (``IPDP_AGGREGATOR_COLUMNAR_FETCH=false``)
@@ -287,13 +219,7 @@ def batch_of(polled: dict) -> Polled:
             chunks.append(Polled(np.full(len(recs), tp.partition, np.int64),
                                  np.fromiter(map(_OFFSET, recs), np.int64, len(recs)),
                                  list(map(_VALUE, recs)), headers=list(map(_HEADERS, recs))))
-    if len(chunks) == 1:
-        return chunks[0]
-    return Polled(np.concatenate([c.partition for c in chunks]),
-                  np.concatenate([c.offset for c in chunks]),
-                  [v for c in chunks for v in c.values],
-                  np.concatenate([c.index for c in chunks]),
-                  [h for c in chunks for h in c.headers])
+    return Polled.join(chunks)
 
 
 class _Taken(list):

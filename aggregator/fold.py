@@ -21,9 +21,18 @@ folds them. A zombie that lost its partitions finds every study's offsets moved 
 nothing. A resume to another log (aggregator/logs.py) bumps the partition's epoch, which
 retires every study's offsets of the old log at once.
 
-The phases of one study's fold are explicit: :meth:`Folder._read` (under WATCH) returns a
-:class:`StudyState`, :func:`decide` turns it and the study's rows into a :class:`StudyFold`
-without touching Redis, :func:`write_fold` queues that fold's writes after MULTI.
+:meth:`Folder.fold` reads as its phases: find the checkpoint, check the batch (no Redis state),
+dead-letter what the checks refused, fold each study, move the checkpoint. One study's fold has
+phases of its own: :meth:`Folder._read` (under WATCH) returns a :class:`StudyState`,
+:func:`decide` turns it and the study's rows into a :class:`StudyFold` without touching Redis,
+its refusals are dead-lettered, :func:`write_fold` queues the fold's writes after MULTI, EXEC.
+
+Refusals are arrays (:class:`~aggregator.batch.Refused`) from the checks to the dead-letter topic:
+the checkpoint script counts them per (partition, reason) by one binary search in a blob of
+offsets, the study's transaction per reason, and the dead letters go out in containers
+(ipdp.dead_letters). A refusal costs no more than a fold (docs/security.md, "Against a flood").
+Dead letters are delivered before the commit that counts them, so a crash between the two sends
+them again (at least once) and counts them once (exactly once, with the offsets).
 
 Lua scripts go with ``EVAL`` (``execute_command``), which Redis caches by SHA, on one Redis as
 on a cluster: redis-py's cluster pipeline has neither ``eval`` nor EVALSHA script loading
@@ -42,30 +51,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from aggregator.batch import REASONS, Message, Polled, Refused, Rejection
 from aggregator.credentials import CredentialCheck
 from aggregator.replay import ReplayIds, id_prefixes
-from aggregator.validate import (
-    Message,
-    Polled,
-    Rejection,
-    Resolved,
-    Validator,
-    ValidRows,
-    rejection,
-    split_containers,
-)
-from ipdp import metrics, state
-from ipdp.errors import MalformedValue, SignatureError
+from aggregator.studies import StudyLookup
+from aggregator.validate import Validator, ValidRows, split_containers
+from ipdp import state
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus
-from ipdp.wire import MalformedRecord, RejectReason
+from ipdp.wire import RejectReason
 
 log = logging.getLogger(__name__)
-
-#: A study refused for its signature is looked up again after this many seconds.
-REFUSAL_RETRY_S = 30.0
-#: Most unknown study hashes (and ids) remembered at once.
-UNKNOWN_CACHE_LIMIT = 100_000
 
 #: One study's reads, in one round trip (each redis-py command costs CPU of its own).
 #: KEYS[1] = study hash, KEYS[2] = open round, KEYS[3] = the study's offsets; ARGV = offset
@@ -77,9 +73,10 @@ return {redis.call('HGET', KEYS[1], 'status'),
 """
 
 #: The group's checkpoint. KEYS[1] = offsets hash, KEYS[2] = rejected-counts hash;
-#: ARGV = n, n × (partition, next offset), then per stateless refusal (partition, offset,
-#: reason). Counts the refusals at or past their partition's stored offset (those below were
-#: counted by the fold that moved it), then moves each offset forward, never back.
+#: ARGV = n, n × (partition, next offset), then per (partition, reason) of the stateless
+#: refusals: partition, reason, their offsets (sorted, int64 little-endian, packed). Counts the
+#: refusals at or past their partition's stored offset (those below were counted by the fold
+#: that moved it; a binary search finds the first), then moves each offset forward, never back.
 _CHECKPOINT_LUA = """
 local n = tonumber(ARGV[1])
 local stored = {}
@@ -93,9 +90,16 @@ for i = 0, n - 1 do
 end
 local counted = 0
 for i = 2 + 2 * n, #ARGV, 3 do
-  if tonumber(ARGV[i + 1]) >= stored[ARGV[i]] then
-    redis.call('HINCRBY', KEYS[2], ARGV[i + 2], 1)
-    counted = counted + 1
+  local at, offsets = stored[ARGV[i]], ARGV[i + 2]
+  local lo, hi = 0, #offsets / 8
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if struct.unpack('<i8', offsets, 8 * mid + 1) < at then lo = mid + 1 else hi = mid end
+  end
+  local k = #offsets / 8 - lo
+  if k > 0 then
+    redis.call('HINCRBY', KEYS[2], ARGV[i + 1], k)
+    counted = counted + k
   end
 end
 return counted
@@ -107,7 +111,7 @@ class FoldResult:
     """What one fold did; counts are exact (they were written in the transactions)."""
 
     folded: dict[str, int] = field(default_factory=dict)
-    rejected: list[Rejection] = field(default_factory=list)
+    refused: Refused = field(default_factory=Refused.none)
     closed_rounds: list[tuple[str, int]] = field(default_factory=list)
     open_rounds: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     """study → (round, count, n) after the fold."""
@@ -116,6 +120,11 @@ class FoldResult:
     reseek: dict[int, int] = field(default_factory=dict)
     """partition → offset to seek to, when the batch started past the checkpoint."""
     conflicts: int = 0
+
+    @property
+    def rejected(self) -> list[Rejection]:
+        """The refusals one by one, as objects (stateless ones first, then per study)."""
+        return self.refused.rejections()
 
 
 @dataclass(frozen=True)
@@ -146,18 +155,13 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
-class StudyState:
-    """What one study's fold reads under WATCH."""
+class OpenRound:
+    """A study's round that is filling: its number, how many records it holds, and A, b."""
 
-    status: StudyStatus | None
     round_no: int
     count: int
     a: np.ndarray
     b: np.ndarray
-    folded_below: dict[int, int]
-    """partition → offset below which this study's records are folded."""
-    replayed: np.ndarray
-    """Per valid row: its id was folded within the replay window."""
 
 
 @dataclass(frozen=True)
@@ -167,24 +171,44 @@ class ClosedRound:
     b: np.ndarray
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
+class StudyState:
+    """What one study's fold reads under WATCH."""
+
+    status: StudyStatus | None
+    open_round: OpenRound
+    folded_below: dict[int, int]
+    """partition → offset below which this study's records are folded."""
+    replayed: np.ndarray
+    """Per valid row: its id was folded within the replay window."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundsFilled:
+    """Records added to a study's rounds in order: how many were taken, the rounds they closed,
+    the round left open, and whether the last closed round was the study's last."""
+
+    taken: int
+    closed: list[ClosedRound]
+    open_round: OpenRound
+    study_closed: bool
+
+
+@dataclass(frozen=True, kw_only=True)
 class StudyFold:
     """What one study's transaction writes, decided from its rows and its :class:`StudyState`."""
 
     study: Study
-    folded_ids: np.ndarray
-    closed: list[ClosedRound]
-    round_no: int
-    count: int
-    a: np.ndarray
-    b: np.ndarray
-    study_closed: bool
-    """This fold closed the study (its last round)."""
     was_open: bool
     """The study was open when read; a closed or unknown one folds nothing."""
-    offsets: dict[str, int]
+    folded_ids: np.ndarray
+    closed: list[ClosedRound]
+    open_round: OpenRound
+    study_closed: bool
+    """This fold closed the study (its last round)."""
+    next_offsets: dict[str, int]
     """Fields of the study's offsets hash → next offset."""
-    rejected: list[Rejection]
+    refused: Refused
 
 
 def _first_of_each_id(ids: np.ndarray) -> np.ndarray:
@@ -209,30 +233,13 @@ def _per_row(by_partition: dict[int, int], partition: np.ndarray) -> np.ndarray:
     return np.where(keys[at] == partition, values[at], -1)
 
 
-def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
-           checkpoint: Checkpoint) -> StudyFold:
-    """The decide phase of one study (no Redis): which rows fold, into which rounds, and what
-    is refused for the study's state."""
-    study, sid = v.study, v.study.study_id
-    todo = rows.offset[v.row] >= _per_row(seen.folded_below, rows.partition[v.row])
-    row, ids, q, p = v.row[todo], v.record_id[todo], v.q[todo], v.p[todo]
-    offsets = {checkpoint.field[x]: spans.last[x] + 1
-               for x in np.unique(rows.partition[row]).tolist()}
-    if seen.status != StudyStatus.OPEN:
-        reason = RejectReason.UNKNOWN_STUDY if seen.status is None else RejectReason.CLOSED_STUDY
-        detail = f"study {sid} is {seen.status and seen.status.value}"
-        return StudyFold(study, ids[:0], [], seen.round_no, seen.count, seen.a, seen.b, False,
-                         False, offsets, [rejection(rows, i, reason, detail) for i in row.tolist()])
-    fresh = _first_of_each_id(ids) & ~seen.replayed[todo]
-    # With credentials a record id is a credential's slot: seeing it again is a reuse.
-    reused = ((RejectReason.CREDENTIAL_REUSED, "the credential's slot was already folded")
-              if study.require_credentials else
-              (RejectReason.REPLAYED, "record id already seen within the replay window"))
-    rejected = [rejection(rows, i, *reused) for i in row[~fresh].tolist()]
-    row, ids, q, p = row[fresh], ids[fresh], q[fresh], p[fresh]
-    round_no, count, a, b = seen.round_no, seen.count, seen.a, seen.b
+def fill_rounds(study: Study, open_round: OpenRound, q: np.ndarray, p: np.ndarray
+                ) -> RoundsFilled:
+    """Add the records (q̃, p̃ rows) to ``open_round`` in order, closing a round at exactly n
+    records and opening the next, until the records run out or the study's last round closes."""
+    round_no, count = open_round.round_no, open_round.count
+    a, b = open_round.a.copy(), open_round.b.copy()
     closed: list[ClosedRound] = []
-    study_closed = False
     pos, m, n = 0, len(q), study.n
     while pos < m:
         take = min(n - count, m - pos)
@@ -244,16 +251,50 @@ def decide(rows: Polled, v: ValidRows, seen: StudyState, spans: Spans,
         if count == n:
             closed.append(ClosedRound(round_no, a, b))
             if study.round_limit is not None and round_no >= study.round_limit:
-                study_closed = True
-                break
+                return RoundsFilled(taken=pos, closed=closed, study_closed=True,
+                                    open_round=OpenRound(round_no, 0, a, b))
             round_no, count = round_no + 1, 0
             a, b = np.zeros((study.d, study.d)), np.zeros(study.d)
-    rejected += [rejection(rows, i, RejectReason.CLOSED_STUDY,
-                                f"study {sid} closed after {study.round_limit} "
-                                "rounds (max_rounds or its privacy budget)")
-                 for i in row[pos:].tolist()]
-    return StudyFold(study, ids[:pos], closed, round_no, 0 if study_closed else count, a, b,
-                     study_closed, True, offsets, rejected)
+    return RoundsFilled(taken=pos, closed=closed, study_closed=False,
+                        open_round=OpenRound(round_no, count, a, b))
+
+
+def decide(rows: Polled, valid: ValidRows, seen: StudyState, spans: Spans,
+           checkpoint: Checkpoint) -> StudyFold:
+    """The decide phase of one study (no Redis): which of its valid rows fold, into which
+    rounds, and which are refused for the study's state (closed, or an id seen before)."""
+    study = valid.study
+    not_yet_folded = rows.offset[valid.row] >= _per_row(seen.folded_below,
+                                                        rows.partition[valid.row])
+    todo, replayed = valid.take(not_yet_folded), seen.replayed[not_yet_folded]
+    next_offsets = {checkpoint.field[x]: spans.last[x] + 1
+                    for x in np.unique(rows.partition[todo.row]).tolist()}
+    if seen.status != StudyStatus.OPEN:
+        reason = RejectReason.UNKNOWN_STUDY if seen.status is None else RejectReason.CLOSED_STUDY
+        return StudyFold(
+            study=study, was_open=False, folded_ids=todo.record_id[:0], closed=[],
+            open_round=seen.open_round, study_closed=False, next_offsets=next_offsets,
+            refused=Refused.of(rows, todo.row, reason, f"study {study.study_id} is "
+                               f"{seen.status and seen.status.value}"))
+    first_sight = _first_of_each_id(todo.record_id) & ~replayed
+    seen_before = Refused.of(rows, todo.row[~first_sight], *_seen_before(study))
+    fresh = todo.take(first_sight)
+    filled = fill_rounds(study, seen.open_round, fresh.q, fresh.p)
+    past_last_round = Refused.of(
+        rows, fresh.row[filled.taken:], RejectReason.CLOSED_STUDY,
+        f"study {study.study_id} closed after {study.round_limit} rounds (max_rounds or its "
+        "privacy budget)")
+    return StudyFold(
+        study=study, was_open=True, folded_ids=fresh.record_id[:filled.taken],
+        closed=filled.closed, open_round=filled.open_round, study_closed=filled.study_closed,
+        next_offsets=next_offsets, refused=Refused.join([seen_before, past_last_round]))
+
+
+def _seen_before(study: Study) -> tuple[RejectReason, str]:
+    """Why a record whose id was folded before is refused."""
+    if study.require_credentials:  # a record id is a credential's slot: seeing it is a reuse
+        return RejectReason.CREDENTIAL_REUSED, "the credential's slot was already folded"
+    return RejectReason.REPLAYED, "record id already seen within the replay window"
 
 
 def write_fold(pipe, fold: StudyFold, keys: state.StudyKeys, replay: ReplayIds, *, group: str,
@@ -269,20 +310,19 @@ def write_fold(pipe, fold: StudyFold, keys: state.StudyKeys, replay: ReplayIds, 
         pipe.delete(keys.open)
         pipe.hset(keys.study, "status", StudyStatus.CLOSED.value)
     elif len(fold.folded_ids):
-        a_raw, b_raw = state.pack_stats(fold.a, fold.b)
-        pipe.hset(keys.open, mapping={"round": fold.round_no, "count": fold.count,
-                                      "A": a_raw, "b": b_raw})
+        a_raw, b_raw = state.pack_stats(fold.open_round.a, fold.open_round.b)
+        pipe.hset(keys.open, mapping={"round": fold.open_round.round_no,
+                                      "count": fold.open_round.count, "A": a_raw, "b": b_raw})
     if len(fold.folded_ids):
         replay.add(pipe, keys, fold.folded_ids, now_ms)
     counts = {"folded": len(fold.folded_ids), "rounds_closed": len(fold.closed)}
-    for x in fold.rejected:
-        name = f"{state.REJECTED_FIELD}{x.reason.value}"
-        counts[name] = counts.get(name, 0) + 1
+    counts.update((f"{state.REJECTED_FIELD}{reason.value}", k)
+                  for reason, k in fold.refused.counts().items())
     for name, k in counts.items():
         if k:
             pipe.hincrby(keys.counts, name, k)
-    if fold.offsets:
-        pipe.hset(keys.offsets(group, topic), mapping=fold.offsets)
+    if fold.next_offsets:
+        pipe.hset(keys.offsets(group, topic), mapping=fold.next_offsets)
 
 
 def announce(r: redis.Redis, keys: state.StudyKeys, rounds: Sequence[int]) -> None:
@@ -295,6 +335,23 @@ def announce(r: redis.Redis, keys: state.StudyKeys, rounds: Sequence[int]) -> No
             pipe.xadd(state.ROUNDS_STREAM, {"study": keys.study_id, "round": round_no})
         pipe.srem(keys.unannounced, *rounds)
         pipe.execute()
+
+
+def _refusal_groups(refused: Refused) -> list:
+    """The checkpoint script's arguments for ``refused``: per (partition, reason), the partition,
+    the reason and the sorted offsets packed as int64."""
+    if not len(refused):
+        return []
+    partition, offset = refused.records.partition, refused.records.offset
+    code = refused.reason_codes()
+    order = np.lexsort((offset, code, partition))
+    partition, offset, code = partition[order], offset[order], code[order]
+    starts = np.flatnonzero(np.r_[True, (partition[1:] != partition[:-1])
+                                  | (code[1:] != code[:-1])])
+    ends = np.r_[starts[1:], len(order)]
+    packed = offset.astype("<i8")
+    return [x for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+            for x in (int(partition[s]), REASONS[code[s]].value, packed[s:e].tobytes())]
 
 
 class Folder:
@@ -315,17 +372,11 @@ class Folder:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.r = r
-        self.unknown_ttl_s = unknown_study_ttl_s
-        self._unknown: dict[bytes, float] = {}
-        self._known_ids: set[str] = set()
-        self._unknown_ids: dict[str, float] = {}
         self.group, self.topic = group, topic
-        self.trusted = trusted
-        self._refused: dict[bytes, tuple[float, str]] = {}
         self.offsets_key = state.offsets_key(group, topic)
         self.rejected_key = state.rejected_key(group, topic)
         self.clock = clock
-        self._studies: dict[bytes, Study] = {}
+        self.studies = StudyLookup(r, trusted=trusted, unknown_ttl_s=unknown_study_ttl_s)
         self.validator = Validator(replay_window_s=replay_window_s,
                                    max_future_skew_s=max_future_skew_s,
                                    max_message_bytes=max_message_bytes,
@@ -363,14 +414,17 @@ class Folder:
     def fold(
         self,
         messages: Polled | Sequence[Message],
-        dead_letter: Callable[[list[Rejection]], None] | None = None,
+        dead_letter: Callable[[Refused], None] | None = None,
     ) -> FoldResult:
         """Validate and fold `messages` (a Polled in (partition, offset) order, as the fetch
-        makes it); `dead_letter` is called before each commit (at least once per rejection)."""
+        makes it); `dead_letter` is called with each phase's refusals before the commit that
+        counts them (so at least once per refusal)."""
         now_ms = int(self.clock() * 1000)
         batch = messages if isinstance(messages, Polled) else Polled.of(messages)
         if len(batch) == 0:
             return FoldResult()
+        # 1. Position: the group's checkpoint of each partition; a batch past it is re-read
+        #    from it, what lies below it was folded by an earlier owner.
         spans = Spans.of(batch)
         checkpoint = self._checkpoint(list(spans.first))
         if any(spans.first[p] > o for p, o in checkpoint.offset.items()):
@@ -384,32 +438,44 @@ class Folder:
         result = FoldResult(skipped=int((~unread).sum()))
         if not unread.all():
             batch = batch.take(np.flatnonzero(unread))
-        rows, container_rejects = split_containers(batch, self.validator.max_message_bytes)
-        decoded = self.validator.decode(rows)
-        studies = self._resolve(decoded.study_hashes)
-        registered = self._registered(Validator.unmatched_headers(rows, decoded, studies)) \
-            if None in studies.values() else {}
-        stateless, valid = self.validator.validate(rows, decoded, studies, registered, now_ms)
-        stateless = sorted(container_rejects + stateless,
-                           key=lambda x: (x.message.partition, x.message.offset, x.index or 0))
-        if dead_letter and stateless:
+        # 2. Check: every check that reads no Redis state.
+        rows, stateless, valid = self._check(batch, now_ms)
+        # 3. Dead-letter the checks' refusals, before the checkpoint that counts them.
+        if dead_letter and len(stateless):
             dead_letter(stateless)
-        result.rejected = list(stateless)
+        refused = [stateless]
+        # 4. Fold each study: its own transaction, its own refusals.
         for v in sorted(valid, key=lambda v: v.study.study_id):
-            self._fold_study(rows, v, spans, checkpoint, now_ms, dead_letter, result)
-        if spans.first:
-            self.r.execute_command(
-                "EVAL", _CHECKPOINT_LUA, 2, self.offsets_key, self.rejected_key,
-                len(spans.last), *(x for p, last in spans.last.items() for x in (p, last + 1)),
-                *(y for x in stateless for y in (x.message.partition, x.message.offset,
-                                                 x.reason.value)))
+            refused.append(self._fold_study(rows, v, spans, checkpoint, now_ms, dead_letter,
+                                            result))
+        result.refused = Refused.join(refused)
+        # 5. Checkpoint: move the group's offsets and count the checks' refusals, atomically.
+        self.r.execute_command(
+            "EVAL", _CHECKPOINT_LUA, 2, self.offsets_key, self.rejected_key,
+            len(spans.last), *(x for p, last in spans.last.items() for x in (p, last + 1)),
+            *_refusal_groups(stateless))
         return result
 
+    def _check(self, batch: Polled, now_ms: int) -> tuple[Polled, Refused, list[ValidRows]]:
+        """Split containers, decode, look the studies up and validate: the batch as one row per
+        record, what the checks refused, and what passed them per study."""
+        rows, bad_containers = split_containers(batch, self.validator.max_message_bytes)
+        decoded = self.validator.decode(rows)
+        studies = self.studies.resolve(decoded.study_hashes)
+        registered = self.studies.registered(
+            Validator.unmatched_headers(rows, decoded, studies)) \
+            if None in studies.values() else {}
+        refused, valid = self.validator.validate(rows, decoded, studies, registered, now_ms)
+        return rows, Refused.join([bad_containers, refused]).in_order(), valid
+
     def _fold_study(self, rows: Polled, v: ValidRows, spans: Spans, checkpoint: Checkpoint,
-                    now_ms: int, dead_letter, result: FoldResult) -> None:
-        """One study's transaction: read under WATCH, decide, write, EXEC (redone on conflict)."""
+                    now_ms: int, dead_letter, result: FoldResult) -> Refused:
+        """One study's transaction: read under WATCH, decide, dead-letter its refusals, write,
+        EXEC (redone on conflict). Returns what it refused."""
         keys = state.StudyKeys(v.study.study_id)
-        sent: set[tuple[str, RejectReason]] = set()
+        # Per row of ``rows``: the reason it was dead-lettered with (-1: none), so a redone
+        # transaction sends only refusals it has not sent.
+        sent = np.full(len(rows), -1, np.int64)
         with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -417,10 +483,11 @@ class Folder:
                                keys.offsets(self.group, self.topic))
                     fold = decide(rows, v, self._read(pipe, keys, rows, v, checkpoint), spans,
                                   checkpoint)
-                    fresh = [x for x in fold.rejected if (x.source, x.reason) not in sent]
-                    if dead_letter and fresh:
-                        dead_letter(fresh)
-                    sent.update((x.source, x.reason) for x in fresh)
+                    codes = fold.refused.reason_codes()
+                    unsent = sent[fold.refused.row] != codes
+                    if dead_letter and unsent.any():
+                        dead_letter(fold.refused.take(unsent))
+                    sent[fold.refused.row] = codes
                     pipe.multi()
                     write_fold(pipe, fold, keys, self.replay, group=self.group,
                                topic=self.topic, now_ms=now_ms)
@@ -430,11 +497,12 @@ class Folder:
                     result.conflicts += 1
         announce(self.r, keys, [c.round_no for c in fold.closed])
         sid = keys.study_id
-        result.rejected += fold.rejected
         if fold.was_open:
             result.folded[sid] = len(fold.folded_ids)
             result.closed_rounds += [(sid, c.round_no) for c in fold.closed]
-            result.open_rounds[sid] = (fold.round_no, fold.count, fold.study.n)
+            result.open_rounds[sid] = (fold.open_round.round_no, fold.open_round.count,
+                                       fold.study.n)
+        return fold.refused
 
     def _read(self, pipe, keys: state.StudyKeys, rows: Polled, v: ValidRows,
               checkpoint: Checkpoint) -> StudyState:
@@ -445,79 +513,9 @@ class Folder:
             keys.offsets(self.group, self.topic), *(checkpoint.field[p] for p in partitions))
         a, b = state.unpack_stats(a_raw, b_raw, v.study.d)
         return StudyState(
-            None if status is None else StudyStatus(status.decode()),
-            int(round_no) if round_no is not None else 1,
-            int(count) if count is not None else 0, a, b,
-            {p: int(x) for p, x in zip(partitions, below, strict=True) if x is not None},
-            self.replay.seen(pipe, keys, v.record_id))
-
-    def _resolve(self, hashes: list[bytes]) -> dict[bytes, Resolved]:
-        """Each study hash's study, refusal (a study whose signature does not verify, or whose
-        stored definition cannot be read, looked up again after REFUSAL_RETRY_S so a study
-        re-signed by its owner is taken up without a restart) or None. Studies are cached for good (a study never changes); a hash no study
-        has is remembered as unknown for ``unknown_study_ttl_s``, so made-up hashes cost no
-        Redis lookup each; the hashes not cached are looked up in one HMGET."""
-        now = time.monotonic()
-        out: dict[bytes, Resolved] = {}
-        ask = []
-        for h in hashes:
-            if (study := self._studies.get(h)) is not None:
-                out[h] = study
-            elif (refused := self._refused.get(h)) and now - refused[0] < REFUSAL_RETRY_S:
-                out[h] = MalformedRecord(RejectReason.UNTRUSTED_STUDY, refused[1])
-            elif (since := self._unknown.get(h)) is not None and now - since < self.unknown_ttl_s:
-                out[h] = None
-            else:
-                ask.append(h)
-        if ask:
-            for h, sid in zip(ask, self.r.hmget(state.STUDY_HASHES, ask), strict=True):
-                out[h] = None if sid is None else self._load(h, sid.decode())
-                if out[h] is None:
-                    _remember(self._unknown, h, now, self.unknown_ttl_s)
-        return out
-
-    def _load(self, key: bytes, study_id: str) -> Resolved:
-        try:
-            found = state.load_study(self.r, study_id, self.trusted)
-        except (SignatureError, MalformedValue) as exc:
-            metrics.STUDIES_REFUSED.labels("aggregator").inc()
-            log.error("refusing records of study hash %s: %s", key.hex(), exc)
-            self._refused[key] = (time.monotonic(), str(exc))
-            return MalformedRecord(RejectReason.UNTRUSTED_STUDY, str(exc))
-        if found is None:
-            return None
-        self._refused.pop(key, None)
-        study = self._studies[key] = found[0]
-        study.round_limit  # noqa: B018 - the budget's accounting, once, outside any fold
-        return study
-
-    def _registered(self, names: set[str]) -> dict[str, bool]:
-        """Whether each study id is registered (a registered one stays so; an unregistered one
-        is remembered as such for ``unknown_study_ttl_s``)."""
-        now = time.monotonic()
-        out = {x: True for x in names if x in self._known_ids}
-        ask = sorted(x for x in names if x not in out and not (
-            (since := self._unknown_ids.get(x)) is not None and now - since < self.unknown_ttl_s))
-        out.update((x, False) for x in names if x not in out and x not in ask)
-        if ask:
-            with self.r.pipeline(transaction=False) as pipe:
-                for x in ask:
-                    pipe.exists(state.StudyKeys(x).study)
-                for x, exists in zip(ask, pipe.execute(), strict=True):
-                    out[x] = bool(exists)
-                    if exists:
-                        self._known_ids.add(x)
-                    else:
-                        _remember(self._unknown_ids, x, now, self.unknown_ttl_s)
-        return out
-
-
-def _remember(cache: dict, key, now: float, ttl_s: float) -> None:
-    """Note ``key`` as unknown at ``now``; past UNKNOWN_CACHE_LIMIT entries the expired ones
-    go first, then all (a flood of made-up hashes must not grow memory without bound)."""
-    if len(cache) >= UNKNOWN_CACHE_LIMIT:
-        for k in [k for k, t in cache.items() if now - t >= ttl_s]:
-            del cache[k]
-        if len(cache) >= UNKNOWN_CACHE_LIMIT:
-            cache.clear()
-    cache[key] = now
+            status=None if status is None else StudyStatus(status.decode()),
+            open_round=OpenRound(int(round_no) if round_no is not None else 1,
+                                 int(count) if count is not None else 0, a, b),
+            folded_below={p: int(x) for p, x in zip(partitions, below, strict=True)
+                          if x is not None},
+            replayed=self.replay.seen(pipe, keys, v.record_id))

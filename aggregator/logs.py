@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: The all-zero UUID is Kafka's "no topic id" (a broker older than 2.8).
 NO_TOPIC_ID = "00000000-0000-0000-0000-000000000000"
+#: Why a partition is paused (the ``reason`` of a Pause and of ipdp_partition_pauses_total).
+PAUSE_REASONS = ("log_replaced", "log_truncated", "offset_out_of_range")
 PROBE_TIMEOUT_S = 3.0
 
 

@@ -24,12 +24,12 @@ from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.errors import KafkaError, OffsetOutOfRangeError
 
 from aggregator import fetch
-from aggregator.fetch import Polled
+from aggregator.batch import Polled, Refused
 from aggregator.fold import Folder, FoldResult
-from aggregator.logs import LogGuard, Pause
+from aggregator.logs import PAUSE_REASONS, LogGuard, Pause
 from aggregator.settings import AggregatorSettings
-from aggregator.validate import Rejection
 from ipdp import metrics, state
+from ipdp.dead_letters import dead_letter_headers, encode_dead_letters
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
 from ipdp.redis_io import check_redis, redis_client
@@ -40,6 +40,7 @@ from ipdp.settings import (
     TopicSettings,
     TrustSettings,
 )
+from ipdp.wire import DEAD_LETTER_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -261,9 +262,9 @@ class Aggregator:
         for sid, k in result.folded.items():
             metrics.RECORDS_FOLDED.labels(sid).inc(k)
             self.totals["folded"] += k
-        for x in result.rejected:
-            metrics.RECORDS_DEAD_LETTERED.labels(x.reason.value).inc()
-        self.totals["rejected"] += len(result.rejected)
+        for reason, k in result.refused.counts().items():
+            metrics.RECORDS_DEAD_LETTERED.labels(reason.value).inc(k)
+        self.totals["rejected"] += len(result.refused)
         for sid, _round in result.closed_rounds:
             metrics.ROUNDS_CLOSED.labels(sid).inc()
             log.info("study %s: round %d closed", sid, _round)
@@ -273,23 +274,22 @@ class Aggregator:
             metrics.ROUND_TARGET.labels(sid).set(n)
             metrics.ROUND_PROGRESS.labels(sid).set(count / n)
 
-    def _dead_letter(self, rejections: list[Rejection]) -> None:
-        """Send rejected messages with their reason; delivered (or raising) before the fold commits."""
-        futures = []
-        for x in rejections:
-            value = x.message.value if isinstance(x.message.value, bytes | bytearray) else b""
-            if len(value) > self.settings.max_message_bytes:
-                value = b""
-            headers = [("reason", x.reason.value.encode()), ("detail", x.detail.encode()),
-                       ("source", f"{self.topics.records}:{x.source}".encode())]
-            futures.append(self.producer.send(
-                self.topics.dead_letter, key=x.source.encode(),
-                value=bytes(value), headers=headers))
+    def _dead_letter(self, refused: Refused) -> None:
+        """Send refused records with their reasons, in dead-letter containers
+        (ipdp.dead_letters); delivered (or raising) before the fold commits."""
+        r = refused.records
+        headers = dead_letter_headers(self.topics.records)
+        futures = [self.producer.send(self.topics.dead_letter, key=key, value=value,
+                                      headers=headers)
+                   for key, value in encode_dead_letters(
+                       r.partition, r.offset, r.index, refused.cause,
+                       [(reason.value, detail) for reason, detail in refused.causes], r.values,
+                       max_bytes=self.settings.max_message_bytes)]
         self.producer.flush(timeout=DEAD_LETTER_TIMEOUT_S)
         for f in futures:  # a failed delivery raises here, so the fold does not commit without it
             f.get(timeout=0)
-        log.info("dead-lettered %d records (%s)", len(rejections),
-                 ", ".join(sorted({x.reason.value for x in rejections})))
+        log.info("dead-lettered %d records in %d messages (%s)", len(refused), len(futures),
+                 ", ".join(sorted(reason.value for reason in refused.counts())))
 
     def _with_retry(self, fn: Callable, *args):
         """Run `fn(*args)` until Redis and the dead-letter producer let it through; nothing it did before
@@ -344,7 +344,13 @@ def cmd_run(args) -> int:
     """Entry point of `ipdp aggregator run`."""
     kafka, redis_settings, topics = KafkaSettings(), RedisSettings(), TopicSettings()
     settings = AggregatorSettings()
-    metrics.serve(MetricsSettings())
+    metrics.serve(MetricsSettings(), "aggregator")
+    metrics.start_at_zero(metrics.RECORDS_DEAD_LETTERED,
+                          *((reason.value,) for reason in DEAD_LETTER_REASONS))
+    metrics.start_at_zero(metrics.PARTITION_PAUSES, *((reason,) for reason in PAUSE_REASONS))
+    metrics.start_studies_reader_at_zero("aggregator", topic_values=False)
+    metrics.start_backends_at_zero(("kafka", "poll"), ("kafka", "commit"), ("kafka", "end_offsets"),
+                                   ("kafka", "dead_letter"), ("redis", "fold"))
     agg = Aggregator(kafka, redis_settings, topics, settings)
     install_signal_handlers(agg.stop_event)
     log.info("aggregator: group %s, topic %s", settings.group, topics.records)

@@ -1,12 +1,13 @@
 """Every check on a polled batch that does not depend on Redis state, vectorised per study.
 
-A poll arrives as one :class:`~aggregator.fetch.Polled` (aggregator/fetch.py): partitions,
-offsets and values as the fetch gathered them. Containers (wire version 2) are split into their
-records (one row each, with its position in the container) → decode (ipdp.wire) → (the Folder
-looks the studies up) → known study → dimension → norm bounds → time window. What passes is
-grouped per study as arrays, in (partition, offset, index) order, for the fold; what
-fails becomes a :class:`Rejection` with its reason, for the dead-letter topic. Only rejected
-records ever become Python objects.
+A poll arrives as one :class:`~aggregator.batch.Polled`: partitions, offsets and values as the
+fetch gathered them. Containers (wire version 2) are split into their records (one row each,
+with its position in the container) → decode (ipdp.wire) → (the Folder looks the studies up) →
+known study → dimension → norm bounds → time window → credential. What passes is grouped per
+study as arrays (:class:`ValidRows`), in (partition, offset, index) order, for the fold; what
+fails is refused by row arrays, one reason and detail per group of rows, and becomes one
+:class:`~aggregator.batch.Refused` for the dead-letter topic: no check makes a Python object per
+record it refuses.
 
 The study hash binds every parameter a device used (ipdp.study), so a record perturbed under
 anything but a registered study's exact calibration matches no study: ``study_mismatch`` when the
@@ -21,8 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aggregator.batch import Polled, Refused
 from aggregator.credentials import CredentialCheck
-from aggregator.fetch import NOT_IN_CONTAINER, Polled
+from aggregator.studies import Resolved
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study
 from ipdp.wire import (
@@ -36,50 +38,15 @@ from ipdp.wire import (
     squared_norms,
 )
 
-__all__ = ["NOT_IN_CONTAINER", "Message", "Polled", "Rejection", "Resolved", "ValidRows",
-           "Validator", "rejection", "split_containers"]
+__all__ = ["Decoded", "ValidRows", "Validator", "split_containers"]
+
+#: Rows refused for one reason and detail: (rows of the Polled, reason, detail).
+RefusedRows = tuple[np.ndarray, RejectReason, str]
 
 
-@dataclass(frozen=True)
-class Message:
-    """The parts of a Kafka record the fold needs; ``study_id`` is the device's ``study`` header."""
-
-    partition: int
-    offset: int
-    value: bytes | None
-    study_id: str | None = None
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A record that will not be folded, and why.
-
-    ``message.value`` is the record's own bytes; ``index`` is its position inside a container
-    message (None when the message is the record)."""
-
-    message: Message
-    reason: RejectReason
-    detail: str
-    index: int | None = None
-
-    @property
-    def source(self) -> str:
-        """``partition:offset`` or, inside a container, ``partition:offset#index``."""
-        where = f"{self.message.partition}:{self.message.offset}"
-        return where if self.index is None else f"{where}#{self.index}"
-
-
-def rejection(rows: Polled, row: int, reason: RejectReason, detail: str) -> Rejection:
-    """The Rejection of row ``row`` of ``rows``."""
-    i = int(rows.index[row])
-    return Rejection(Message(int(rows.partition[row]), int(rows.offset[row]), rows.values[row],
-                             rows.study_header(row)), reason, detail,
-                     None if i == NOT_IN_CONTAINER else i)
-
-
-def split_containers(polled: Polled, max_message_bytes: int) -> tuple[Polled, list[Rejection]]:
+def split_containers(polled: Polled, max_message_bytes: int) -> tuple[Polled, Refused]:
     """One row per record: every version-2 value is replaced by its records (index 0..k-1);
-    a container longer than ``max_message_bytes`` is rejected whole as oversized (as a single
+    a container longer than ``max_message_bytes`` is refused whole as oversized (as a single
     record that long is), one that does not split as undecodable."""
     values = polled.values
     try:
@@ -97,8 +64,8 @@ def split_containers(polled: Polled, max_message_bytes: int) -> tuple[Polled, li
                                if isinstance(v, bytes | bytearray | memoryview) and len(v)
                                and v[0] == CONTAINER_VERSION], np.int64)
     if len(containers) == 0:
-        return polled, []
-    rejects: list[Rejection] = []
+        return polled, Refused.none()
+    refused: list[Refused] = []
     parts, offs, idx, vals = [], [], [], []
     heads = None if polled.headers is None else []
     last = 0
@@ -111,15 +78,15 @@ def split_containers(polled: Polled, max_message_bytes: int) -> tuple[Polled, li
             heads += polled.headers[last:c]
         last = c + 1
         if len(values[c]) > max_message_bytes:
-            rejects.append(rejection(
-                polled, c, RejectReason.OVERSIZED,
+            refused.append(Refused.of(
+                polled, [c], RejectReason.OVERSIZED,
                 f"container of {len(values[c])} bytes exceeds {max_message_bytes}"))
             continue
         records = split_container(values[c])
         if records is None:
-            rejects.append(rejection(polled, c, RejectReason.UNDECODABLE,
-                                     "malformed container: count, length or reserved bytes do "
-                                     "not add up"))
+            refused.append(Refused.of(polled, [c], RejectReason.UNDECODABLE,
+                                      "malformed container: count, length or reserved bytes "
+                                      "do not add up"))
             continue
         k = len(records)
         parts.append(np.full(k, polled.partition[c]))
@@ -135,7 +102,7 @@ def split_containers(polled: Polled, max_message_bytes: int) -> tuple[Polled, li
     if heads is not None:
         heads += polled.headers[last:]
     return (Polled(np.concatenate(parts), np.concatenate(offs), vals, np.concatenate(idx), heads),
-            rejects)
+            Refused.join(refused))
 
 
 @dataclass
@@ -149,6 +116,11 @@ class ValidRows:
     q: np.ndarray
     p: np.ndarray
 
+    def take(self, keep: np.ndarray) -> ValidRows:
+        """The rows where (or at the positions) ``keep``."""
+        return ValidRows(self.study, self.row[keep], self.record_id[keep], self.q[keep],
+                         self.p[keep])
+
 
 @dataclass(frozen=True)
 class Decoded:
@@ -156,12 +128,8 @@ class Decoded:
     and the distinct 16-byte study hashes the records carry."""
 
     batches: list[RecordBatch]
-    bad: list[tuple[int, RejectReason, str]]
+    undecoded: list[tuple[int, RejectReason, str]]
     study_hashes: list[bytes]
-
-
-Resolved = Study | MalformedRecord | None
-"""What a study hash names: the study, a refusal (``untrusted_study``), or nothing."""
 
 
 class Validator:
@@ -178,20 +146,19 @@ class Validator:
 
     def decode(self, rows: Polled) -> Decoded:
         """Decode ``rows`` (containers already split), vectorised per dimension."""
-        batches, bad = decode_batch(rows.values, self.max_message_bytes)
+        batches, undecoded = decode_batch(rows.values, self.max_message_bytes)
         keys = np.concatenate([b.study_hash for b in batches]).view("V16").ravel() \
             if batches else np.zeros(0, "V16")
-        return Decoded(batches, [(i, err.reason, err.detail) for i, err in bad],
+        return Decoded(batches, [(i, err.reason, err.detail) for i, err in undecoded],
                        [bytes(k) for k in np.unique(keys)])
 
     def validate(self, rows: Polled, decoded: Decoded, studies: dict[bytes, Resolved],
-                 registered: dict[str, bool], now_ms: int
-                 ) -> tuple[list[Rejection], list[ValidRows]]:
+                 registered: dict[str, bool], now_ms: int) -> tuple[Refused, list[ValidRows]]:
         """Every stateless check; ``studies`` resolves each of ``decoded.study_hashes``,
         ``registered`` says which ``study`` headers of unmatched rows name a registered study
         (:meth:`unmatched_headers`). Rows are in (partition, offset, index) order."""
-        bad_rows = list(decoded.bad)
-        valid: dict[str, list] = {}
+        refused: list[RefusedRows] = []
+        passed: dict[str, list] = {}
         for batch in decoded.batches:
             keys = batch.study_hash.view("V16").ravel()
             if (batch.study_hash == batch.study_hash[0]).all():  # one study: skip the sort
@@ -202,69 +169,59 @@ class Validator:
                 found = studies[bytes(key)]
                 part = batch if inverse is None else batch.take(inverse.ravel() == u)
                 if isinstance(found, MalformedRecord):
-                    bad_rows += [(i, found.reason, found.detail) for i in part.index.tolist()]
+                    refused.append((part.index, found.reason, found.detail))
                 elif found is None:
-                    bad_rows += self._unmatched(rows, part.index.tolist(), bytes(key),
-                                                registered)
+                    refused += self._unmatched(rows, part.index, bytes(key), registered)
                 else:
-                    part = self._check_rows(found, part, now_ms, bad_rows)
+                    part = self._check_rows(found, part, now_ms, refused)
                     if found.require_credentials and len(part):
-                        part = self.credentials.admit(found, part, rows, now_ms, bad_rows)
+                        part = self.credentials.admit(found, part, rows, now_ms, refused)
                     if len(part):
-                        valid.setdefault(found.study_id, [found]).append(part)
-        out = []
-        for study, *parts in valid.values():
-            b = parts[0]
-            row, rid, q, p = b.index, b.record_id, b.q, b.p
-            if len(parts) > 1:
-                row = np.concatenate([b.index for b in parts])
-                rid = np.concatenate([b.record_id for b in parts])
-                q = np.concatenate([b.q for b in parts])
-                p = np.concatenate([b.p for b in parts])
-            if len(row) > 1 and not bool((np.diff(row) > 0).all()):
-                order = np.argsort(row, kind="stable")
-                row, rid, q, p = row[order], rid[order], q[order], p[order]
-            out.append(ValidRows(study, row, rid, q, p))
-        bad_rows.sort(key=lambda x: x[0])
-        return [rejection(rows, i, reason, detail) for i, reason, detail in bad_rows], out
+                        passed.setdefault(found.study_id, [found]).append(part)
+        return (Refused.join([Refused.of_each(rows, decoded.undecoded)]
+                             + [Refused.of(rows, *group) for group in refused]).in_order(),
+                [_valid_rows(study, parts) for study, *parts in passed.values()])
 
     @staticmethod
     def unmatched_headers(rows: Polled, decoded: Decoded,
                           studies: dict[bytes, Resolved]) -> set[str]:
         """The ``study`` headers of the rows whose hash names no study (to look up before
         :meth:`validate`)."""
-        names: set[str] = set()
         unknown = [k for k, v in studies.items() if v is None]
         if not unknown:
-            return names
+            return set()
         missing = np.frombuffer(b"".join(unknown), "V16")
+        names: set[str] = set()
         for batch in decoded.batches:
             hit = np.isin(batch.study_hash.view("V16").ravel(), missing)
-            names.update(x for i in batch.index[hit].tolist()
-                         if (x := rows.study_header(i)) is not None)
+            names.update(x for x in rows.study_headers(batch.index[hit].tolist())
+                         if x is not None)
         return names
 
     @staticmethod
-    def _unmatched(rows: Polled, picked: list[int], key: bytes,
-                   registered: dict[str, bool]) -> list[tuple[int, RejectReason, str]]:
+    def _unmatched(rows: Polled, picked: np.ndarray, key: bytes,
+                   registered: dict[str, bool]) -> list[RefusedRows]:
         """Rows whose hash matches no study: ``study_mismatch`` if their ``study`` header names a
-        registered study, else ``unknown_study``."""
-        out = []
-        for i in picked:
-            name = rows.study_header(i)
-            if name is not None and registered.get(name):
-                out.append((i, RejectReason.STUDY_MISMATCH,
-                            (f"hash {key.hex()} is not study {name}'s: the record was perturbed "
-                             "under other parameters than the registered ones")))
+        registered study (one group per such study), else ``unknown_study``."""
+        names = np.array([x if x is not None and registered.get(x) else ""
+                          for x in rows.study_headers(picked.tolist())], object)
+        out: list[RefusedRows] = []
+        for name in sorted(set(names.tolist())):
+            where = picked[names == name]
+            if name:
+                detail = (f"hash {key.hex()} is not study {name}'s: the record was perturbed "
+                          "under other parameters than the registered ones")
+                out.append((where, RejectReason.STUDY_MISMATCH, detail))
             else:
-                out.append((i, RejectReason.UNKNOWN_STUDY, f"no study has hash {key.hex()}"))
+                out.append((where, RejectReason.UNKNOWN_STUDY, f"no study has hash {key.hex()}"))
         return out
 
-    def _check_rows(self, study: Study, rows: RecordBatch, now_ms: int, bad_rows) -> RecordBatch:
+    def _check_rows(self, study: Study, rows: RecordBatch, now_ms: int,
+                    refused: list[RefusedRows]) -> RecordBatch:
         """Dimension, norm bounds and the time window; returns the rows that pass."""
         if rows.d != study.d:
-            detail = f"record has d={rows.d}, study {study.study_id} has d={study.d}"
-            bad_rows += [(i, RejectReason.WRONG_DIMENSION, detail) for i in rows.index.tolist()]
+            refused.append((rows.index, RejectReason.WRONG_DIMENSION,
+                            f"record has d={rows.d}, study {study.study_id} has d={study.d}"))
             return rows.take(np.zeros(len(rows), bool))
         sq_q, sq_p = ((rows.sq_q, rows.sq_p) if rows.sq_q is not None
                       else squared_norms(rows.q, rows.p))
@@ -274,6 +231,21 @@ class Validator:
         for bad, reason, detail in checks:
             hit = bad & ok
             if hit.any():
-                bad_rows += [(i, reason, detail) for i in rows.index[hit].tolist()]
+                refused.append((rows.index[hit], reason, detail))
             ok &= ~bad
         return rows if ok.all() else rows.take(ok)
+
+
+def _valid_rows(study: Study, parts: list[RecordBatch]) -> ValidRows:
+    """One study's passing rows of every dimension batch, in row order."""
+    b = parts[0]
+    row, rid, q, p = b.index, b.record_id, b.q, b.p
+    if len(parts) > 1:
+        row = np.concatenate([b.index for b in parts])
+        rid = np.concatenate([b.record_id for b in parts])
+        q = np.concatenate([b.q for b in parts])
+        p = np.concatenate([b.p for b in parts])
+    if len(row) > 1 and not bool((np.diff(row) > 0).all()):
+        order = np.argsort(row, kind="stable")
+        row, rid, q, p = row[order], rid[order], q[order], p[order]
+    return ValidRows(study, row, rid, q, p)

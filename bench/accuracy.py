@@ -11,12 +11,14 @@ of both tasks (the model constrained to the L1 ball ‖w‖₁ ≤ η, the simpl
   ipdp.calibration.calibrate(mode=…); the trainer solves with Σ(q+u)(q+u)ᵀ + Δ_in I.
 - Central peers (bench.baselines has every formula, its neighbouring relation and reference):
   ObjPert-Gauss (Kifer et al.'s constant), ObjPert-tight (ipdp's accounting, q in the clear),
-  OutPert-Laplace, OutPert-Gauss, SSP, AdaSSP, diffprivlib (LinearRegression or
-  LogisticRegression, on the raw rows) and, on the simplex variant, PrivateFW.
+  OutPert-Laplace, OutPert-Gauss, SSP, AdaSSP, OpenDP-SSP (QᵀQ and Σp with the scale of OpenDP's
+  own accountant), diffprivlib (LinearRegression or LogisticRegression, on the raw rows),
+  TukeyEM (linear regression only, on the raw rows: bench.tukey; a failed test releases no
+  model, scored as the zero model and counted) and, on the simplex variant, PrivateFW.
 - Kang et al. (2020) as published, at c = 1 and two larger c: **no proven guarantee** (its claim
   is refuted by `ipdp audit --mechanism kang2020`); not a central peer in the comparisons.
 
-Only sufficient statistics are formed, except for diffprivlib, which gets the rows. Per record
+Only sufficient statistics are formed, except for diffprivlib and TukeyEM, which get the rows. Per record
 the contributor noise is u = (σ_u/√n)·z with one standard-normal row z per record, generated in
 chunks of 2^18 rows; QᵀQ, QᵀZ and ZᵀZ then give the noisy Gram matrix exactly for any σ_u, so
 both calibration modes, both ε and every Δ_in share the same z (common random numbers). Σr is
@@ -27,7 +29,7 @@ share it.
 
 IP-rigorous uses the Δ_in its calibration chooses for the task's loss (docs/privacy.md, Step 8),
 as a study that leaves Δ_in unset does. Every other regularisation (Δ_in, Δ, Λ, C, Frank–Wolfe steps, Kang's
-strong convexity) is tuned per method and ε at the largest n only, on a 4:1 fit/validation split of training rows, over a few repetitions, and reused for
+strong convexity, TukeyEM's number of models) is tuned per method and ε at the largest n only, on a 4:1 fit/validation split of training rows, over a few repetitions, and reused for
 every smaller n, as in the paper. The tuning itself is not charged to the privacy budget (nor is
 it in the paper).
 
@@ -65,6 +67,7 @@ from bench.baselines import (
     laplace_output_scale,
     objpert_gauss,
     objpert_tight_sigma,
+    opendp_ssp_sigma,
     pfw_score_width,
     pfw_step_epsilon,
     private_frank_wolfe,
@@ -75,6 +78,7 @@ from bench.baselines import (
     symmetric_normal,
 )
 from bench.markdown import markers, replace_block
+from bench.tukey import block_models, tukey_em
 from ipdp.calibration import Calibration, CalibrationError, calibrate
 from ipdp.losses import clip, encode
 from trainer.solver import solve_constrained
@@ -103,7 +107,11 @@ KANG_STRONG_CONVEXITY = (1e-4, 1e-3, 1e-2, 1e-1)
 """Δ candidates of the Kang baseline (mean-form ridge), multiples of λ."""
 IP_METHODS = ("IP-rigorous", "IP-paper")
 BALL_METHODS = ("NP", *IP_METHODS, "ObjPert-Gauss", "ObjPert-tight", "OutPert-Laplace",
-                "OutPert-Gauss", "SSP", "AdaSSP", "diffprivlib", *KANG_C)
+                "OutPert-Gauss", "SSP", "AdaSSP", "OpenDP-SSP", "diffprivlib", "TukeyEM", *KANG_C)
+TUKEY_ROWS_PER_MODEL = (2, 4, 8, 16, 32)
+"""TukeyEM's candidate block sizes, in multiples of d rows per OLS model (m = n // (k·d))."""
+REGRESSION_ONLY = ("TukeyEM",)
+"""Methods of linear regression only (TukeyEM fits OLS models, not classifiers)."""
 SIMPLEX_METHODS = ("NP", *IP_METHODS, "ObjPert-Gauss", "PrivateFW")
 LOSSES = ("squared", "logistic")
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -126,7 +134,11 @@ class Task:
     @property
     def methods(self) -> tuple[str, ...]:
         """NP first, then the private methods compared on this task."""
-        return BALL_METHODS if self.domain == "ball" else SIMPLEX_METHODS
+        if self.domain != "ball":
+            return SIMPLEX_METHODS
+        if self.loss == "squared":
+            return BALL_METHODS
+        return tuple(m for m in BALL_METHODS if m not in REGRESSION_ONLY)
 
     @property
     def private(self) -> tuple[str, ...]:
@@ -342,6 +354,8 @@ def reg_grid(method: str, task: Task, epsilon: float) -> tuple[float, ...]:
         return DIFFPRIVLIB_C
     if method == "PrivateFW":
         return tuple(float(t) for t in FW_STEPS)
+    if method == "TukeyEM":
+        return tuple(float(k) for k in TUKEY_ROWS_PER_MODEL)
     return (0.0,)
 
 
@@ -377,6 +391,19 @@ def fit(
         ridge = adassp_ridge(float(np.linalg.eigvalsh(st.qq)[0]), noise.eig, ada)
         return solve_trust_region(st.qq + ada.sigma_gram * noise.sym + ridge * eye,
                                   st.sp + ada.sigma_lin * noise.xi, task.eta)
+    if method == "OpenDP-SSP":
+        sigma = opendp_ssp_sigma(epsilon=epsilon, delta=DELTA, lam=task.lam,
+                                 p_bound=task.p_bound, d=d)
+        return solve_trust_region(st.qq + sigma * noise.sym, st.sp + sigma * noise.xi, task.eta)
+    if method == "TukeyEM":
+        # No model (too few rows for the blocks, or the test fails) is the zero model, w = 0,
+        # which predicts 0: the outcome is part of TukeyEM's accuracy (run_trials counts it).
+        m = st.n // (int(reg) * d)
+        if m < 4:
+            return np.zeros(d)
+        w = tukey_em(block_models(st.x, st.t, m), epsilon=epsilon, delta=DELTA,
+                     rng=np.random.default_rng([noise.seed, TUKEY_STREAM]))
+        return np.zeros(d) if w is None else w
     if method == "diffprivlib":
         if task.loss == "squared":
             return diffprivlib_linear(st.x, st.t, epsilon=epsilon, coord_bound=st.x_bound,
@@ -427,9 +454,15 @@ def rngs(seed: int, source: str, loss: str, kind: int, index: int) -> list[np.ra
     return [np.random.default_rng([*base, stream]) for stream in range(5)]
 
 
+ROW_METHODS = ("diffprivlib", "TukeyEM")
+"""The methods that read the raw rows rather than sufficient statistics."""
+TUKEY_STREAM = 1
+"""TukeyEM's generator is seeded by (the trial's peers' seed, this), apart from diffprivlib's."""
+
+
 def needs_rows(tasks: Sequence[Task]) -> bool:
-    """Whether a method of these tasks reads the raw rows (diffprivlib)."""
-    return any("diffprivlib" in task.methods for task in tasks)
+    """Whether a method of these tasks reads the raw rows (diffprivlib, TukeyEM)."""
+    return any(m in task.methods for task in tasks for m in ROW_METHODS)
 
 
 def tune(source, tasks: Sequence[Task], n_max: int, reps: int, seed: int, progress) -> dict:
@@ -485,6 +518,8 @@ class Outcome:
     regs: dict
     scores: dict
     trivial: np.ndarray
+    no_model: dict
+    """no_model[ε] (trials, len n): 1 where TukeyEM released no model (scored as w = 0)."""
 
 
 def run_trials(source, tasks: Sequence[Task], n_grid: tuple[int, ...], regs: dict, trials: int,
@@ -494,6 +529,8 @@ def run_trials(source, tasks: Sequence[Task], n_grid: tuple[int, ...], regs: dic
     scores = {task.name: {(e, m): np.full((trials, len(n_grid)), np.nan)
                           for e in EPSILONS for m in task.methods} for task in tasks}
     trivial = np.full((trials, len(n_grid)), np.nan)
+    no_model = {task.name: {e: np.zeros((trials, len(n_grid))) for e in EPSILONS}
+                for task in tasks}
     for t in range(trials):
         data_rng, test_rng, noise_rng, mech_rng, peer_rng = rngs(seed, source.name, tasks[0].loss,
                                                                  0, t)
@@ -511,9 +548,11 @@ def run_trials(source, tasks: Sequence[Task], n_grid: tuple[int, ...], regs: dic
                             for m in task.methods}
                     for m, value in score_methods(fits, task, x, tt).items():
                         scores[task.name][e, m][t, j] = value
+                    if "TukeyEM" in fits:
+                        no_model[task.name][e][t, j] = not fits["TukeyEM"].any()
         progress.update(1)
     return [Outcome(source.name, source.d, task, n_grid, regs[task.name], scores[task.name],
-                    trivial) for task in tasks]
+                    trivial, no_model[task.name]) for task in tasks]
 
 
 class _Counter:
@@ -608,13 +647,17 @@ def fmt_metric(task: Task, values: np.ndarray) -> str:
 
 
 def results_table(o: Outcome, e: float) -> str:
-    """One row per n, one column per method, plus the trivial predictor."""
-    head = ["n", *o.task.methods, "trivial"]
+    """One row per n, one column per method, plus the trivial predictor and, where TukeyEM
+    runs, the share of trials in which it released no model (its column scores them as w = 0)."""
+    tukey = "TukeyEM" in o.task.methods
+    head = ["n", *o.task.methods, "trivial", *(["TukeyEM: no model"] if tukey else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for j, n in enumerate(o.n_grid):
         cells = [fmt_metric(o.task, o.scores[e, m][:, j]) for m in o.task.methods]
-        lines.append(f"| {log2_label(n)} | " + " | ".join(cells)
-                     + f" | {fmt_metric(o.task, o.trivial[:, j])} |")
+        cells.append(fmt_metric(o.task, o.trivial[:, j]))
+        if tukey:
+            cells.append(f"{100 * float(np.mean(o.no_model[e][:, j])):.0f} %")
+        lines.append(f"| {log2_label(n)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -768,10 +811,12 @@ def peer_noise_line(o: Outcome) -> str:
         if "SSP" in o.task.methods:
             ssp = ssp_noise(epsilon=e, delta=DELTA, lam=o.task.lam, p_bound=o.task.p_bound)
             ada = adassp(epsilon=e, delta=DELTA, lam=o.task.lam, p_bound=o.task.p_bound, d=o.d)
+            od = opendp_ssp_sigma(epsilon=e, delta=DELTA, lam=o.task.lam,
+                                  p_bound=o.task.p_bound, d=o.d)
             parts.append(f"ε = {e:g}: SSP σ_gram = {ssp.sigma_gram:.3g}, σ_lin = "
                          f"{ssp.sigma_lin:.3g}; AdaSSP σ_eig = {ada.sigma_eig:.3g}, σ_gram = "
                          f"{ada.sigma_gram:.3g}, σ_lin = {ada.sigma_lin:.3g}, ridge target "
-                         f"{ada.ridge_target:.3g}")
+                         f"{ada.ridge_target:.3g}; OpenDP-SSP σ = {od:.3g}")
         if "PrivateFW" in o.task.methods:
             steps = int(o.regs[e, "PrivateFW"])
             parts.append(f"ε = {e:g}: PrivateFW T = {steps}, ε₀ = "
@@ -787,8 +832,10 @@ def fmt_reg(method: str, value: float, task: Task, e: float) -> str:
         return f"C = 2^{round(math.log2(value))}" if task.loss == "logistic" else "—"
     if method == "PrivateFW":
         return f"T = {int(value)}"
-    if method in ("SSP", "AdaSSP"):
-        return "—" if method == "SSP" else "adaptive"
+    if method in ("SSP", "AdaSSP", "OpenDP-SSP"):
+        return "adaptive" if method == "AdaSSP" else "—"
+    if method == "TukeyEM":
+        return f"m = n/({value:g}·d)"
     if method == "IP-rigorous":
         return "Δ_in by Step 8"
     if method in KANG_C:
@@ -805,7 +852,8 @@ def regs_table(outcomes: list[Outcome], domain: str) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for o in picked:
         for e in EPSILONS:
-            cells = [fmt_reg(m, o.regs[e, m], o.task, e) for m in methods]
+            cells = [fmt_reg(m, o.regs[e, m], o.task, e) if (e, m) in o.regs else "—"
+                     for m in methods]
             lines.append(f"| {o.source} | {o.task.name} | {e:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -816,7 +864,8 @@ STYLE = {
     "ObjPert-tight": ("tab:cyan", "v", "--"), "OutPert-Laplace": ("tab:green", "<", ":"),
     "OutPert-Gauss": ("tab:olive", ">", ":"), "SSP": ("tab:purple", "P", "--"),
     "AdaSSP": ("tab:pink", "X", "-"), "diffprivlib": ("tab:brown", "*", "-."),
-    "PrivateFW": ("tab:gray", "h", "-."), "Kang2020 c=1 (unproven)": ("gray", "1", ":"),
+    "PrivateFW": ("tab:gray", "h", "-."), "OpenDP-SSP": ("indigo", "p", "--"),
+    "TukeyEM": ("teal", "d", "-."), "Kang2020 c=1 (unproven)": ("gray", "1", ":"),
     "Kang2020 c=1e3 (unproven)": ("silver", "2", ":"),
     "Kang2020 c=1e6 (unproven)": ("darkgray", "3", ":"),
 }

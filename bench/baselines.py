@@ -27,6 +27,9 @@ guarantees (bench.accuracy_data).
   σ = Δ₂√(2 log(1.25/δ))/ε needs ε < 1 and is larger.
 - Sufficient statistics perturbation, SSP and AdaSSP (Wang 2018): Gaussian noise on QᵀQ and Σp;
   AdaSSP adds a ridge chosen from a private estimate of λ_min(QᵀQ). See `ssp_noise`, `adassp`.
+- OpenDP-SSP: QᵀQ and Σp in one Gaussian release whose scale OpenDP's own accountant sets for
+  (ε, δ): see `opendp_ssp_sigma`. OpenDP's scikit-learn-style LinearRegression fits one feature
+  only, so it cannot be a peer at d = 11 or 14.
 - Private Frank–Wolfe over the L1 ball (the simplex of the 2d vertices ±ηeⱼ), one vertex per step
   chosen by the exponential mechanism: see `pfw_step_epsilon`, `private_frank_wolfe`.
 - diffprivlib's LinearRegression and LogisticRegression, called as a user would: see
@@ -35,12 +38,13 @@ guarantees (bench.accuracy_data).
   features get N(0, σ²I) once, labels stay in the clear, and T projected gradient steps run on the
   perturbed data, σ² = c·G²·T·log(1/δ)/(n(n−1)√Δ·ε²) (`kang2020_sigma`, `kang2020_descent`).
   For replace-one the released w is, on a simple pair of data sets, a Gaussian mechanism with
-  μ = 2√λ/σ (docs/benchmarks.md), so their claim needs c to grow like n²; `kang2020_proof_c`
+  μ = 2√λ/σ (docs/benchmarks/accuracy.md), so their claim needs c to grow like n²; `kang2020_proof_c`
   gives the least c that pair allows.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -195,6 +199,36 @@ def ssp_noise(*, epsilon: float, delta: float, lam: float, p_bound: float) -> SS
         sigma_lin=gaussian_sigma(sensitivity=linear_sensitivity(p_bound), epsilon=half_e,
                                  delta=half_d),
     )
+
+
+@functools.cache
+def opendp_ssp_sigma(*, epsilon: float, delta: float, lam: float, p_bound: float, d: int) -> float:
+    """σ of OpenDP-SSP: the vector (upper triangle of QᵀQ, Σp) released once with N(0, σ²) per
+    entry, σ the least scale OpenDP's own accountant proves (ε, δ) for.
+
+    The measurement is OpenDP's ``make_gaussian`` on a vector of d(d+1)/2 + d floats under the
+    L2 distance (ρ-zCDP, ρ = Δ²/(2σ²)), chained with ``make_zCDP_to_approxDP`` and
+    ``make_fix_delta(δ)``, whose privacy map at the replace-one sensitivity
+    Δ = √(gram_sensitivity(λ)² + linear_sensitivity(P)²) = √(2λ² + 4P²) gives (ε′, δ);
+    ``binary_search_param`` finds the least σ with ε′ ≤ ε. OpenDP 0.16's scikit-learn-style
+    ``LinearRegression`` is a private Theil–Sen estimator of one feature (its ``x_bounds`` must
+    hold exactly one interval), so the library's d-dimensional regression is built, as a user
+    would, from its Gaussian mechanism and accountant. The model is the minimiser over the ball
+    of the released quadratic (post-processing), as for SSP.
+    """
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    size = d * (d + 1) // 2 + d
+    space = (dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size),
+             dp.l2_distance(T=float))
+    sensitivity = math.hypot(gram_sensitivity(lam), linear_sensitivity(p_bound))
+
+    def release(scale: float):
+        gaussian = dp.m.make_gaussian(*space, scale=scale)
+        return dp.c.make_fix_delta(dp.c.make_zCDP_to_approxDP(gaussian), delta=delta)
+
+    return float(dp.binary_search_param(release, d_in=sensitivity, d_out=(epsilon, delta)))
 
 
 ADASSP_RHO = 0.05

@@ -31,8 +31,9 @@ import time
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from aggregator.batch import NOT_IN_CONTAINER, Polled
 from aggregator.credentials import CredentialCheck
-from aggregator.validate import NOT_IN_CONTAINER, Polled, Validator, split_containers
+from aggregator.validate import Validator, split_containers
 from bench.devices import _LUA as DEVICES_LUA
 from bench.devices import _lua_bytes
 from gateway.checks import first_rejection
@@ -51,7 +52,7 @@ from ipdp.credentials import (
 from ipdp.settings import RecordWindowSettings
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.study import Study
-from ipdp.wire import encode_container, study_headers
+from ipdp.wire import RECORD_ID_BYTES, encode_container, study_headers
 from producer.contributor import perturb_records
 
 PARAMS = {"d": 14, "n": 1_000, "epsilon": 1.0, "delta": 0.01}
@@ -257,7 +258,8 @@ def credential_script(study: Study, tokens: list[bytes], threads: int) -> str:
         "for i = 1, #chunk do pool[#pool + 1] = chunk[i] end end)()"
         for lo in range(0, len(entries), 10_000))
     done = DEVICES_LUA[DEVICES_LUA.index("function done"):]
-    return (_LUA + done) % {"prefix": _lua_bytes(record[:24]), "suffix": _lua_bytes(record[40:]),
+    return (_LUA + done) % {"prefix": _lua_bytes(record[:RECORD_ID_BYTES.start]),
+                            "suffix": _lua_bytes(record[RECORD_ID_BYTES.stop:]),
                             "pool": pool, "threads": threads}
 
 
@@ -290,7 +292,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
 
     from aggregator.settings import AggregatorSettings
     from bench.devices import _stop, _wrk, start_server, wrk_script
-    from bench.gateway_load import _cpu_seconds
+    from bench.gateway_load import cpu_seconds
     from ipdp import state
     from ipdp.embedded import EmbeddedRuntime
     from ipdp.kafka_io import ensure_topics, kafka_producer
@@ -322,7 +324,8 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
         env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
                "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
                "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter, "IPDP_TOPIC_STUDIES": topics.studies,
-               "IPDP_GATEWAY_RATE_LIMIT_PER_S": "0",
+               "IPDP_GATEWAY_RATE_LIMIT_PER_S": "0", "IPDP_GATEWAY_RECORD_LIMIT_PER_S": "1e9",
+               "IPDP_GATEWAY_RECORD_LIMIT_BURST": "1000000000",
                "IPDP_TRUSTED_CREDENTIAL_KEYS": key.public_b64}
         aggregator = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"],
                                       env=env)
@@ -356,11 +359,11 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
                         os.kill(aggregator.pid, signal.SIGSTOP)
                         _wrk(f"{url}/studies/bench-plain/records", scripts["plain"], 1.0,
                              connections, threads)  # warm-up
-                        cpu0 = _cpu_seconds(proc.pid)
+                        cpu0 = cpu_seconds(proc.pid)
                         figures = _wrk(f"{url}/studies/{s_.study_id}/records", scripts[script],
                                        seconds, connections, threads)
                         figures.update(repetition=rep + 1, server=name, cpu_us_per_request=(
-                            _cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
+                            cpu_seconds(proc.pid) - cpu0) / max(1, figures["requests"]) * 1e6)
                         measured.append(figures)
                         if script != "plain":
                             accepted += figures["accepted"]

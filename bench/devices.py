@@ -16,8 +16,8 @@ the records on the topic, the records folded in Redis and the 202s wrk counted a
 every record Kafka holds is folded exactly once (none dead-lettered, none twice), and every 202
 is among them (a request in flight when wrk stops may be acknowledged without wrk counting its
 202, so the topic may hold up to ``--connections`` more per run). No Python client is in the
-measured path. The per-client rate limit is raised out of the way (one address plays every
-device; its check still runs); every other limit is at its default.
+measured path. The per-client request and record limits are raised out of the way (one address
+plays every device; their checks still run); every other limit is at its default.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bench.gateway_load import _cpu_seconds
+from bench.gateway_load import cpu_seconds
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
@@ -49,7 +49,13 @@ from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.settings import TopicSettings
 from ipdp.study import Study
-from ipdp.wire import study_headers
+from ipdp.wire import (
+    CONTAINER_VERSION,
+    RECORD_ID_BYTES,
+    VERSION_BYTE,
+    container_count,
+    study_headers,
+)
 from producer.contributor import perturb_records
 from producer.gateway_client import GatewayClient
 
@@ -117,7 +123,8 @@ def wrk_script(study: Study, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(1, study.d)) / np.sqrt(study.d)
     record = perturb_records(study, x, np.clip(x[:, 0], -1, 1), rng)[1][0]
-    return _LUA % {"prefix": _lua_bytes(record[:24]), "suffix": _lua_bytes(record[40:])}
+    return _LUA % {"prefix": _lua_bytes(record[:RECORD_ID_BYTES.start]),
+                   "suffix": _lua_bytes(record[RECORD_ID_BYTES.stop:])}
 
 
 def _wrk(url: str, script: Path, seconds: float, connections: int, threads: int) -> dict:
@@ -196,7 +203,7 @@ def _on_topic(kafka, topic: str, at_least: int, quiet_s: float = 5.0) -> int:
 
 def _count(value: bytes) -> int:
     """Records in a message: a container's count, else one (a single record, a dead letter)."""
-    return int.from_bytes(value[4:8], "little") if value[:1] == b"\x02" else 1
+    return container_count(value) if value and value[VERSION_BYTE] == CONTAINER_VERSION else 1
 
 
 def _settled(read: Callable[[], int], at_least: int, quiet_s: float = 3.0,
@@ -242,8 +249,12 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
         env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
                "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
                "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter,
-               "IPDP_TOPIC_STUDIES": topics.studies, "IPDP_GATEWAY_RATE_LIMIT_PER_S": "1e9",
-               "IPDP_GATEWAY_RATE_LIMIT_BURST": "1000000000"}
+               "IPDP_TOPIC_STUDIES": topics.studies,
+               # One address plays every device: its limits are raised out of the way, not
+               # turned off, so their cost per request stays in the measurement.
+               "IPDP_GATEWAY_RATE_LIMIT_PER_S": "1e9", "IPDP_GATEWAY_RATE_LIMIT_BURST": "1000000000",
+               "IPDP_GATEWAY_RECORD_LIMIT_PER_S": "1e9",
+               "IPDP_GATEWAY_RECORD_LIMIT_BURST": "1000000000"}
         aggregator = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"],
                                       env=env)
         key = state.StudyKeys(STUDY_ID).counts
@@ -275,10 +286,10 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
                         if warmup_s > 0:
                             accepted_total += _wrk(post, load, warmup_s, connections,
                                                    threads)["accepted"] * (server == "gateway")
-                        cpu0 = _cpu_seconds(proc.pid)
-                        agg0, folded0 = _cpu_seconds(aggregator.pid), folded_now()
+                        cpu0 = cpu_seconds(proc.pid)
+                        agg0, folded0 = cpu_seconds(aggregator.pid), folded_now()
                         figures = _wrk(post, load, seconds, connections, threads)
-                        cpu = _cpu_seconds(proc.pid) - cpu0
+                        cpu = cpu_seconds(proc.pid) - cpu0
                     finally:
                         _stop(proc)
                         os.kill(aggregator.pid, signal.SIGCONT)
@@ -291,7 +302,7 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
                     if server == "gateway" and not refused:
                         folded = _settled(folded_now, accepted_total)
                         figures["aggregator_cpu_us_per_record"] = (
-                            (_cpu_seconds(aggregator.pid) - agg0) / max(1, folded - folded0)
+                            (cpu_seconds(aggregator.pid) - agg0) / max(1, folded - folded0)
                             * 1e6)
                     runs.append(figures)
             on_topic = _on_topic(kafka, topics.records, accepted_total)

@@ -1,4 +1,5 @@
-"""The connection flood against a live gateway: idle connections held from a few addresses.
+"""The connection flood against a live gateway: idle connections held from a few addresses
+(``ipdp bench flood --attack connections``).
 
 16 source addresses × 256 connections (each address at the per-address cap), every one opened
 and then left silent, and opened again as soon as the gateway closes it (at the head deadline,
@@ -6,19 +7,39 @@ or to make room for another), from loopback addresses only. Two layouts: the 16 
 /24 (127.0.5.1–16, which the per-prefix cap bounds) and in 16 different /24s (127.6.x.1, which
 only eviction answers, as together they fill a worker's 4,096 connections). While the flood
 runs, a probe from another address (127.0.8.x) opens a connection once a second and asks for
-``/healthz``: answered within 2 s or not. The caller measures the device rate beside it.
+``/healthz``: answered within 2 s or not. Beside the probes, wrk posts one 272-byte record per
+request over 64 connections (as ``ipdp bench devices``), so the table gives the device rate
+under each flood against the unflooded rate of the same run, and the CPU the flooding process
+and the gateway used (on one machine, the flood's CPU is taken from the gateway and wrk). One
+``ipdp gateway`` worker at its default connection limits, the request and record limits raised
+out of the way (one address plays every device); everything on loopback.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import multiprocessing
+import os
 import resource
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["LAYOUTS", "FloodResult", "probe", "run_flood"]
+from bench.devices import D, _stop, _wrk, start_server, wrk_script
+from bench.gateway_load import cpu_seconds
+from ipdp import state
+from ipdp.embedded import EmbeddedRuntime
+from ipdp.kafka_io import ensure_topics, kafka_producer
+from ipdp.redis_io import redis_client
+from ipdp.settings import TopicSettings
+from ipdp.study import Study
+
+__all__ = ["LAYOUTS", "FloodResult", "add_arguments", "measure", "probe", "run", "run_flood"]
 
 #: The flood's source addresses per layout.
 LAYOUTS: dict[str, list[str]] = {
@@ -159,3 +180,87 @@ def run_flood(url: str, layout: str | None, *, probes: int = 30, ramp_s: float =
     answered = [t for t in times if t is not None]
     return FloodResult(layout or "none", probes, len(answered),
                        max(answered) if answered else None, opened, flood_cpu_s)
+
+
+STUDY_ID = "bench-flood-connections"
+
+
+def measure(*, probes: int = 30, device_seconds: float = 15, connections: int = 64,
+            threads: int = 2) -> list[dict]:
+    """One row per flood layout (and one without a flood): probes answered, device rate."""
+    rows: list[dict] = []
+    with EmbeddedRuntime() as rt, tempfile.TemporaryDirectory() as tmp:
+        kafka = rt.kafka_settings()
+        topics = TopicSettings(records="bench.flood.records", models="bench.flood.models",
+                               dead_letter="bench.flood.dlq", studies="bench.flood.studies")
+        ensure_topics(kafka, topics)
+        study = Study(study_id=STUDY_ID, d=D, n=10**8, epsilon=1.0, delta=0.01)
+        producer = kafka_producer(kafka)
+        state.create_study(redis_client(rt.redis_settings()), producer, topics, study)
+        producer.close()
+        script = Path(tmp) / "device.lua"
+        script.write_text(wrk_script(study))
+        env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
+               "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
+               "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter,
+               "IPDP_TOPIC_STUDIES": topics.studies, "IPDP_GATEWAY_RATE_LIMIT_PER_S": "1e9",
+               "IPDP_GATEWAY_RATE_LIMIT_BURST": "1000000000",
+               "IPDP_GATEWAY_RECORD_LIMIT_PER_S": "1e9",
+               "IPDP_GATEWAY_RECORD_LIMIT_BURST": "1000000000"}
+        gateway, url = start_server("gateway", env)
+        try:
+            for layout in (None, *LAYOUTS):
+                device: dict = {}
+
+                def load(device: dict = device) -> None:
+                    device.update(_wrk(f"{url}/studies/{STUDY_ID}/records", script,
+                                       min(device_seconds, probes), connections, threads))
+
+                cpu, t0 = cpu_seconds(gateway.pid), time.monotonic()
+                result = run_flood(url, layout, probes=probes, beside=load)
+                gateway_cpu = (cpu_seconds(gateway.pid) - cpu) / (time.monotonic() - t0)
+                rows.append({"attack": "connections", "layout": result.layout,
+                             "probes": result.probes, "answered": result.answered,
+                             "slowest_probe_s": result.slowest_s,
+                             "opened": result.opened,
+                             "flood_cpu_s": result.flood_cpu_s, "gateway_cpu": gateway_cpu,
+                             "device_rps": device["accepted"] / (device["duration_us"] / 1e6),
+                             "device_p99_ms": device["p99_us"] / 1000})
+        finally:
+            _stop(gateway)
+    for row in rows:
+        row["device_vs_unflooded"] = row["device_rps"] / rows[0]["device_rps"]
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    out = sys.stderr
+    print("| attack | flood from | probes answered ≤ 2 s | slowest probe | flood connections "
+          "opened | flood CPU s | gateway CPU (cores) | device 202/s | × unflooded | "
+          "device p99 |", file=out)
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|", file=out)
+    for r in rows:
+        slowest = "—" if r["slowest_probe_s"] is None else f"{r['slowest_probe_s']:.2f} s"
+        print(f"| {r['attack']} | {r['layout']} | {r['answered']}/{r['probes']} | {slowest} | "
+              f"{r['opened']:,} | {r['flood_cpu_s']:.1f} | {r['gateway_cpu']:.2f} | "
+              f"{r['device_rps']:,.0f} | {r['device_vs_unflooded']:.2f} | "
+              f"{r['device_p99_ms']:.1f} ms |", file=out)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--probes", type=int, default=30,
+                   help="Connection flood: health probes per layout, one a second "
+                   "(default 30).")
+    p.add_argument("--device-seconds", dest="device_seconds", type=float, default=15,
+                   help="Connection flood: wrk's duration beside the probes (default 15; at "
+                   "most --probes).")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The connection flood's part of `ipdp bench flood`: its table (0: every probe answered
+    within 2 s under every flood)."""
+    rows = measure(probes=args.probes, device_seconds=args.device_seconds)
+    print_table(rows)
+    if args.json:
+        print(json.dumps(rows, sort_keys=True))
+    return 0 if all(r["answered"] == r["probes"] for r in rows) else 1

@@ -29,14 +29,14 @@ from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.settings import RecordWindowSettings, TopicSettings
 from ipdp.study import Study
-from ipdp.wire import container_of, record_size
+from ipdp.wire import container_count, container_of, record_size
 from producer.contributor import perturb_records
 from producer.gateway_client import GatewayClient
 
 __all__ = ["gateway_e2e", "hot_path", "print_tables"]
 
 
-def _bodies(study: Study, records: int, per_request: int, seed: int) -> list[bytes]:
+def request_bodies(study: Study, records: int, per_request: int, seed: int) -> list[bytes]:
     """Request bodies of ``per_request`` perturbed records each (the devices' work, done ahead)."""
     rng = np.random.default_rng(seed)
     out = []
@@ -49,7 +49,7 @@ def _bodies(study: Study, records: int, per_request: int, seed: int) -> list[byt
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """User + system CPU time so far of a live process and all its live descendants (uvicorn's
     workers, and each worker's Kafka producer process), from /proc."""
     times: dict[int, float] = {}
@@ -88,7 +88,7 @@ def _bare_consume(kafka, topic: str, records: int) -> float:
         while got < records and time.monotonic() < deadline:
             for msgs in consumer.poll(timeout_ms=500).values():
                 first = first or time.perf_counter()
-                got += sum(int.from_bytes(m.value[4:8], "little") for m in msgs)
+                got += sum(container_count(m.value) for m in msgs)
         return got / (time.perf_counter() - first)
     finally:
         consumer.close()
@@ -114,14 +114,18 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
         producer = kafka_producer(kafka)
         state.create_study(r, producer, topics, study)
         producer.close()
-        bodies = _bodies(study, records, per_request, seed=1)
+        bodies = request_bodies(study, records, per_request, seed=1)
 
         port = free_port()
         env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
                "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
                "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter, "IPDP_TOPIC_STUDIES": topics.studies,
                "IPDP_GATEWAY_HOST": "127.0.0.1", "IPDP_GATEWAY_PORT": str(port),
-               "IPDP_GATEWAY_WORKERS": str(workers)}
+               "IPDP_GATEWAY_WORKERS": str(workers),
+               # The load generator uploads batches from this one address: a relay.
+               "IPDP_GATEWAY_RELAY_ADDRESSES": "127.0.0.1",
+               "IPDP_GATEWAY_RELAY_RECORD_LIMIT_PER_S": "1e9",
+               "IPDP_GATEWAY_RELAY_RECORD_LIMIT_BURST": "1000000000"}
         gw = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway"], env=env)
         aggs = [subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"], env=env)
                 for _ in range(aggregators)]
@@ -132,7 +136,7 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
             # One warm-up request: the aggregator's group join and first fetch are not ingest.
             # Every worker must be ready: post until one is accepted by each (keep-alive
             # connections spread over the workers).
-            warm = _bodies(study, 1, 1, seed=2)[0]
+            warm = request_bodies(study, 1, 1, seed=2)[0]
             deadline = time.monotonic() + 60
             while True:
                 with GatewayClient(url) as c:
@@ -165,7 +169,7 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
 
             pids = {"gateway": [gw.pid], "aggregator": [a.pid for a in aggs],
                     "broker": [rt.broker.pid], "redis": [rt.redis.pid]}
-            cpu0 = {name: sum(map(_cpu_seconds, p)) for name, p in pids.items()}
+            cpu0 = {name: sum(map(cpu_seconds, p)) for name, p in pids.items()}
             client_cpu0 = time.process_time()
             threads = [threading.Thread(target=client) for _ in range(connections)]
             t0 = time.perf_counter()
@@ -185,7 +189,7 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                     raise TimeoutError("the aggregator did not fold every record within 300 s")
                 time.sleep(0.002)
             t_total = time.perf_counter() - t0
-            cpu = {name: sum(map(_cpu_seconds, p)) - cpu0[name] for name, p in pids.items()}
+            cpu = {name: sum(map(cpu_seconds, p)) - cpu0[name] for name, p in pids.items()}
             cpu["clients"] = time.process_time() - client_cpu0
             bare = _bare_consume(kafka, topics.records, records + 1)
         finally:
@@ -215,7 +219,7 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
 def hot_path(per_request: int = 1000, d: int = 14, repeat: int = 200) -> dict:
     """The gateway's per-request work without HTTP or Kafka: checks, then one container."""
     study = Study(study_id="bench-hot", d=d, n=10_000, epsilon=1.0, delta=0.01)
-    body = _bodies(study, per_request, per_request, seed=3)[0]
+    body = request_bodies(study, per_request, per_request, seed=3)[0]
     window, now_ms = RecordWindowSettings().window(), time.time_ns() // 1_000_000
     assert first_rejection(body, study, window, now_ms) is None
     k = len(body) // record_size(d)

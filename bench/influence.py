@@ -38,7 +38,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from aggregator.validate import Message, Polled, Validator
+from aggregator.batch import Message, Polled
+from aggregator.validate import Validator
 from ipdp.calibration import Calibration, record_norm_bounds
 from ipdp.influence import influence_bound
 from ipdp.losses import prepare

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ipdp import state
+from ipdp.dead_letters import read_dead_letters
 from ipdp.embedded.runtime import EmbeddedRuntime
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
@@ -49,7 +50,7 @@ from ipdp.report import table
 from ipdp.settings import TopicSettings
 from ipdp.study import Study
 from ipdp.subscriber import ModelSubscriber
-from ipdp.wire import RejectReason, decode_batch
+from ipdp.wire import RECORD_ID_BYTES, RejectReason, decode_batch
 from producer.contributor import perturb_records
 from trainer.solver import solve_constrained
 
@@ -124,8 +125,8 @@ class Load(threading.Thread):
                 for _ in range(chunk // self.bad_every + (self.rng.random() < 0.5)):
                     kind = kinds[len(self.bad) % len(kinds)] if earlier else kinds[1]
                     hostile.append((kind, self._hostile(kind, earlier)))
-                good = [producer.send(self.topic, key=v[24:40], value=v) for v in values]
-                bad = [(kind, producer.send(self.topic, key=v[24:40], value=v))
+                good = [producer.send(self.topic, key=v[RECORD_ID_BYTES], value=v) for v in values]
+                bad = [(kind, producer.send(self.topic, key=v[RECORD_ID_BYTES], value=v))
                        for kind, v in hostile]
                 producer.flush()
                 self.where += [(m.partition, m.offset) for m in (f.get(0) for f in good)]
@@ -207,7 +208,7 @@ def _wait(cond, timeout_s: float) -> bool:
 
 
 def _dead_letters(kafka, topic: str, want: set[tuple[int, int]]) -> tuple[dict, int]:
-    """source (partition, offset) → reasons seen on the dead-letter topic; and messages read."""
+    """source (partition, offset) → reasons seen on the dead-letter topic; and dead letters read."""
     from kafka import TopicPartition
 
     consumer = kafka_consumer(kafka, group_id=None)
@@ -226,11 +227,9 @@ def _dead_letters(kafka, topic: str, want: set[tuple[int, int]]) -> tuple[dict, 
             got = consumer.poll(timeout_ms=300)
             for msgs in got.values():
                 for m in msgs:
-                    headers = dict(m.headers)
-                    _, partition, offset = headers["source"].decode().rsplit(":", 2)
-                    seen.setdefault((int(partition), int(offset)), []).append(
-                        headers["reason"].decode())
-                    read += 1
+                    for x in read_dead_letters(m.value, m.headers):
+                        seen.setdefault((x.partition, x.offset), []).append(x.reason)
+                        read += 1
             if got:
                 quiet_since = time.monotonic()
     finally:
@@ -402,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
         ("records sent", f"{load.sent:,} ({len(q):,} honest, {len(load.bad):,} hostile)"),
         ("folded", f"{folded:,}"),
         ("dead-lettered (counted once)", f"{sum(rejected.values()):,} {rejected}"),
-        ("dead-letter messages (at least once)", f"{letter_messages:,}"),
+        ("dead letters (at least once)", f"{letter_messages:,}"),
         ("rounds closed", f"{rounds_closed:,} of n = {study.n:,}"),
         ("models published (distinct)", f"{len(models):,} ({sub.duplicates_dropped} repeats)"),
         ("max |Δ| statistics vs clean refold", f"{d_stats:.3g} (largest entry {scale:.3g})"),

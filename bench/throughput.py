@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from aggregator.batch import Polled
 from aggregator.fold import Folder
 from aggregator.replay import ReplayIds
-from aggregator.validate import Polled
 from bench.markdown import replace_block
 from ipdp import state
 from ipdp.embedded import EmbeddedRedis, EmbeddedRuntime

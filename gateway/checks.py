@@ -1,24 +1,50 @@
-"""The gateway's per-record checks, pure and vectorised, and the HTTP status of every reason.
+"""The gateway's per-record checks, and the HTTP status of every reason.
 
-A POST goes through, in order: admission (rate limit, study open, the device credential of a
+A POST goes through, in order: admission (rate limits, study open, the device credential of a
 study that requires one: gateway.credentials), the checks of its records (:func:`first_rejection`),
 the group commit (:class:`gateway.batcher.GroupCommit`), and the acknowledgement of the container
-holding them. :func:`check_records` takes the records of a request of several, or the coalesced
-records of many, and returns each record's verdict from the one vocabulary,
-``ipdp.wire.RejectReason``; a request of one record (what a device sends) gets the same checks
-on Python scalars. Further per-record checks belong here, as more columns of the same pass and
-in those scalar checks.
+holding them. The checks are one sequence, :func:`_failures`, whose verdicts come from the one
+vocabulary ``ipdp.wire.RejectReason``; it reads its fields from either of two readers of the same
+wire fields: :class:`_Records`, numpy columns of k records (one comparison per check over all of
+them: :func:`check_records`), or :class:`_Record`, one record's Python scalars (a device's
+request holds one record, and for one the numpy calls cost more than the checks). A check added
+to the sequence is applied to both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 from math import hypot, isfinite
 
 import numpy as np
 
 from ipdp.study import Study
-from ipdp.wire import WIRE_VERSION, RecordWindow, RejectReason, record_size, squared_norms
+from ipdp.wire import (
+    CREATED_MS_BYTES,
+    CREATED_MS_WORD,
+    D_BYTES,
+    HEAD_D_SHIFT,
+    HEAD_RESERVED_MASK,
+    HEAD_VERSION_MASK,
+    HEAD_WORD,
+    HEAD_WORD_BYTES,
+    ID_SIZE,
+    RECORD_ID_WORDS,
+    RESERVED_BYTES,
+    STUDY_HASH_BYTES,
+    STUDY_HASH_WORDS,
+    STUDY_HEAD_BYTES,
+    VALUES_OFFSET,
+    VALUES_WORD,
+    VERSION_BYTE,
+    WIRE_VERSION,
+    RecordWindow,
+    RejectReason,
+    head_word,
+    record_size,
+    squared_norms,
+)
 
 __all__ = ["HTTP_STATUS", "RECORD_OK", "check_records", "first_rejection", "reason_of"]
 
@@ -34,6 +60,7 @@ HTTP_STATUS: dict[RejectReason, int] = {
     RejectReason.NORM_OUT_OF_BOUNDS: 400,
     RejectReason.STALE: 400,
     RejectReason.FUTURE: 400,
+    RejectReason.DUPLICATE_RECORD: 400,
     RejectReason.BAD_REQUEST: 400,
     RejectReason.UNKNOWN_STUDY: 404,
     RejectReason.NOT_FOUND: 404,
@@ -59,6 +86,7 @@ HTTP_STATUS: dict[RejectReason, int] = {
 #: The verdict of a record that passed every check (reason codes are 1 + the member's position).
 RECORD_OK = 0
 _REASONS = list(RejectReason)
+_CODES = {reason: position + 1 for position, reason in enumerate(_REASONS)}
 
 
 def reason_of(code: int) -> RejectReason:
@@ -66,20 +94,81 @@ def reason_of(code: int) -> RejectReason:
     return _REASONS[code - 1]
 
 
-def _code(reason: RejectReason) -> int:
-    return _REASONS.index(reason) + 1
+class _Records:
+    """The wire fields of k version-1 records of dimension d, back to back, as numpy columns of
+    their little-endian 64-bit words (no copy)."""
+
+    def __init__(self, records: bytes, d: int) -> None:
+        self.d = d
+        self.words = np.frombuffer(records, "<u8").reshape(-1, record_size(d) // 8)
+        self.head = self.words[:, HEAD_WORD]
+        self.values = self.words[:, VALUES_WORD:].view("<f8")
+        self.created_ms = self.words[:, CREATED_MS_WORD].view("<i8")
+
+    def non_finite(self) -> np.ndarray:
+        return ~np.isfinite(self.values).all(axis=1)
+
+    def other_study(self, study_hash: bytes) -> np.ndarray:
+        return (self.words[:, STUDY_HASH_WORDS] != np.frombuffer(study_hash, "<u8")).any(axis=1)
+
+    def squared_norms(self) -> tuple[np.ndarray, np.ndarray]:
+        return squared_norms(self.values[:, :self.d], self.values[:, self.d:])
+
+    def repeated_ids(self) -> np.ndarray:
+        """Each record whose id an earlier record of the request holds (np.unique keeps each
+        id's first occurrence)."""
+        if len(self.words) == 1:
+            return np.zeros(1, bool)
+        ids = np.ascontiguousarray(self.words[:, RECORD_ID_WORDS]).view(f"V{ID_SIZE}").ravel()
+        repeated = np.ones(len(ids), bool)
+        repeated[np.unique(ids, return_index=True)[1]] = False
+        return repeated
 
 
-_UNSUPPORTED_VERSION = _code(RejectReason.UNSUPPORTED_VERSION)
-_UNDECODABLE = _code(RejectReason.UNDECODABLE)
-_WRONG_DIMENSION = _code(RejectReason.WRONG_DIMENSION)
-_NON_FINITE = _code(RejectReason.NON_FINITE)
-_STUDY_MISMATCH = _code(RejectReason.STUDY_MISMATCH)
-_CODES = {reason: _code(reason) for reason in RejectReason}
+class _Record:
+    """The wire fields of one version-1 record of dimension d, as Python scalars."""
 
-#: The one-record shortcut accepts norms this far (relatively) inside the bounds; a record
-#: nearer a bound goes through _acceptance_failure, which sums like the aggregator.
-_SHORTCUT_MARGIN = 1e-9
+    def __init__(self, record: bytes, d: int) -> None:
+        self.record, self.d = record, d
+        self.head = int.from_bytes(record[HEAD_WORD_BYTES], "little")
+        self.created_ms = int.from_bytes(record[CREATED_MS_BYTES], "little", signed=True)
+
+    def non_finite(self) -> bool:
+        return not all(map(isfinite, _values(self.record)))
+
+    def other_study(self, study_hash: bytes) -> bool:
+        return self.record[STUDY_HASH_BYTES] != study_hash
+
+    def squared_norms(self) -> tuple[float, float]:
+        values = np.frombuffer(self.record, "<f8", offset=VALUES_OFFSET).reshape(1, -1)
+        sq_q, sq_p = squared_norms(values[:, :self.d], values[:, self.d:])
+        return sq_q[0], sq_p[0]
+
+    def repeated_ids(self) -> bool:
+        return False
+
+
+def _failures(rows: _Records | _Record, study: Study, window: RecordWindow,
+              now_ms: int) -> Iterator[tuple[object, RejectReason, str | None]]:
+    """The checks, in order: ``(where they fail, reason, detail)``, over one record's scalars or
+    k records' columns; the detail of a check on the record's header is None (``_DETAIL`` has
+    it).
+
+    Version, reserved bytes, the header's d against the study's (the three are bits of the head
+    word), finite q̃ and p̃, the study hash, then what the aggregator would dead-letter
+    (``RecordNormBounds`` and ``RecordWindow``: norms outside the study's two-sided bounds,
+    creation time outside ``window``), then an id an earlier record of the request holds (the
+    aggregator would dead-letter the copy as replayed, at a higher cost than a fold: it is
+    refused here, before anything is produced). Lazy, so one record stops at its first failure.
+    """
+    yield (rows.head & HEAD_VERSION_MASK) != WIRE_VERSION, RejectReason.UNSUPPORTED_VERSION, None
+    yield (rows.head & HEAD_RESERVED_MASK) != 0, RejectReason.UNDECODABLE, None
+    yield (rows.head >> HEAD_D_SHIFT) != study.d, RejectReason.WRONG_DIMENSION, None
+    yield rows.non_finite(), RejectReason.NON_FINITE, None
+    yield rows.other_study(study.hash), RejectReason.STUDY_MISMATCH, None
+    yield from study.norm_bounds.failures(*rows.squared_norms())
+    yield from window.failures(rows.created_ms, now_ms)
+    yield rows.repeated_ids(), RejectReason.DUPLICATE_RECORD, None
 
 
 def check_records(records: bytes, study: Study, window: RecordWindow, now_ms: int) -> np.ndarray:
@@ -87,38 +176,15 @@ def check_records(records: bytes, study: Study, window: RecordWindow, now_ms: in
     back) at time ``now_ms``: ``RECORD_OK`` or the code of its first failed check
     (:func:`reason_of`), uint8 (k,).
 
-    Checks, in order: version, reserved bytes, the header's d against the study's, finite q̃ and
-    p̃, the study hash, then what the aggregator would dead-letter (``RecordNormBounds`` and
-    ``RecordWindow``): norms outside the study's two-sided bounds, creation time outside
-    ``window``. Every check is one comparison over all k rows of 64-bit words (the header word
-    holds version, reserved bytes and d), so one record or ten thousand cost a handful of numpy
-    calls. ``len(records)`` must be a multiple of the record size (see :func:`first_rejection`,
-    which says why a body is not).
-
-    A device's request holds one record, and for one record the numpy calls cost more than the
-    checks: :func:`first_rejection` decides a single record by the same checks on Python
-    scalars, accepted or refused, and comes here only for a body of several
-    (tests/gateway/test_checks.py checks that both agree on every reason). A check added here
-    is added to those scalar checks too.
+    Every check of :func:`_failures` is one comparison over all k rows, so one record or ten
+    thousand cost a handful of numpy calls. ``len(records)`` must be a multiple of the record
+    size (see :func:`first_rejection`, which says why a body is not).
     """
-    d = study.d
-    size = record_size(d)
-    words = np.frombuffer(records, "<u8").reshape(-1, size // 8)
-    header = words[:, 0]
-    study_hash = np.frombuffer(study.hash, "<u8")
-    verdict = np.zeros(words.shape[0], np.uint8)
-    values = words[:, 6:].view("<f8")
-    finite = np.isfinite(values).all(axis=1)
-    sq_q, sq_p = squared_norms(values[:, :d], values[:, d:])
+    rows = _Records(records, study.d)
+    verdict = np.zeros(len(rows.words), np.uint8)
     # Assigned from the last check to the first, so each row keeps its first failure.
-    for bad, reason, _ in reversed(study.norm_bounds.failures(sq_q, sq_p)
-                                   + window.failures(words[:, 5].view("<i8"), now_ms)):
+    for bad, reason, _ in reversed(list(_failures(rows, study, window, now_ms))):
         verdict[bad] = _CODES[reason]
-    verdict[(words[:, 1] != study_hash[0]) | (words[:, 2] != study_hash[1])] = _STUDY_MISMATCH
-    verdict[~finite] = _NON_FINITE
-    verdict[(header >> np.uint64(32)) != d] = _WRONG_DIMENSION
-    verdict[(header & np.uint64(0xFFFFFF00)) != 0] = _UNDECODABLE
-    verdict[(header & np.uint64(0xFF)) != WIRE_VERSION] = _UNSUPPORTED_VERSION
     return verdict
 
 
@@ -133,16 +199,14 @@ def first_rejection(body: bytes, study: Study, window: RecordWindow,
     """
     size, n = record_size(study.d), len(body)
     if n == size:
-        if body[:24] == _header(study.d, study.hash) \
-                and all(map(isfinite, values := _values(body))) \
-                and _inside(study, values, window, _created_ms(body), now_ms):
-            return None  # every check passed: the scalar form of check_records' checks
-        return _one_rejection(body, study, window, now_ms)
+        if _clearly_accepted(body, study, window, now_ms):
+            return None
+        return _first_failure(body, study, window, now_ms)
     if n == 0:
         return RejectReason.UNDECODABLE, "the body holds no record"
     if n % size:
-        if n >= 8 and body[0] == WIRE_VERSION:
-            d = int.from_bytes(body[4:8], "little")
+        if n >= D_BYTES.stop and body[VERSION_BYTE] == WIRE_VERSION:
+            d = _header_d(body)
             if d != study.d:
                 return (RejectReason.WRONG_DIMENSION,
                         f"record 0 has d={d}, study {study.study_id!r} has d={study.d}")
@@ -153,81 +217,68 @@ def first_rejection(body: bytes, study: Study, window: RecordWindow,
     if not bad.size:
         return None
     i = int(bad[0])
-    reason = reason_of(int(verdict[i]))
     record = body[i * size:(i + 1) * size]
-    if reason in _DETAIL:
-        return reason, f"record {i}: {_DETAIL[reason](record, study)}"
-    return reason, f"record {i}: {_acceptance_failure(record, study, window, now_ms)[1]}"
+    if reason_of(int(verdict[i])) is RejectReason.DUPLICATE_RECORD:
+        ids = _Records(body, study.d).words[:, RECORD_ID_WORDS]
+        first = int(np.flatnonzero((ids == ids[i]).all(axis=1))[0])
+        return RejectReason.DUPLICATE_RECORD, (f"record {i} has the record id of record {first}: "
+                                               "a request holds each record once")
+    return _first_failure(record, study, window, now_ms, i)
 
 
-def _one_rejection(record: bytes, study: Study, window: RecordWindow,
-                   now_ms: int) -> tuple[RejectReason, str] | None:
-    """:func:`check_records`' verdict on one record, on Python scalars, for the one a device
-    sends that the shortcut did not accept: a request refused costs about what one accepted
-    does, not a pass of numpy calls. The same checks in the same order; the norms are summed by
-    ``squared_norms``, as there and in the aggregator."""
-    if record[0] != WIRE_VERSION:
-        reason = RejectReason.UNSUPPORTED_VERSION
-    elif record[1:4] != b"\0\0\0":
-        reason = RejectReason.UNDECODABLE
-    elif _header_d(record) != study.d:
-        reason = RejectReason.WRONG_DIMENSION
-    elif not all(map(isfinite, _values(record))):
-        reason = RejectReason.NON_FINITE
-    elif record[8:24] != study.hash:
-        reason = RejectReason.STUDY_MISMATCH
-    else:
-        failure = _acceptance_failure(record, study, window, now_ms)
-        return None if failure is None else (failure[0], f"record 0: {failure[1]}")
-    return reason, f"record 0: {_DETAIL[reason](record, study)}"
+def _first_failure(record: bytes, study: Study, window: RecordWindow, now_ms: int,
+                   i: int = 0) -> tuple[RejectReason, str] | None:
+    """The first check of :func:`_failures` that record ``i`` of a request fails, and why."""
+    for bad, reason, detail in _failures(_Record(record, study.d), study, window, now_ms):
+        if bad:
+            return reason, f"record {i}: {detail or _DETAIL[reason](record, study)}"
+    return None
 
 
-def _inside(study: Study, values: memoryview, window: RecordWindow, created_ms: int,
-            now_ms: int) -> bool:
-    """The norm and time checks of one record, on Python floats: True only when the record is
-    clearly accepted (norms _SHORTCUT_MARGIN inside the bounds)."""
+#: The one-record shortcut accepts norms this far (relatively) inside the bounds; a record
+#: nearer a bound goes through the checks, which sum like the aggregator.
+_SHORTCUT_MARGIN = 1e-9
+
+
+def _clearly_accepted(record: bytes, study: Study, window: RecordWindow, now_ms: int) -> bool:
+    """True only if one record passes every check of :func:`_failures`, decided cheaply: its
+    head is the one every record of the study has (version, reserved bytes, d, hash), its values
+    are finite, its norms (on Python floats) are _SHORTCUT_MARGIN inside the bounds and its time
+    inside the window. False says nothing: the checks decide then."""
+    if record[STUDY_HEAD_BYTES] != _study_head(study.d, study.hash):
+        return False
+    values = _values(record)
+    if not all(map(isfinite, values)):
+        return False
     d, bounds = study.d, study.norm_bounds
     inner, outer = 1.0 + _SHORTCUT_MARGIN, 1.0 - _SHORTCUT_MARGIN
+    created_ms = int.from_bytes(record[CREATED_MS_BYTES], "little", signed=True)
     return (bounds.q_low * inner < hypot(*values[:d]) < bounds.q_high * outer
             and bounds.p_low * inner < hypot(*values[d:]) < bounds.p_high * outer
             and now_ms - window.replay_window_ms <= created_ms
             <= now_ms + window.max_future_skew_ms)
 
 
-def _acceptance_failure(record: bytes, study: Study, window: RecordWindow,
-                        now_ms: int) -> tuple[RejectReason, str] | None:
-    """The reason and detail of the first acceptance check (norms, then time window) one record
-    fails, or None."""
-    values = np.frombuffer(record, "<f8", offset=48).reshape(1, -1)
-    sq_q, sq_p = squared_norms(values[:, :study.d], values[:, study.d:])
-    checks = (study.norm_bounds.failures(sq_q[0], sq_p[0])
-              + window.failures(_created_ms(record), now_ms))
-    return next(((reason, detail) for bad, reason, detail in checks if bad), None)
-
-
-def _created_ms(record: bytes) -> int:
-    return int.from_bytes(record[40:48], "little", signed=True)
-
-
 @lru_cache(maxsize=256)
-def _header(d: int, study_hash: bytes) -> bytes:
-    """The first 24 bytes every record of a study has: version, reserved zeros, d, hash."""
-    return bytes((WIRE_VERSION, 0, 0, 0)) + d.to_bytes(4, "little") + study_hash
+def _study_head(d: int, study_hash: bytes) -> bytes:
+    """The bytes every record of a study starts with (``STUDY_HEAD_BYTES``)."""
+    return head_word(d).to_bytes(8, "little") + study_hash
 
 
 def _values(record: bytes) -> memoryview:
     """q̃ and p̃ of one record, as float64 (native byte order is little-endian on every
     platform the wire format's readers run on: numpy reads them as '<f8')."""
-    return memoryview(record)[48:].cast("d")
+    return memoryview(record)[VALUES_OFFSET:].cast("d")
 
 
 def _header_d(record: bytes) -> int:
-    return int.from_bytes(record[4:8], "little")
+    return int.from_bytes(record[D_BYTES], "little")
 
 
 _DETAIL = {
-    RejectReason.UNSUPPORTED_VERSION: lambda r, s: f"version {r[0]}, supported: {WIRE_VERSION}",
-    RejectReason.UNDECODABLE: lambda r, s: f"reserved bytes {r[1:4].hex()} are not zero",
+    RejectReason.UNSUPPORTED_VERSION:
+        lambda r, s: f"version {r[VERSION_BYTE]}, supported: {WIRE_VERSION}",
+    RejectReason.UNDECODABLE: lambda r, s: f"reserved bytes {r[RESERVED_BYTES].hex()} are not zero",
     RejectReason.WRONG_DIMENSION:
         lambda r, s: f"has d={_header_d(r)}, study {s.study_id!r} has d={s.d}",
     RejectReason.NON_FINITE: lambda r, s: "q̃ or p̃ holds NaN or Inf",

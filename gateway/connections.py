@@ -69,20 +69,27 @@ class ConnectionTable:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def open(self, connection: Holder, host: str) -> bool:
-        """Enter a new connection from ``host``; False if a cap refuses it (the caller closes
-        it). When the table is full, another connection is evicted to make room."""
+    def open(self, connection: Holder, host: str, proxy: bool = False) -> str | None:
+        """Enter a new connection from ``host``; None, or the cap that refuses it (the caller
+        closes it). When the table is full, another connection is evicted to make room. A
+        trusted ``proxy`` carries many clients' connections and caps each client's itself: only
+        the table's size applies to it."""
         prefix = prefix_of(host, self.v4_bits, self.v6_bits)
-        if (self._clients[host] >= self.per_client
-                or self._prefixes[prefix] >= self.per_prefix
-                or (len(self._keys) >= self.max_connections and not self._evict_one())):
+        refused = None
+        if not proxy and self._clients[host] >= self.per_client:
+            refused = "max_connections_per_client"
+        elif not proxy and self._prefixes[prefix] >= self.per_prefix:
+            refused = "max_connections_per_prefix"
+        elif len(self._keys) >= self.max_connections and not self._evict_one():
+            refused = "max_connections"
+        if refused is not None:
             self.refused += 1
-            return False
+            return refused
         self._clients[host] += 1
         self._prefixes[prefix] += 1
         self._keys[connection] = (host, prefix)
         self._silent[connection] = None
-        return True
+        return None
 
     def close(self, connection: Holder) -> None:
         """Forget a closed connection (one the table refused is not in it)."""

@@ -18,6 +18,7 @@ import httptools
 
 from gateway.asgi import call_app
 from gateway.checks import HTTP_STATUS
+from ipdp.metrics import GATEWAY_CONNECTIONS_EVICTED
 from ipdp.wire import RejectReason
 
 if TYPE_CHECKING:
@@ -310,6 +311,7 @@ class HttpConnection(asyncio.Protocol):
 
     def evict(self) -> None:
         """Closed to make room for a newer connection (gateway.connections)."""
+        GATEWAY_CONNECTIONS_EVICTED.inc()
         self.transport.close()
 
     def timed_out(self) -> None:

@@ -16,7 +16,8 @@ REASONS: dict[int, list[str]] = {
 
 _TEXT = {
     400: "A record is unusable, or the aggregator would not fold it (norms outside the study's "
-         "bounds, created outside the replay window); `error` names the first check it failed.",
+         "bounds, created outside the replay window), or the request holds one record id twice "
+         "(`duplicate_record`); `error` names the first check a record failed.",
     401: "The study requires a device credential (`Authorization: IPDP-Credential <token>`, "
          "docs/security.md) and the request has none, a malformed one, or one whose issuer key "
          "the gateway does not pin (IPDP_TRUSTED_CREDENTIAL_KEYS).",
@@ -26,9 +27,12 @@ _TEXT = {
     408: "The request head or body did not arrive within IPDP_GATEWAY_HEADER_TIMEOUT_S or "
          "IPDP_GATEWAY_BODY_TIMEOUT_S; the connection is closed.",
     409: "The study is closed and accepts no more records.",
-    413: "The body is longer than IPDP_GATEWAY_MAX_BODY_BYTES.",
+    413: "The body is longer than IPDP_GATEWAY_MAX_BODY_BYTES, or holds more records than "
+         "this client may send at once (IPDP_GATEWAY_RECORD_LIMIT_BURST; a relay's: "
+         "IPDP_GATEWAY_RELAY_RECORD_LIMIT_BURST).",
     415: "Content-Type is neither application/octet-stream nor application/json.",
-    429: "Too many requests from this client; retry after Retry-After seconds.",
+    429: "Too many requests or records from this client (IPDP_GATEWAY_RATE_LIMIT_PER_S, "
+         "IPDP_GATEWAY_RECORD_LIMIT_PER_S); retry after Retry-After seconds.",
     431: "The request head is longer than IPDP_GATEWAY_MAX_HEADER_BYTES; the connection is "
          "closed.",
     503: "Kafka did not acknowledge the records (or the gateway is not ready yet); nothing was "

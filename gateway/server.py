@@ -29,9 +29,11 @@ import asyncio
 import time
 
 from gateway.asgi import Lifespan
+from gateway.client_address import trusted_proxies
 from gateway.connections import ConnectionTable
 from gateway.http_connection import HttpConnection
 from gateway.settings import GatewaySettings
+from ipdp.metrics import GATEWAY_CONNECTIONS, GATEWAY_CONNECTIONS_REFUSED
 
 __all__ = ["HttpServer"]
 
@@ -49,6 +51,7 @@ class HttpServer:
             settings.max_connections_per_prefix, settings.ipv4_prefix_bits,
             settings.ipv6_prefix_bits)
         self.connections: set[HttpConnection] = set()
+        self.proxies = trusted_proxies(settings.trusted_proxies or "")
         self.lifespan = Lifespan(app.asgi)
         self.draining = False
         self._servers: list[asyncio.AbstractServer] = []
@@ -88,8 +91,15 @@ class HttpServer:
             connection.transport.close()
 
     def opened(self, connection: HttpConnection) -> bool:
-        if self.draining or not self.table.open(connection, connection.client):
+        """Whether a new connection may stay (the table may evict another for it)."""
+        if self.draining:
             return False
+        refused = self.table.open(connection, connection.client,
+                                  bool(self.proxies) and connection.client in self.proxies)
+        if refused is not None:
+            GATEWAY_CONNECTIONS_REFUSED.labels(refused).inc()
+            return False
+        GATEWAY_CONNECTIONS.inc()
         self.connections.add(connection)
         if self._sweep is None:
             self._sweep = connection.loop.call_later(self._period, self._sweep_now,
@@ -97,6 +107,7 @@ class HttpServer:
         return True
 
     def closed(self, connection: HttpConnection) -> None:
+        GATEWAY_CONNECTIONS.dec()
         self.table.close(connection)
         self.connections.discard(connection)
 

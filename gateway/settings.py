@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from ipaddress import IPv4Network, IPv6Network
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.client_address import TrustedProxies
 
 
 class GatewaySettings(BaseSettings):
@@ -37,9 +41,30 @@ class GatewaySettings(BaseSettings):
     rate_limit_per_s: float = Field(
         10.0, ge=0,
         description="Requests per second per client address (429 with Retry-After above it); "
-        "0 turns the limit off. A device sends one record per study.")
+        "0 turns the request limit off (the record limit stays). A device sends one record per "
+        "study.")
     rate_limit_burst: int = Field(
         20, ge=1, description="Requests a client may send at once before the rate applies.")
+    record_limit_per_s: float = Field(
+        20.0, gt=0,
+        description="Records per second per client address (429 with Retry-After above it; a "
+        "request counts as one record at least): what a few devices behind one address send. "
+        "A relay's allowance is relay_record_limit_*.")
+    record_limit_burst: int = Field(
+        100, ge=1,
+        description="Records a client may send at once before the rate applies; a request "
+        "holding more is refused with 413.")
+    relay_addresses: str | None = Field(
+        None,
+        description="Comma-separated addresses and CIDR networks of relays (batch uploaders, "
+        "load generators; a client address as the rate limit sees it): their records are "
+        "limited by relay_record_limit_*, their requests not at all.")
+    relay_record_limit_per_s: float = Field(
+        100_000.0, gt=0, description="Records per second per relay address.")
+    relay_record_limit_burst: int = Field(
+        100_000, ge=1,
+        description="Records a relay may send at once; keep it at least the records of the "
+        "largest body (max_body_bytes over the smallest study's record size).")
     max_header_bytes: int = Field(
         16 * 1024, ge=1024,
         description="Largest request head (request line and headers); a longer one is answered "
@@ -62,18 +87,37 @@ class GatewaySettings(BaseSettings):
     max_connections_per_client: int = Field(
         256, ge=1,
         description="Open connections per client address and worker; a connection above it is "
-        "closed at once, so one client cannot take every connection.")
+        "closed at once, so one client cannot take every connection. A trusted proxy's "
+        "connections count against max_connections only (the proxy caps its clients').")
     max_connections_per_prefix: int = Field(
         1024, ge=1,
         description="Open connections per network prefix (ipv4_prefix_bits, ipv6_prefix_bits) "
         "and worker; a connection above it is closed at once, so one site or one IPv6 host "
-        "(which holds a /64 of addresses) cannot take every connection.")
+        "(which holds a /64 of addresses) cannot take every connection. A trusted proxy's "
+        "connections count against max_connections only.")
     ipv4_prefix_bits: int = Field(
         24, ge=0, le=32, description="Length of the IPv4 prefix max_connections_per_prefix "
         "counts by.")
     ipv6_prefix_bits: int = Field(
         64, ge=0, le=128, description="Length of the IPv6 prefix max_connections_per_prefix "
         "counts by.")
+    trusted_proxies: str | None = Field(
+        None,
+        description="Comma-separated addresses or networks (CIDR) of the reverse proxies in "
+        "front of the gateway: from those peers only, the client address the rate limit keys "
+        "on is the rightmost X-Forwarded-For address that is not a trusted proxy. Unset: the "
+        "header is never believed, every client is its peer address.")
     web_dir: str | None = Field(
         None, description="Directory served at /web/ (the browser contributor's page). Unset: "
         "this checkout's producer/web/dist once built; empty: no page.")
+
+    @field_validator("trusted_proxies", "relay_addresses")
+    @classmethod
+    def _address_lists_parse(cls, value: str | None) -> str | None:
+        TrustedProxies(value or "")
+        return value
+
+    def relay_networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """The networks of ``relay_addresses`` (an address is a network of one), parsed as
+        ``trusted_proxies`` is."""
+        return TrustedProxies(self.relay_addresses or "").networks

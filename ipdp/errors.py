@@ -58,6 +58,13 @@ class SignatureError(IpdpError):
     """A signed study or model whose signature is missing, not by a trusted key, or wrong."""
 
 
+#: Why a topic value cannot be read: the ``reason`` of :class:`MalformedValue`, and
+#: ``unexpected`` for any other exception (the ``reason`` label of
+#: ipdp_topic_values_malformed_total, docs/operations.md).
+MALFORMED_REASONS = ("too_large", "not_utf8", "not_json", "too_deep", "not_object", "number",
+                     "invalid", "unexpected")
+
+
 class MalformedValue(ConfigurationError, ValueError):
     """A studies-topic or models-topic value (or a stored envelope) that cannot be read.
 
@@ -65,5 +72,7 @@ class MalformedValue(ConfigurationError, ValueError):
     the value, which whoever can write the topic controls."""
 
     def __init__(self, reason: str, message: str) -> None:
+        if reason not in MALFORMED_REASONS:
+            raise ValueError(f"{reason!r} is not one of MALFORMED_REASONS")
         super().__init__(message)
         self.reason = reason

@@ -1,6 +1,8 @@
 """The published model: one JSON message per (study, round) on the models topic.
 
-It carries the weights and the privacy report, never A, b or any record. Its Kafka key is
+It carries the weights and the privacy report, never A, b or any record, and the study's schema
+when it has one (ipdp.schema): the weights are in the schema's encoded space, and the schema is
+what maps them back to raw units (ipdp.model), so it is signed with them. Its Kafka key is
 `{study_id}:{round}` so a consumer (and a compacted topic) can drop a repeat.
 
 A trainer with a signing key (IPDP_TRAINER_SIGNING_KEY) publishes it inside a signed envelope,
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ipdp.accounting import Composed
 from ipdp.calibration import Calibration
 from ipdp.errors import MalformedValue, SignatureError
+from ipdp.schema import Schema
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
 
@@ -81,7 +84,9 @@ class PrivacyReport(BaseModel):
 class ModelMessage(BaseModel):
     """A model trained on exactly n records of one closed round."""
 
-    model_config = ConfigDict(frozen=True)
+    # `schema_` because BaseModel has a `schema` method; its JSON name is "schema".
+    model_config = ConfigDict(frozen=True, validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
 
     version: int = MESSAGE_VERSION
     study_id: str
@@ -92,6 +97,8 @@ class ModelMessage(BaseModel):
     weights: list[float]
     constraint_active: bool = Field(description="True when ‖w‖ = η binds.")
     privacy: PrivacyReport
+    schema_: Schema | None = Field(None, alias="schema", description="The study's schema: "
+                                   "the weights' coordinates, and their map to raw units.")
     round_closed_ms: int
     published_ms: int
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ipdp.calibration import Calibration
+from ipdp.sample_size import SampleSize
 
 
 def table(rows: list[tuple[str, str]], title: str | None = None) -> str:
@@ -72,10 +73,35 @@ def local_protection(local_epsilon: float | None) -> str:
             "and Redis like raw data; the central guarantee is the one to quote")
 
 
+def sample_size_rows(size: SampleSize, n: int) -> list[tuple[str, str]]:
+    """The model's predicted error against the zero model's, and the least n predicted useful."""
+    name, zero = (("D", "1") if size.loss == "logistic"
+                  else ("R", f"μη² = {fmt(size.zero_model_error, 4)}"))
+    least = ("none up to 2^40" if size.least_useful_n is None
+             else f"{size.least_useful_n:,}")
+    against = f"{name} is {100 * size.relative_error:.3g} % of the zero model's ({zero})"
+    useful = (f"{least}  — the least n whose predicted error is at most "
+              f"{100 * (1 - size.margin):.3g} % of the zero model's (public parameters only; "
+              f"n = {n:,} is {'above' if size.useful else 'BELOW'} it)")
+    return [("predicted error against w = 0", against),
+            (f"least useful n (margin {fmt(size.margin, 3)})", useful)]
+
+
+def sample_size_warning(size: SampleSize, n: int) -> str | None:
+    """What `study create` says when the study's n is predicted too small, else None."""
+    if size.useful:
+        return None
+    need = ("no n up to 2^40" if size.least_useful_n is None
+            else f"n ≥ {size.least_useful_n:,}")
+    return (f"WARNING: at n = {n:,} the model's predicted error is {100 * size.relative_error:.3g} % "
+            f"of the zero model's (w = 0); beating it by the margin {fmt(size.margin, 3)} needs "
+            f"{need} (docs/privacy.md, \"The n a study needs\")")
+
+
 def _split(parts: dict[str, float]) -> str:
     return ", ".join(f"{k}={fmt(v, 4)}" for k, v in parts.items())
 
 
-def calibration_table(cal: Calibration) -> str:
-    """`ipdp calibrate`'s human output."""
-    return table(calibration_rows(cal), title="ipdp calibration")
+def calibration_table(cal: Calibration, more: list[tuple[str, str]] | None = None) -> str:
+    """`ipdp calibrate`'s human output, with `more` rows at the end."""
+    return table(calibration_rows(cal) + (more or []), title="ipdp calibration")

@@ -119,7 +119,9 @@ class MetricsSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IPDP_METRICS_", extra="ignore")
 
     port: int = Field(0, ge=0, le=65535)
-    host: str = "0.0.0.0"
+    # Like every ipdp listener outside a container: this machine only unless set otherwise
+    # (compose sets 0.0.0.0, and publishes no metrics port).
+    host: str = "127.0.0.1"
 
 
 class TrustSettings(BaseSettings):

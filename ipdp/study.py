@@ -37,6 +37,7 @@ from pydantic import (
 
 from ipdp.calibration import Calibration, Mode, RecordNormBounds, calibrate, record_norm_bounds
 from ipdp.errors import CalibrationError, ConfigurationError, MalformedValue
+from ipdp.schema import Schema
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
 from ipdp.wire import study_hash
@@ -60,7 +61,7 @@ PAPER_DEFAULT_DELTA_IN = 1e-6
 #: Fields left out of the canonical text at their default, so that a study created before they
 #: existed keeps its text and hash: name → default.
 OPTIONAL_DEFAULTS = {"budget_epsilon": None, "budget_delta": None,
-                     "require_credentials": False, "records_per_device": 1}
+                     "require_credentials": False, "records_per_device": 1, "schema": None}
 #: A budget is counted up to this many rounds (a few seconds of accounting); a budget that
 #: would allow more closes the study here, which spends less than the budget, never more.
 BUDGET_ROUNDS_COUNTED = 10_000
@@ -102,7 +103,9 @@ class StudyNoise(BaseModel):
 class Study(BaseModel):
     """Public parameters of one study (docs/privacy.md). Immutable once created."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # The schema's field is `schema_` (BaseModel has a `schema` method); its JSON name is "schema".
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
 
     study_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     loss: Loss = "squared"
@@ -132,6 +135,9 @@ class Study(BaseModel):
     records_per_device: int = Field(
         1, ge=1, le=1024, description="Records one credential may contribute to the study "
         "(its slots); needs require_credentials.")
+    schema_: Schema | None = Field(
+        None, alias="schema", description="The named features and target of a raw row with "
+        "their public ranges (ipdp.schema); sets d, and R = 1 (and Y = 1 for squared loss).")
     noise: StudyNoise | None = Field(
         None, description="The noise stds devices add. Given (a study read from its text), "
         "kept if proven for the parameters; else the calibration's choice (Step 8).")
@@ -144,6 +150,8 @@ class Study(BaseModel):
             return data
         data = dict(data)
         loss = data.get("loss", "squared")
+        if data.get("schema") is not None:
+            data = _resolve_schema(data, loss)
         derived = feature_bounds(loss, data.get("x_bound"), data.get("y_bound"))
         given_bounds = f"x_bound={data.get('x_bound')}, y_bound={data.get('y_bound')}"
         for name, value in derived.items():
@@ -258,6 +266,37 @@ class Study(BaseModel):
     def to_json(self) -> str:
         """Canonical JSON (the form stored in Redis and on the studies topic)."""
         return self.model_dump_json(exclude_none=False)
+
+
+def _resolve_schema(data: dict, loss: str) -> dict:
+    """d, R and Y from a study's schema (ipdp.schema); a contradicting d, R or Y is refused."""
+    try:
+        schema = Schema.model_validate(data["schema"])
+    except ValidationError as exc:
+        errors = exc.errors()
+        # A bad feature also fails the length check of the list it was dropped from: say the
+        # cause only.
+        causes = [e for e in errors if not any(
+            len(o["loc"]) > len(e["loc"]) and o["loc"][:len(e["loc"])] == e["loc"]
+            for o in errors)]
+        raise ValueError("; ".join(
+            f"schema.{'.'.join(str(x) for x in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+            .replace("schema.: ", "schema: ") for e in causes)) from None
+    if loss == "logistic" and not schema.target.is_class:
+        raise ValueError(f"a logistic study's target is a class label: give target "
+                         f"{schema.target.name!r} its two classes, e.g. "
+                         f'{{"name": "{schema.target.name}", "classes": ["no", "yes"]}}')
+    if loss != "logistic" and schema.target.is_class:
+        raise ValueError(f"target {schema.target.name!r} has classes: a class target needs "
+                         "loss logistic (squared loss needs a numeric target with min and max)")
+    # The schema's encoding puts ‖x‖ ≤ 1 and |y| ≤ 1 by construction (ipdp.schema).
+    derived = {"d": schema.d, "x_bound": 1.0} | ({} if loss == "logistic" else {"y_bound": 1.0})
+    for name, value in derived.items():
+        given = data.get(name)
+        if given is not None and given != value:
+            raise ValueError(f"{name}={given} contradicts the schema, which gives {name}={value:g}"
+                             " (its encoding; docs/privacy.md): leave it out")
+    return data | derived | {"schema": schema}
 
 
 def signed_bytes(status: StudyStatus | str, study_text: str) -> bytes:

@@ -34,9 +34,41 @@ import numpy as np
 WIRE_VERSION: int = 1
 HEADER_SIZE: int = 48
 
-_ID_SIZE = 16
-#: Byte range of the record id inside a version-1 record (the layout table above).
-RECORD_ID_BYTES = slice(24, 24 + _ID_SIZE)
+#: Bytes of a study hash and of a record id.
+ID_SIZE = 16
+
+# The fields of a version-1 record by name (the layout table above): every reader of raw
+# records slices with these.
+VERSION_BYTE = 0
+RESERVED_BYTES = slice(1, 4)
+D_BYTES = slice(4, 8)
+STUDY_HASH_BYTES = slice(8, 8 + ID_SIZE)
+RECORD_ID_BYTES = slice(24, 24 + ID_SIZE)
+CREATED_MS_BYTES = slice(40, 48)
+#: What every record of one study shares: version, reserved bytes, d and study hash.
+STUDY_HEAD_BYTES = slice(0, STUDY_HASH_BYTES.stop)
+#: Where q̃ starts (p̃ follows it).
+VALUES_OFFSET = HEADER_SIZE
+
+# The same fields as little-endian 64-bit words (a record is 6 + 2·d of them), for readers that
+# view k records as a (k, 6 + 2·d) array: word 0 holds the version in its low byte, the reserved
+# bytes above it and d in its high half.
+HEAD_WORD = 0
+HEAD_WORD_BYTES = slice(0, 8)
+STUDY_HASH_WORDS = slice(1, 3)
+RECORD_ID_WORDS = slice(3, 5)
+CREATED_MS_WORD = 5
+VALUES_WORD = 6
+HEAD_VERSION_MASK = 0xFF
+HEAD_RESERVED_MASK = 0xFFFFFF00
+HEAD_D_SHIFT = 32
+
+
+def head_word(d: int) -> int:
+    """Word 0 of every well-formed version-1 record of dimension ``d``."""
+    return WIRE_VERSION | d << HEAD_D_SHIFT
+
+
 _I64_MIN = -(2**63)
 _I64_MAX = 2**63 - 1
 
@@ -70,6 +102,7 @@ class RejectReason(enum.StrEnum):
     CREDENTIAL_WRONG_STUDY = "credential_wrong_study"
     CREDENTIAL_BAD_SLOT = "credential_bad_slot"
     CREDENTIAL_REUSED = "credential_reused"
+    DUPLICATE_RECORD = "duplicate_record"
     TOO_LARGE = "too_large"
     HEADERS_TOO_LARGE = "headers_too_large"
     REQUEST_TIMEOUT = "request_timeout"
@@ -81,6 +114,10 @@ class RejectReason(enum.StrEnum):
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     BAD_REQUEST = "bad_request"
+
+
+#: The reasons the aggregator dead-letters a record for (the members before ``TOO_LARGE``).
+DEAD_LETTER_REASONS = tuple(RejectReason)[:list(RejectReason).index(RejectReason.TOO_LARGE)]
 
 
 class MalformedRecord(ValueError):
@@ -120,7 +157,7 @@ class RecordWindow:
 def study_hash(study_text: str) -> bytes:
     """Return the 16-byte wire identifier of a study: SHA-256 of its UTF-8 canonical text
     (ipdp.study.Study.canonical_text: every parameter and the noise stds), truncated."""
-    return hashlib.sha256(study_text.encode("utf-8")).digest()[:_ID_SIZE]
+    return hashlib.sha256(study_text.encode("utf-8")).digest()[:ID_SIZE]
 
 
 #: Kafka header naming the study a device meant. Diagnostic only: it picks `study_mismatch` over
@@ -156,8 +193,8 @@ def _record_dtype(d: int) -> np.dtype:
             ("version", "u1"),
             ("reserved", "u1", (3,)),
             ("d", "<u4"),
-            ("study_hash", "u1", (_ID_SIZE,)),
-            ("record_id", "u1", (_ID_SIZE,)),
+            ("study_hash", "u1", (ID_SIZE,)),
+            ("record_id", "u1", (ID_SIZE,)),
             ("created_ms", "<i8"),
             ("q", "<f8", (d,)),
             ("p", "<f8", (d,)),
@@ -224,7 +261,7 @@ def encode_batch(
     """Encode k records of one study: record_ids (k,16) uint8, created_ms (k,), q and p (k,d)."""
     sh = _as_id(study_hash, "study_hash")
     rid = np.asarray(record_ids)
-    if rid.dtype != np.uint8 or rid.ndim != 2 or rid.shape[1] != _ID_SIZE:
+    if rid.dtype != np.uint8 or rid.ndim != 2 or rid.shape[1] != ID_SIZE:
         raise ValueError(f"record_ids must be uint8 of shape (k, 16), got {rid.dtype} {rid.shape}")
     k = rid.shape[0]
     ms = np.asarray(created_ms)
@@ -260,7 +297,7 @@ def encode_record(study_hash: bytes, record_id: bytes, created_ms: int, q, p) ->
         raise ValueError(f"q and p must be 1-D of the same length, got {qa.shape}, {pa.shape}")
     return encode_batch(
         study_hash,
-        np.frombuffer(rid, dtype=np.uint8).reshape(1, _ID_SIZE),
+        np.frombuffer(rid, dtype=np.uint8).reshape(1, ID_SIZE),
         np.array([ms], dtype=np.int64),
         qa[np.newaxis],
         pa[np.newaxis],
@@ -270,6 +307,13 @@ def encode_record(study_hash: bytes, record_id: bytes, created_ms: int, q, p) ->
 #: Version byte of a multi-record container (one Kafka message, many records).
 CONTAINER_VERSION: int = 2
 CONTAINER_HEADER_SIZE: int = 8
+#: Where a container's record count k (u32, little-endian) sits in its header.
+CONTAINER_COUNT_BYTES = slice(4, 8)
+
+
+def container_count(value: bytes | bytearray | memoryview) -> int:
+    """The record count k a container's header states (the value is not checked)."""
+    return int.from_bytes(value[CONTAINER_COUNT_BYTES], "little")
 
 
 def encode_container(records: Sequence[bytes]) -> bytes:
@@ -304,9 +348,10 @@ def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None
     None as well, and the caller rejects the whole value as undecodable.
     """
     buf = bytes(value)
-    if len(buf) < CONTAINER_HEADER_SIZE or buf[0] != CONTAINER_VERSION or any(buf[1:4]):
+    if len(buf) < CONTAINER_HEADER_SIZE or buf[VERSION_BYTE] != CONTAINER_VERSION \
+            or any(buf[RESERVED_BYTES]):
         return None
-    k = int.from_bytes(buf[4:8], "little")
+    k = container_count(buf)
     body = len(buf) - CONTAINER_HEADER_SIZE
     if k < 1 or body % k:
         return None
@@ -426,9 +471,9 @@ def _parse_group(
     n = len(joined) // size
     words = np.frombuffer(joined, "<u8").reshape(n, size // 8)
     values = words.view("<f8")
-    q, p = values[:, 6:6 + d], values[:, 6 + d:]
+    q, p = values[:, VALUES_WORD:VALUES_WORD + d], values[:, VALUES_WORD + d:]
     sq_q, sq_p = squared_norms(q, p)
-    ok = (words[:, 0] == (WIRE_VERSION | d << 32)) & np.isfinite(sq_q) & np.isfinite(sq_p)
+    ok = (words[:, HEAD_WORD] == head_word(d)) & np.isfinite(sq_q) & np.isfinite(sq_p)
     raw = np.frombuffer(joined, np.uint8).reshape(n, size)
     if not ok.all():
         for r in np.flatnonzero(~ok).tolist():
@@ -438,7 +483,8 @@ def _parse_group(
             else:
                 rejects.append((int(idx[r]), err))
     # Writeable, C-contiguous arrays of their own (not views of the input): one copy each.
-    columns = (raw[:, 8:24], raw[:, RECORD_ID_BYTES], words[:, 5].view("<i8"), q, p)
+    columns = (raw[:, STUDY_HASH_BYTES], raw[:, RECORD_ID_BYTES],
+               words[:, CREATED_MS_WORD].view("<i8"), q, p)
     if ok.all():
         study_hash, record_id, created_ms, q, p = (a.copy() for a in columns)
     else:
@@ -466,13 +512,14 @@ def squared_norms(q: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 def _row_error(raw: np.ndarray, q: np.ndarray, p: np.ndarray, d: int,
                size: int) -> MalformedRecord | None:
     """Why one record of the right length is malformed (None if it is not)."""
-    if raw[0] != WIRE_VERSION:
+    if raw[VERSION_BYTE] != WIRE_VERSION:
         return MalformedRecord(RejectReason.UNSUPPORTED_VERSION,
-                               f"version {int(raw[0])}, supported: {WIRE_VERSION}")
-    if raw[1:4].any():
-        return MalformedRecord(RejectReason.UNDECODABLE,
-                               f"reserved bytes {raw[1:4].tobytes().hex()} are not zero")
-    header_d = int.from_bytes(raw[4:8].tobytes(), "little")
+                               f"version {int(raw[VERSION_BYTE])}, supported: {WIRE_VERSION}")
+    if raw[RESERVED_BYTES].any():
+        return MalformedRecord(
+            RejectReason.UNDECODABLE,
+            f"reserved bytes {raw[RESERVED_BYTES].tobytes().hex()} are not zero")
+    header_d = int.from_bytes(raw[D_BYTES].tobytes(), "little")
     if header_d != d:
         return MalformedRecord(RejectReason.UNDECODABLE,
                                f"header d={header_d} but length {size} implies d={d}")
@@ -485,9 +532,10 @@ def _bad_length(buf: bytes | bytearray | memoryview, length: int) -> MalformedRe
     """Return the error for a value whose length is not 48 + 16·d for any d >= 1."""
     if length == 0:
         return MalformedRecord(RejectReason.UNDECODABLE, "value is empty")
-    if buf[0] != WIRE_VERSION:
+    if buf[VERSION_BYTE] != WIRE_VERSION:
         return MalformedRecord(
-            RejectReason.UNSUPPORTED_VERSION, f"version {buf[0]}, supported: {WIRE_VERSION}"
+            RejectReason.UNSUPPORTED_VERSION,
+            f"version {buf[VERSION_BYTE]}, supported: {WIRE_VERSION}"
         )
     return MalformedRecord(
         RejectReason.UNDECODABLE, f"length {length} is not {HEADER_SIZE} + 16·d for any d >= 1"
@@ -512,6 +560,6 @@ def _as_byte_buffer(value) -> bytes | bytearray | memoryview | None:
 def _as_id(value: bytes, name: str) -> bytes:
     """Return ``value`` as 16 bytes or raise ValueError."""
     raw = bytes(memoryview(value))
-    if len(raw) != _ID_SIZE:
-        raise ValueError(f"{name} must be {_ID_SIZE} bytes, got {len(raw)}")
+    if len(raw) != ID_SIZE:
+        raise ValueError(f"{name} must be {ID_SIZE} bytes, got {len(raw)}")
     return raw

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Self
 
 import numpy as np
@@ -96,12 +97,14 @@ def trusted_study_keys(keys: TrustedKeys | str | Iterable[str] | None) -> Truste
 
 
 class DeliveryCounter:
-    """Thread-safe success/failure counters fed by producer future callbacks."""
+    """Thread-safe success/failure counters fed by producer future callbacks; failures also
+    by the error's class name (``reasons``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.ok = 0
         self.failed = 0
+        self.reasons: Counter[str] = Counter()
         self.last_error: BaseException | None = None
 
     def on_ok(self, _metadata) -> None:
@@ -111,6 +114,7 @@ class DeliveryCounter:
     def on_error(self, exc: BaseException) -> None:
         with self._lock:
             self.failed += 1
+            self.reasons[type(exc).__name__] += 1
             self.last_error = exc
 
     def snapshot(self) -> tuple[int, int]:
@@ -134,6 +138,10 @@ class Contributor:
 
     >>> c = Contributor.connect("my-study", KafkaSettings(), TopicSettings())
     >>> record_id = c.submit(x, y); c.flush()
+
+    A study with a schema (ipdp.schema) takes a raw row instead, by column name:
+
+    >>> c.submit_row({"age": 29, "income": 41_000, "weeks": 12}); c.flush()
     """
 
     def __init__(self, study: Study, producer: KafkaProducer, topic: str,
@@ -156,6 +164,8 @@ class Contributor:
         # The OS's CSPRNG unless a seeded source is passed (tests only).
         self.noise: NoiseSource = SystemNoise() if noise is None else noise
         self._delivery = DeliveryCounter()
+        #: Raw values submit_row clipped to their schema range so far, per column.
+        self.clipped: dict[str, int] = {}
         self._reported_failures = 0
         self._owns_producer = False
 
@@ -238,6 +248,24 @@ class Contributor:
         if x.ndim != 1:
             raise ValueError(f"x must have shape ({self.study.d},), got {x.shape}")
         ids, values = self.encode_many(x[np.newaxis], np.asarray([y], dtype=np.float64))
+        self._send(ids, values)
+        return ids[0].tobytes()
+
+    def submit_row(self, row: Mapping[str, object]) -> bytes:
+        """Encode one raw row through the study's schema, then perturb and publish it.
+
+        ``row`` maps each of the schema's feature names and its target name to a raw value (a
+        number; a class name for a logistic study's target). A value outside its public range
+        is clipped to it and counted in :attr:`clipped`. Returns the 16-byte record id.
+        """
+        schema = self.study.schema_
+        if schema is None:
+            raise ValueError(f"study {self.study.study_id!r} has no schema: submit its encoded "
+                             "(x, y) with submit()")
+        encoded = schema.encode(row)
+        for name, k in encoded.clipped.items():
+            self.clipped[name] = self.clipped.get(name, 0) + k
+        ids, values = self.encode_many(encoded.x, encoded.y)
         self._send(ids, values)
         return ids[0].tobytes()
 

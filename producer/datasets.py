@@ -1,6 +1,9 @@
-"""Example data for the device simulator: a synthetic generator and a numpy-only CSV loader.
+"""Example data for the device simulator: a synthetic generator and two CSV loaders.
 
-Both honour the public bounds of a default study (λ = P = η = 1): ‖x‖ ≤ 1, |y| ≤ 1 and, for
+A study with a schema reads its CSV through the schema (:func:`from_csv_schema`): each row is
+encoded by the public ranges alone, as a real device encodes its own row. A study without one
+gets :func:`from_csv`, the simulator's scaling computed from the whole file. Synthetic data and
+:func:`from_csv` honour the public bounds of a default study (λ = P = η = 1): ‖x‖ ≤ 1, |y| ≤ 1 and, for
 synthetic data, ‖w_true‖ ≤ 1. The contributor still clips; these just keep clipping inactive so
 that a fit recovers the data's own model.
 """
@@ -14,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Dataset", "from_csv", "synthetic", "synthetic_batches", "train_test_split"]
+from ipdp.schema import Schema
+
+__all__ = ["Dataset", "from_csv", "from_csv_schema", "synthetic", "synthetic_batches",
+           "train_test_split"]
 
 #: Standard deviation of the additive noise on y (squared loss), in y's units.
 SQUARED_NOISE = 0.05
@@ -158,6 +164,53 @@ def from_csv(path: str | Path, target: str, loss: str, *, features: list[str] | 
         y = np.where(y_raw > med, 1.0, -1.0)
         meta.update(y_threshold=med)
     return Dataset(x=np.ascontiguousarray(x), y=y, feature_names=features, meta=meta)
+
+
+def from_csv_schema(path: str | Path, schema: Schema, *, delimiter: str = ",") -> Dataset:
+    """Read the schema's columns by name from a CSV with a header row, and encode each row
+    through the schema's public ranges (ipdp.schema), as the row's own device would.
+
+    A row whose feature or numeric target is empty or not a number, or whose class target is
+    not one of its classes, is skipped. ``meta`` holds ``clipped`` (per column, the values
+    outside their range, clipped to it) and ``rows_skipped``.
+    """
+    path = Path(path)
+    header = _read_header(path, delimiter)
+    names = [*schema.feature_names, schema.target.name]
+    missing = [c for c in names if c not in header]
+    if missing:
+        raise ValueError(f"{path}: no column(s) {', '.join(missing)} that the study's schema "
+                         f"names; columns: {', '.join(header)}")
+    cols = [header.index(c) for c in names]
+    numbers, labels, skipped = [], [], 0
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        next(reader)
+        for row in reader:
+            if not row:
+                continue
+            try:
+                cells = [row[i].strip() for i in cols]
+                values = [float(v) for v in cells[:-1]]
+                target = cells[-1] if schema.target.is_class else float(cells[-1])
+            except (IndexError, ValueError):
+                skipped += 1
+                continue
+            if not np.isfinite(values).all() or (
+                    schema.target.is_class and target not in schema.target.classes) or (
+                    not schema.target.is_class and not np.isfinite(target)):
+                skipped += 1
+                continue
+            numbers.append(values)
+            labels.append(target)
+    if not numbers:
+        raise ValueError(f"{path}: no usable row ({skipped} skipped)")
+    raw = np.array(numbers, dtype=np.float64)
+    columns: dict[str, object] = {n: raw[:, j] for j, n in enumerate(schema.feature_names)}
+    columns[schema.target.name] = labels
+    encoded = schema.encode(columns)
+    return Dataset(x=encoded.x, y=encoded.y, feature_names=schema.feature_names,
+                   meta={"source": str(path), "clipped": encoded.clipped, "rows_skipped": skipped})
 
 
 def train_test_split(ds: Dataset, test_fraction: float = 0.2, seed: int | None = None,

@@ -29,25 +29,34 @@ import h11
 from ipdp.credentials import AUTH_SCHEME
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus, parse_study_message
+from producer.retry import DEVICE_RETRY, RETRYABLE_STATUSES, RetryPolicy, parse_retry_after
 
 __all__ = ["AsyncGatewayConnection", "GatewayAnswer", "GatewayClient", "records_path"]
 
 
 @dataclass(frozen=True)
 class GatewayAnswer:
-    """One HTTP answer: status, parsed JSON body (or None) and the raw body."""
+    """One HTTP answer: status, parsed JSON body (or None), the raw body, and the delay its
+    ``Retry-After`` header asks for (seconds, or None)."""
 
     status: int
     body: dict | None
     raw: bytes
+    retry_after_s: float | None = None
 
     @property
     def error(self) -> str | None:
         """The machine reason of a refusal (``{"error": ...}``), if any."""
         return self.body.get("error") if isinstance(self.body, dict) else None
 
+    @property
+    def retryable(self) -> bool:
+        """A refusal the same bytes may be sent again for, after ``retry_after_s``."""
+        return self.status in RETRYABLE_STATUSES
+
     @classmethod
-    def of(cls, status: int, content_type: str, raw: bytes) -> GatewayAnswer:
+    def of(cls, status: int, content_type: str, raw: bytes,
+           retry_after: str | None = None) -> GatewayAnswer:
         """The answer with its body parsed when it is JSON."""
         parsed = None
         if content_type.startswith("application/json"):
@@ -55,7 +64,7 @@ class GatewayAnswer:
                 parsed = json.loads(raw)
             except ValueError:
                 parsed = None
-        return cls(status, parsed, raw)
+        return cls(status, parsed, raw, parse_retry_after(retry_after))
 
 
 def records_path(study_id: str) -> str:
@@ -106,20 +115,32 @@ class GatewayClient:
                 raise
         if resp.will_close:
             self.close()
-        return GatewayAnswer.of(resp.status, resp.getheader("Content-Type", ""), raw)
+        return GatewayAnswer.of(resp.status, resp.getheader("Content-Type", ""), raw,
+                                resp.getheader("Retry-After"))
 
-    def send_record(self, study_id: str, record: bytes) -> GatewayAnswer:
-        """POST a device's one version-1 record (202 once Kafka acknowledged it)."""
-        return self.post_records(study_id, record)
+    def send_record(self, study_id: str, record: bytes, credential: str | None = None,
+                    retry: RetryPolicy = DEVICE_RETRY) -> GatewayAnswer:
+        """POST a device's one version-1 record (202 once Kafka acknowledged it), sending it
+        again after each 429 or 503 as ``retry`` says (producer.retry); the last answer."""
+        return self.post_records(study_id, record, credential=credential, retry=retry)
 
     def post_records(self, study_id: str, body: bytes,
                      content_type: str = "application/octet-stream",
-                     credential: str | None = None) -> GatewayAnswer:
+                     credential: str | None = None,
+                     retry: RetryPolicy | None = None) -> GatewayAnswer:
         """POST records (concatenated version-1 records, or the JSON form) for a study: one
         record for a device, more for a batch uploader. A study that requires credentials needs
         the device's ``credential`` (its text form), and record ids that are its slots
-        (ipdp.credentials.slot_record_ids)."""
-        return self.request("POST", records_path(study_id), body, content_type, credential)
+        (ipdp.credentials.slot_record_ids). With a ``retry`` policy a 429 or 503 is sent
+        again after its ``Retry-After`` (with jitter), up to ``retry.max_attempts`` tries;
+        without one, the first answer is returned."""
+        attempts = 1 if retry is None else retry.max_attempts
+        for attempt in range(1, attempts + 1):
+            answer = self.request("POST", records_path(study_id), body, content_type, credential)
+            if not answer.retryable or attempt == attempts:
+                return answer
+            time.sleep(retry.wait_s(attempt, answer.retry_after_s))
+        raise AssertionError("unreachable")
 
     def study(self, study_id: str, trusted: TrustedKeys | None = None,
               ) -> tuple[Study, StudyStatus] | None:
@@ -211,7 +232,7 @@ class AsyncGatewayConnection:
         http, answered = self._http, False
         self._writer.write(http.send(request) + http.send(h11.Data(data=body))
                            + http.send(h11.EndOfMessage()))
-        status, content_type, chunks = 0, "", []
+        status, content_type, retry_after, chunks = 0, "", None, []
         while True:
             event = http.next_event()
             if event is h11.NEED_DATA:
@@ -221,8 +242,11 @@ class AsyncGatewayConnection:
                 http.receive_data(data)
             elif isinstance(event, h11.Response):
                 answered, status = True, event.status_code
-                content_type = next((v.decode("latin-1") for k, v in event.headers
-                                     if k == b"content-type"), "")
+                for name, value in event.headers:
+                    if name == b"content-type":
+                        content_type = value.decode("latin-1")
+                    elif name == b"retry-after":
+                        retry_after = value.decode("latin-1")
             elif isinstance(event, h11.Data):
                 chunks.append(event.data)
             elif isinstance(event, h11.EndOfMessage):
@@ -231,7 +255,7 @@ class AsyncGatewayConnection:
             http.start_next_cycle()
         else:
             await self.close()
-        return GatewayAnswer.of(status, content_type, b"".join(chunks))
+        return GatewayAnswer.of(status, content_type, b"".join(chunks), retry_after)
 
     async def post_records(self, study_id: str, body: bytes) -> GatewayAnswer:
         """POST version-1 records (one for a device) for a study."""

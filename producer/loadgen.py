@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +33,7 @@ from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
 from ipdp.wire import study_headers
 from producer.contributor import DeliveryCounter, perturb_records, split_ids
+from producer.retry import DEVICE_RETRY, RetryPolicy
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -74,6 +76,8 @@ class LoadgenResult:
     seconds: float
     rate: float
     interrupted: bool = False
+    #: Records finally not accepted, by reason (through the gateway: its last refusal's).
+    refused: dict[str, int] = field(default_factory=dict)
 
 
 def run_loadgen(study: Study, kafka: KafkaSettings, topics: TopicSettings, x, y,
@@ -141,6 +145,7 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
             raise LoadgenError(f"cannot reach Kafka at {kafka.bootstrap}: {exc!r}") from None
     delivery = DeliveryCounter()
     sync_failures = 0
+    sync_reasons: Counter[str] = Counter()
     consecutive = 0
     reported_ok = reported_failed = 0
     queued = 0
@@ -155,6 +160,7 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         failed += sync_failures
         if ok > reported_ok:
             sent_metric.inc(ok - reported_ok)
+            bar.update(ok - reported_ok)
             reported_ok = ok
         if failed > reported_failed:
             error_metric.inc(failed - reported_failed)
@@ -199,13 +205,13 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                             consecutive = 0
                         except KafkaError as exc:
                             sync_failures += 1
+                            sync_reasons[type(exc).__name__] += 1
                             consecutive += 1
                             if consecutive >= MAX_CONSECUTIVE_SEND_FAILURES:
                                 raise LoadgenError(
                                     f"{consecutive} consecutive sends to {topic!r} failed; last: "
                                     f"{exc!r}") from None
                     queued += hi - lo
-                    bar.update(hi - lo)
                     report()
         except KeyboardInterrupt:
             interrupted = True
@@ -217,29 +223,29 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
         errors = failed + sync_failures
         bar.set_postfix(errors=errors, refresh=False)
         return LoadgenResult(sent=ok, errors=errors, seconds=seconds,
-                             rate=ok / seconds if seconds > 0 else 0.0, interrupted=interrupted)
+                             rate=ok / seconds if seconds > 0 else 0.0, interrupted=interrupted,
+                             refused=dict(sorted((delivery.reasons + sync_reasons).items())))
     finally:
         bar.close()
         if own:
             producer.close(timeout=5)
 
 
-#: A gateway refusal worth retrying with the same bytes (the record ids make it harmless).
-RETRYABLE_STATUSES = frozenset({429, 503})
-
-
 def run_loadgen_http(study: Study, base_url: str,
                      batches: Iterable[tuple[np.ndarray, np.ndarray]], total: int | None = None,
                      connections: int = 64, per_request: int = 1, rate: float | None = None,
                      progress: bool = True, rng: np.random.Generator | None = None,
-                     max_attempts: int = 6) -> LoadgenResult:
+                     retry: RetryPolicy = DEVICE_RETRY) -> LoadgenResult:
     """:func:`run_loadgen_batches` through the HTTP gateway at ``base_url`` instead of Kafka.
 
     Each batch is perturbed in one step (every row its own device), then cut into request bodies
     of ``per_request`` concatenated records (one by default: each device sends its own record);
     ``connections`` asyncio tasks, each with one keep-alive connection, POST them. A 429 or 503
-    is retried with the same bytes (up to ``max_attempts`` tries, backing off); ``sent`` counts
-    records the gateway answered 202 for, i.e. that Kafka acknowledged.
+    is sent again with the same bytes after its ``Retry-After`` and jitter, up to
+    ``retry.max_attempts`` tries (producer.retry); every simulated device shares this process's
+    address, so a 429 also slows all of them down (:class:`SharedPace`). ``sent`` counts records
+    the gateway answered 202 for, i.e. that Kafka acknowledged, and so does the progress bar;
+    ``refused`` counts the others by their last refusal's reason.
     """
     import asyncio
 
@@ -257,51 +263,109 @@ def run_loadgen_http(study: Study, base_url: str,
     interrupted = False
     try:
         asyncio.run(_post_all(study, base_url, batches, connections, per_request, rate, rng,
-                              max_attempts, totals, reasons, bar, start))
+                              retry, totals, reasons, bar))
     except KeyboardInterrupt:
         interrupted = True
         log.warning("interrupted: stopped with the requests in flight unanswered")
     finally:
         bar.close()
     seconds = time.monotonic() - start
-    for reason, k in sorted(reasons.items()):
-        log.warning("gateway refused %d record(s): %s", k, reason)
     ok, failed = totals["ok"], totals["failed"]
     return LoadgenResult(sent=ok, errors=failed, seconds=seconds,
-                         rate=ok / seconds if seconds > 0 else 0.0, interrupted=interrupted)
+                         rate=ok / seconds if seconds > 0 else 0.0, interrupted=interrupted,
+                         refused=dict(sorted(reasons.items())))
+
+
+class SharedPace:
+    """When the next request of a process that plays many devices may go.
+
+    The gateway limits requests per client address, and every simulated device here has the
+    same one. Each device honouring its own 429 is not enough: with C connections, C − rate of
+    them would be refused again every second, and the last records would run out of tries. So
+    a refusal also holds every connection until its ``Retry-After`` is over, and a 429 sets a
+    request rate for the whole process: half of what was accepted in the second before, then
+    one request/s more each second without a 429 (additive increase, multiplicative decrease,
+    as TCP does). Requests then go at about the gateway's rate, and a refusal is rare.
+    """
+
+    def __init__(self, rate: float | None) -> None:
+        #: Requests per second, or None while nothing was refused (and no --rate is set).
+        self.rate = rate
+        self._ceiling = rate
+        self._next = 0.0
+        self._hold_until = 0.0
+        self._last_cut = -float("inf")
+        self._accepted: deque[float] = deque()
+
+    async def turn(self) -> None:
+        """Wait until this request may go."""
+        import asyncio
+
+        while True:
+            now = time.monotonic()
+            due = max(self._hold_until, self._next if self.rate else 0.0)
+            if due <= now:
+                break
+            await asyncio.sleep(due - now)
+        if self.rate:
+            self._next = max(now, self._next) + 1.0 / self.rate
+
+    def accepted(self) -> None:
+        now = time.monotonic()
+        self._accepted.append(now)
+        while self._accepted and self._accepted[0] < now - 1.0:
+            self._accepted.popleft()
+        if self.rate and now >= self._hold_until:
+            grown = self.rate + 1.0 / self.rate
+            self.rate = grown if self._ceiling is None else min(grown, self._ceiling)
+
+    def refused(self, status: int, retry_after_s: float | None) -> None:
+        now = time.monotonic()
+        hold = retry_after_s if retry_after_s is not None else 1.0
+        self._hold_until = max(self._hold_until, now + hold)
+        # Answers to requests already in flight say the same thing: one cut per hold.
+        if status == 429 and now >= self._last_cut + hold:
+            self._last_cut = now
+            recent = sum(1 for t in self._accepted if t >= now - 1.0)
+            current = self.rate if self.rate else float(recent)
+            self.rate = max(1.0, min(current, max(recent, 1)) / 2)
 
 
 async def _post_all(study: Study, base_url: str,
                     batches: Iterable[tuple[np.ndarray, np.ndarray]], connections: int,
                     per_request: int, rate: float | None, rng: np.random.Generator,
-                    max_attempts: int, totals: dict[str, int], reasons: dict[str, int], bar,
-                    start: float) -> None:
+                    retry: RetryPolicy, totals: dict[str, int], reasons: dict[str, int],
+                    bar) -> None:
     """Perturb and queue the bodies; ``connections`` tasks POST them, counting into totals."""
     import asyncio
+    import random
 
     from producer.gateway_client import AsyncGatewayConnection
 
     sent_metric = LOADGEN_RECORDS_SENT.labels(study.study_id)
     error_metric = LOADGEN_SEND_ERRORS.labels(study.study_id)
     bodies: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue(maxsize=4 * connections)
+    pace = SharedPace(None if rate is None else rate / per_request)
+    jitter = random.Random(int(rng.integers(1 << 62)))
 
     async def post(conn: AsyncGatewayConnection, body: bytes) -> str | None:
         """POST one body; None once accepted, else the last refusal's reason."""
-        delay = 0.1
-        for attempt in range(max_attempts):
+        for attempt in range(1, retry.max_attempts + 1):
+            await pace.turn()
             try:
                 answer = await conn.post_records(study.study_id, body)
             except OSError as exc:
-                reason = f"unreachable: {exc!r}"
+                reason, retry_after = f"unreachable: {exc!r}", None
             else:
                 if answer.status == 202:
+                    pace.accepted()
                     return None
-                reason = answer.error or f"HTTP {answer.status}"
-                if answer.status not in RETRYABLE_STATUSES:
+                reason, retry_after = answer.error or f"HTTP {answer.status}", answer.retry_after_s
+                if not answer.retryable:
                     return reason
-            if attempt + 1 < max_attempts:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                pace.refused(answer.status, retry_after)
+            if attempt < retry.max_attempts:
+                await asyncio.sleep(retry.wait_s(attempt, retry_after, jitter))
         return reason
 
     async def worker() -> None:
@@ -312,25 +376,20 @@ async def _post_all(study: Study, base_url: str,
                 if reason is None:
                     totals["ok"] += k
                     sent_metric.inc(k)
+                    bar.update(k)
                 else:
                     totals["failed"] += k
                     error_metric.inc(k)
                     reasons[reason] = reasons.get(reason, 0) + k
-                bar.update(k)
+                    bar.set_postfix(refused=totals["failed"], refresh=False)
 
     workers = [asyncio.create_task(worker()) for _ in range(connections)]
-    queued = 0
     for xb, yb in batches:
         if xb.shape[0] == 0:
             continue
         _, values = perturb_records(study, xb, yb, rng)
         for lo, hi in _chunks(len(values), per_request):
-            if rate is not None:
-                wait = start + queued / rate - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
             await bodies.put((b"".join(values[lo:hi]), hi - lo))
-            queued += hi - lo
     for _ in workers:
         await bodies.put(None)
     await asyncio.gather(*workers)

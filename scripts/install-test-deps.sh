@@ -10,6 +10,8 @@
 #                            by playwright-core, which never downloads a browser of its own)
 #   wrk                      bench/devices.py (`ipdp bench devices`, tests/bench/test_devices.py):
 #                            the HTTP load generator that plays a population of devices
+#   nginx                    tests/system/test_proxy.py: compose/nginx/ipdp.conf, the TLS proxy
+#                            compose puts in front of the gateway, run by Debian's nginx
 # Idempotent: a tool already on PATH is left alone. Needs root (or sudo) for apt-get; without
 # either it says so and exits 0, and the tests then skip locally or fail under CI=true.
 set -euo pipefail
@@ -20,9 +22,10 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || missing+=(redis-server)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v nginx >/dev/null 2>&1 || missing+=(nginx)
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install-test-deps: prometheus, promtool, docker-compose, redis-server, chromium and wrk already installed"
+    echo "install-test-deps: prometheus, promtool, docker-compose, redis-server, chromium, wrk and nginx already installed"
     exit 0
 fi
 
@@ -49,6 +52,6 @@ if ! { "${SUDO[@]}" apt-get update -qq &&
     echo "install-test-deps: apt-get install ${missing[*]} failed" >&2
     exit 0
 fi
-# Debian's package registers a prometheus service (not started in containers); the tests
-# start their own instances on free ports.
-command -v prometheus promtool docker-compose redis-server chromium wrk
+# Debian's packages register prometheus and nginx services (not started in containers); the
+# tests start their own instances on free ports.
+command -v prometheus promtool docker-compose redis-server chromium wrk nginx

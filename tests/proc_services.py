@@ -66,14 +66,19 @@ class Child:
                                  f"{self.log_tail()}")
 
     def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """Every sample of /metrics: (sample name, sorted labels) → value."""
-        with urllib.request.urlopen(self.url, timeout=5) as resp:
-            text = resp.read().decode()
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-        return out
+        """Every sample of its /metrics: (sample name, sorted labels) → value."""
+        return scrape(self.url)
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the metrics page at ``url``: (sample name, sorted labels) → value."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
 
 
 def start(role_argv: list[str], env: dict[str, str], log_dir: Path, name: str,

@@ -76,6 +76,14 @@ def test_the_device_sdk_imports_neither_redis_nor_the_study_store():
     assert not bad, "\n".join(bad)
 
 
+def test_the_device_sdk_never_imports_the_model_loader():
+    """Devices encode through ipdp.schema; predicting (ipdp.model, what a model's consumer
+    loads) is no part of what ships to a device."""
+    bad = violations(sources("producer"), lambda m: m in ("ipdp.model", "ipdp.load_model")
+                     or m.startswith("ipdp.model."))
+    assert not bad, "\n".join(bad)
+
+
 def test_the_checker_sees_imports_inside_functions_and_relative_ones(tmp_path):
     sample = tmp_path / "probe.py"
     sample.write_text("def f():\n    from trainer.solver import solve_constrained\n"

@@ -68,7 +68,7 @@ def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no
     return ModelMessage(
         study_id=study.study_id, round=round_no, n=count, d=study.d, loss=study.loss,
         weights=solution.w.tolist(), constraint_active=solution.constrained,
-        privacy=PrivacyReport.from_calibration(cal, composed),
+        privacy=PrivacyReport.from_calibration(cal, composed), schema=study.schema_,
         round_closed_ms=closed_ms, published_ms=int(time.time() * 1000),
     ), solve_s
 
@@ -155,6 +155,8 @@ class Trainer:
 
     def _handle(self, entry_id: bytes, fields: dict) -> None:
         sid, round_no = fields[b"study"].decode(), int(fields[b"round"])
+        metrics.start_at_zero(metrics.MODELS_PUBLISHED, (sid,))
+        metrics.start_at_zero(metrics.ROUNDS_REFUSED, (sid,))
         keys = state.StudyKeys(sid)
         raw = self.redis.hgetall(keys.closed(round_no))
         if not raw:
@@ -196,7 +198,9 @@ class Trainer:
 
 def cmd_run(args) -> int:
     """Entry point of `ipdp trainer run`."""
-    metrics.serve(MetricsSettings())
+    metrics.serve(MetricsSettings(), "trainer")
+    metrics.start_studies_reader_at_zero("trainer", topic_values=False)
+    metrics.start_backends_at_zero(("kafka", "rounds"), ("redis", "rounds"))
     trainer = Trainer(KafkaSettings(), RedisSettings(), TopicSettings(), TrainerSettings())
     install_signal_handlers(trainer.stop_event)
     published = trainer.run(idle_exit_s=args.idle_exit)

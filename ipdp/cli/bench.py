@@ -1,4 +1,5 @@
-"""`ipdp bench accuracy|throughput|devices|flood`, `ipdp soak` and `ipdp audit`: bench/, which prints tables."""
+"""`ipdp bench accuracy|throughput|credentials|devices|flood`, `ipdp soak` and `ipdp audit`: bench/,
+which prints tables."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     devices.add_arguments(p)
     p.set_defaults(func=devices.run)
     p = kinds.add_parser(
-        "flood", help="Floods against a live gateway: what they leave honest devices.",
-        description=flood.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "flood", help="Floods against a live gateway and aggregator: re-sent records and "
+        "connections, with honest devices alongside.", description=flood.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     flood.add_arguments(p)
     p.set_defaults(func=flood.run)
     p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times; check invariants.")

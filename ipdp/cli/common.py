@@ -58,7 +58,12 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
     p.add_argument("--epsilon", type=float, help="Central ε of each model.")
     p.add_argument("--delta", type=float, help="Central δ of each model.")
     p.add_argument("--n", type=int, help="Records per round.")
-    p.add_argument("--d", type=int, help="Dimension.")
+    p.add_argument("--d", type=int, help="Dimension (set by --schema when given).")
+    p.add_argument("--schema", default=None, metavar="PATH",
+                   help="JSON file naming the features and target with their public ranges "
+                   '({"features": [{"name": …, "min": …, "max": …}, …], "target": {"name": …, '
+                   '"min": …, "max": …} or {"name": …, "classes": [A, B]}, "intercept": true}); '
+                   "sets d, and the encoding every device applies (docs/privacy.md).")
     p.add_argument("--x-bound", dest="x_bound", type=float, default=None,
                    help="R: devices clip ‖x‖ ≤ R; λ and P are derived per loss (instead of "
                    "--lam/--p-bound).")
@@ -86,6 +91,8 @@ def study_from_args(args: argparse.Namespace, base: dict | None = None):
     fields = dict(base or {})
     fields.update({k: getattr(args, k) for k in STUDY_FIELDS
                    if getattr(args, k, None) is not None})
+    if getattr(args, "schema", None) is not None:
+        fields["schema"] = load_json_file(args.schema, "schema")
     try:
         return Study(**fields)
     except ValidationError as exc:
@@ -100,6 +107,19 @@ def format_validation_error(exc: ValidationError) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{loc}: {msg}")
     return "invalid study parameters:\n  " + "\n  ".join(lines)
+
+
+def load_json_file(path: str, what: str) -> dict:
+    """A JSON object from a file; an unreadable file or invalid JSON is a UsageError."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{what} {path}: invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{what} {path}: expected a JSON object")
+    return data
 
 
 def load_study_file(path: str) -> dict:

@@ -45,6 +45,35 @@ from trainer.solver import solve_constrained
 log = logging.getLogger(__name__)
 
 MODEL_TIMEOUT_S = 300.0
+#: What each number of the result is; printed next to it.
+LEGEND = {
+    "n": "records per round: the model is trained on exactly n",
+    "d": "features per row: synthetic x_1 … x_d, ‖x‖ ≤ 1, from a known model w*",
+    "records_sent": "records the simulated devices sent and Kafka (or the gateway) accepted",
+    "records_folded": "records the aggregator folded into the round's statistics",
+    "via_gateway": "whether the records went through the HTTP gateway",
+    "round": "the round the model comes from",
+    "rmse_private": "root mean squared error of the published private model on the held-out "
+                    "split: the 20% of the synthetic rows no device sent",
+    "rmse_nonprivate": "the same for the non-private fit of the same training rows (clipped, "
+                       "‖w‖ ≤ η, no noise): the best this data allows",
+    "rmse_zero_model": "the same for predicting 0 for every row: a model no better than this "
+                       "has learnt nothing",
+    "excess_mse_predicted": "what Step 8 predicted rmse_private² − rmse_nonprivate² to be, from "
+                            "the public parameters alone (docs/privacy.md)",
+    "excess_mse_measured": "rmse_private² − rmse_nonprivate², measured on the held-out split",
+    "accuracy_private": "fraction of the held-out split's labels the private model gets right",
+    "accuracy_nonprivate": "the same for the non-private fit of the same training rows",
+    "accuracy_majority_label": "the same for always answering the held-out split's most common "
+                               "label: a model no better has learnt nothing",
+    "epsilon": "central ε of the published model (for one record, replace-one)",
+    "delta": "central δ of the published model",
+    "mode": "the calibration: rigorous is proven (docs/privacy.md)",
+    "loss": "squared: linear regression; logistic: classification",
+    "local_epsilon": "ε of one record on its own, without the other n − 1: weak by design; "
+                     "the central (ε, δ) is the guarantee to quote",
+    "elapsed_s": "seconds the whole demo took, starting the broker and Redis included",
+}
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -133,11 +162,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   delta=model.privacy.delta,
                   mode=study.mode, loss=study.loss, local_epsilon=study.calibration.local_epsilon,
                   elapsed_s=round(time.monotonic() - started, 2))
+    coefficients = result.pop("coefficients")
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        print(json.dumps(result | {"coefficients": coefficients}, sort_keys=True))
     else:
-        print(table([(k, _fmt(v)) for k, v in result.items()], title="ipdp demo: result"))
+        values = {k: _fmt(v) for k, v in result.items()}
+        width = max(len(v) for v in values.values())
+        print(table([(k, f"{v.ljust(width)}  {LEGEND[k]}") for k, v in values.items()],
+                    title="ipdp demo: result, and what each number is"))
+        print()
+        print(coefficient_table(coefficients))
     return 0
+
+
+def coefficient_table(coefficients: dict[str, list]) -> str:
+    """The model's weights by feature, next to the non-private fit's and the generating w*."""
+    head = ("feature", "private w", "non-private w", "generating w*")
+    rows = [head] + [(name, *(f"{v:+.4f}" for v in values)) for name, *values in zip(
+        coefficients["features"], coefficients["private"], coefficients["nonprivate"],
+        coefficients["generating"], strict=True)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["coefficients (w_j multiplies feature x_j; the data come from w*)"]
+    lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                        enumerate(zip(r, widths, strict=True))) for r in rows]
+    return "\n".join(lines)
 
 
 def _fmt(v) -> str:
@@ -201,9 +249,9 @@ def _start_services(rt: EmbeddedRuntime, directory: Path, roles: tuple[str, ...]
                     gateway_port: int | None, **extra_env: str) -> dict[str, subprocess.Popen]:
     env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", **extra_env}
     if gateway_port is not None:
-        # One loopback address plays every device: no per-client rate limit on this gateway.
+        # One loopback address plays every device: a relay, with the relay allowance.
         env.update(IPDP_GATEWAY_HOST="127.0.0.1", IPDP_GATEWAY_PORT=str(gateway_port),
-                   IPDP_GATEWAY_RATE_LIMIT_PER_S="0")
+                   IPDP_GATEWAY_RELAY_ADDRESSES="127.0.0.1")
     children = {}
     for role in roles:
         logfile = open(directory / f"{role}.log", "ab")  # noqa: SIM115 - child owns it
@@ -245,10 +293,18 @@ def _first_model(kafka, topics, study_id: str, children) -> ModelMessage:
 
 def _evaluate(study: Study, model: ModelMessage, train, test) -> dict:
     """Test error of the private model next to the non-private fit of the same rows, and the
-    excess squared error Step 8 predicted for its split next to the one measured."""
+    excess squared error Step 8 predicted for its split next to the one measured; and the
+    coefficients of both next to the generating model's."""
     q, p = clip(*encode(study.loss, train.x, train.y), study.lam, study.p_bound)
     nonprivate = solve_constrained(q.T @ q + 1e-9 * np.eye(study.d), p.sum(axis=0), study.eta).w
     w = np.asarray(model.weights)
+    coefficients = {"features": [f"x{j + 1}" for j in range(study.d)], "private": w.tolist(),
+                    "nonprivate": nonprivate.tolist(), "generating": train.w_true.tolist()}
+    return {**_errors(study, w, nonprivate, test), "coefficients": coefficients}
+
+
+def _errors(study: Study, w: np.ndarray, nonprivate: np.ndarray, test) -> dict:
+    """The private model's, the non-private fit's and a constant's error on the test rows."""
     if study.loss == "squared":
         def rmse(v):
             return float(np.sqrt(np.mean((test.x @ v - test.y) ** 2)))
@@ -264,4 +320,6 @@ def _evaluate(study: Study, model: ModelMessage, train, test) -> dict:
 
     def accuracy(v):
         return float(np.mean(np.where(test.x @ v >= 0, 1.0, -1.0) == test.y))
-    return {"accuracy_private": accuracy(w), "accuracy_nonprivate": accuracy(nonprivate)}
+    majority = max(float(np.mean(test.y == 1.0)), float(np.mean(test.y == -1.0)))
+    return {"accuracy_private": accuracy(w), "accuracy_nonprivate": accuracy(nonprivate),
+            "accuracy_majority_label": majority}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", default="synthetic", metavar="synthetic|csv:PATH",
                    help="Where device data comes from (default: synthetic).")
     p.add_argument("--target", default=None, metavar="COL",
-                   help="Target column of a CSV dataset.")
+                   help="Target column of a CSV dataset for a study without a schema (a "
+                   "study with one names its columns itself).")
+    p.add_argument("--reuse-rows", dest="reuse_rows", action="store_true",
+                   help="Allow more devices than the CSV has rows: rows are sent again, so "
+                   "one row counts as several devices' records (a simulation only).")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="Seed of the simulated dataset (the simulated noise is always OS-seeded).")
     p.add_argument("--batch", type=int, default=LoadgenSettings().batch, metavar="B",
@@ -45,7 +50,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--connections", type=int, default=LoadgenSettings().connections, metavar="C",
                    help="With --via: concurrent keep-alive connections, i.e. requests in "
                    "flight (IPDP_LOADGEN_CONNECTIONS). The gateway's per-client limits apply to "
-                   "this one address: set IPDP_GATEWAY_RATE_LIMIT_PER_S=0 on a gateway it loads.")
+                   "this one address: a 429 or 503 is sent again after its Retry-After and "
+                   "slows every connection down to the gateway's rate; for a load test list "
+                   "this address in IPDP_GATEWAY_RELAY_ADDRESSES on the gateway.")
     p.add_argument("--per-request", dest="per_request", type=int,
                    default=LoadgenSettings().per_request, metavar="K",
                    help="With --via: records per POST (IPDP_LOADGEN_PER_REQUEST); 1, a device "
@@ -142,11 +149,57 @@ def _credentials(args: argparse.Namespace, study: Study) -> list[bytes] | None:
     return tokens
 
 
+def _csv_dataset(args: argparse.Namespace, study: Study):
+    """The CSV of --dataset csv:PATH, encoded for the study; says on stderr what was done to it."""
+    from producer.datasets import from_csv, from_csv_schema
+
+    path = args.dataset[4:]
+    schema = study.schema_
+    try:
+        if schema is not None:
+            if args.target is not None and args.target != schema.target.name:
+                raise UsageError(f"--target {args.target}: study {study.study_id!r} has a "
+                                 f"schema whose target is {schema.target.name!r}; leave "
+                                 "--target out")
+            ds = from_csv_schema(path, schema)
+        elif not args.target:
+            raise UsageError("--dataset csv:PATH needs --target COLUMN for a study without a "
+                             "schema (or create the study with --schema)")
+        else:
+            ds = from_csv(path, args.target, study.loss)
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if ds.d != study.d:
+        raise UsageError(f"{path} has {ds.d} feature columns, study {study.study_id!r} has "
+                         f"d={study.d}")
+    if len(ds) < args.devices and not args.reuse_rows:
+        raise UsageError(f"{path} has {len(ds)} usable rows for {args.devices} devices: give "
+                         "--devices ≤ rows, or --reuse-rows to send rows again")
+    if len(ds) < args.devices:
+        print(f"WARNING: {args.devices} devices from {len(ds)} rows: rows are reused, so the "
+              "round holds repeated records (a simulation, not a study of distinct people)",
+              file=sys.stderr)
+    if schema is None:
+        scaled = (f"rows divided by the file's largest row norm {ds.meta['x_scale']:.6g}; "
+                  + (f"{args.target} mapped from the file's [{ds.meta['y_min']:.6g}, "
+                     f"{ds.meta['y_max']:.6g}] onto [-1, 1]" if study.loss == "squared" else
+                     f"{args.target} is +1 above the file's median {ds.meta['y_threshold']:.6g}"))
+        print(f"WARNING: study {study.study_id!r} has no schema, so {path} is scaled by "
+              f"statistics of the whole file, which no real device knows: {scaled}. Declare "
+              "the columns' public ranges with `ipdp study create --schema`.", file=sys.stderr)
+    else:
+        print(f"rows read     {len(ds)} ({ds.meta['rows_skipped']} skipped: a missing or "
+              "unusable value)")
+        clipped = ", ".join(f"{name} {k}" for name, k in ds.meta["clipped"].items())
+        print(f"clipped       {clipped} (values outside their schema range, per column)")
+    return ds
+
+
 def cmd_loadgen(args: argparse.Namespace) -> int:
     """`ipdp loadgen`: simulate --devices devices contributing to --study."""
-    from ipdp.metrics import serve
+    from ipdp.metrics import serve, start_studies_reader_at_zero
     from ipdp.settings import MetricsSettings
-    from producer.datasets import from_csv, synthetic_batches
+    from producer.datasets import synthetic_batches
     from producer.loadgen import run_loadgen_batches, run_loadgen_http
 
     if args.devices < 1:
@@ -163,21 +216,14 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
         kafka = kafka_settings(args)
         topics = TopicSettings()
         study = _find_study(args, kafka, topics)
-    serve(MetricsSettings())
+    serve(MetricsSettings(), "loadgen")
+    start_studies_reader_at_zero("device")
     if args.dataset == "synthetic":
         _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,
                                        seed=args.seed)
     elif args.dataset.startswith("csv:"):
-        if not args.target:
-            raise UsageError("--dataset csv:PATH needs --target COLUMN")
-        try:
-            ds = from_csv(args.dataset[4:], args.target, study.loss)
-        except (OSError, ValueError) as exc:
-            raise UsageError(str(exc)) from None
-        if ds.d != study.d:
-            raise UsageError(f"{args.dataset[4:]} has {ds.d} feature columns, study "
-                             f"{study.study_id!r} has d={study.d}")
-        # One device per row, in random order; more devices than rows reuse rows.
+        ds = _csv_dataset(args, study)
+        # One device per row, in random order; rows are reused only when asked to.
         order = np.random.default_rng(args.seed).permutation(len(ds))
         idx = np.resize(order, args.devices)
         batches = ((ds.x[idx[i:i + args.batch]], ds.y[idx[i:i + args.batch]])
@@ -194,6 +240,8 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
                                      credentials=credentials, **common)
     print(f"records sent  {result.sent}")
     print(f"errors        {result.errors}")
+    for reason, k in result.refused.items():
+        print(f"  {k:>10}  {reason}")
     print(f"elapsed       {result.seconds:.2f} s")
     print(f"records/s     {result.rate:.0f}")
     if result.interrupted:

@@ -31,15 +31,52 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="Wait until N models have been published, print them and exit.")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="With --wait: give up (exit status 1) after S seconds (default 300).")
+    p.add_argument("--export", default=None, metavar="PATH",
+                   help="With --study: write the newest model (verified, if a trainer key is "
+                   "pinned) with its schema and privacy report to PATH as JSON, for "
+                   "`ipdp.load_model(PATH)`; after --wait N, the newest of those N.")
     p.set_defaults(func=cmd_models)
 
+
 def model_line(m) -> str:
-    """One human line for a ModelMessage."""
+    """One human line for a ModelMessage; for a study with a schema, then one line per
+    coefficient in raw units, named (ipdp.model)."""
     w_norm = math.sqrt(sum(v * v for v in m.weights))
     pr = m.privacy
-    return (f"{m.study_id}  round {m.round}  n={m.n}  ‖w‖={w_norm:.4f}  "
+    line = (f"{m.study_id}  round {m.round}  n={m.n}  ‖w‖={w_norm:.4f}  "
             f"ε={pr.epsilon:g}  δ={pr.delta:g}  mode={pr.mode}"
             f"{'' if pr.proven else ' (NOT proven)'}")
+    if m.schema_ is None:
+        return line
+    return "\n".join([line, *coefficient_lines(m)])
+
+
+def coefficient_lines(m) -> list[str]:
+    """The model of a study with a schema in raw units: its intercept and named coefficients."""
+    from ipdp.model import Model
+
+    model = Model(m)
+    unit = (f"log-odds of {model.target_name}={model.classes[1]!r}" if model.classes
+            else model.target_name)
+    rows = [("intercept", model.intercept_), *zip(model.feature_names, model.coef_.tolist())]
+    return [f"  {unit} = {rows[0][1]:.6g}"] + [
+        f"      {'+' if v >= 0 else '-'} {abs(v):.6g} × {name}" for name, v in rows[1:]]
+
+
+def export_model(message, path: str, verified: bool) -> None:
+    """Write ``message`` as the JSON `ipdp.load_model` reads; say what was written."""
+    from pathlib import Path
+
+    from ipdp.model import Model
+
+    Model(message)  # refuses a model without a schema, before anything is written
+    try:
+        Path(path).write_text(message.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    print(f"exported {message.study_id} round {message.round} to {path}"
+          f"{'' if verified else ' (UNVERIFIED: no trainer key pinned, --trust)'}",
+          file=sys.stderr)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -50,6 +87,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     if args.wait is not None and args.wait < 1:
         raise UsageError(f"--wait must be ≥ 1, got {args.wait}")
+    if args.export is not None and (args.study is None or args.follow):
+        raise UsageError("--export writes one study's newest model: it needs --study, and "
+                         "not --follow")
+    newest = None
     kafka = kafka_settings(args)
     count = 0
     follow = args.follow or args.wait is not None
@@ -62,6 +103,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                 timer.start()
             for m in sub:
                 count += 1
+                if newest is None or m.round > newest.round:
+                    newest = m
                 line = m.model_dump_json() if args.json else model_line(m)
                 print(line, flush=True)
                 if args.wait is not None and count >= args.wait:
@@ -69,6 +112,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             if timer is not None:
                 timer.cancel()
             dropped, refused = sub.duplicates_dropped, sub.refused
+            verified = bool(sub.trusted)
     except (KafkaError, TimeoutError) as exc:
         raise BackendUnavailable(
             f"cannot read models from Kafka at {kafka.bootstrap}: {exc!r}") from None
@@ -76,6 +120,10 @@ def cmd_models(args: argparse.Namespace) -> int:
         raise ModelsTimeout(f"saw {count} of {args.wait} model(s) within {args.timeout:g} s")
     if not args.json:
         print(f"{count} model(s); {dropped} duplicate(s) dropped", file=sys.stderr)
+    if args.export is not None:
+        if newest is None:
+            raise UsageError(f"study {args.study!r} has no published model to export")
+        export_model(newest, args.export, verified)
     if refused:
         print(f"{refused} model message(s) refused: signature does not verify under a trusted "
               "key", file=sys.stderr)

@@ -25,6 +25,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `calibrate` and `study` (create/show/close/list) on the `ipdp` sub-parsers."""
     p = sub.add_parser("calibrate", help="Noise and guarantees for a set of study parameters.")
     study_flags(p, with_id=False)
+    add_margin_flag(p)
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     p.set_defaults(func=cmd_calibrate)
 
@@ -43,6 +44,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "flags; flags override the file. Creating the same study twice changes nothing; the "
         "same id with different parameters is refused.")
     study_flags(p, with_id=True)
+    add_margin_flag(p)
     add_signing_flag(p)
     p.add_argument("--file", default=None, metavar="PATH", help="Study parameters, JSON/YAML.")
     p.add_argument("--json", action="store_true", help="Print the calibration as JSON.")
@@ -68,6 +70,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_study_list)
 
 
+def add_margin_flag(p: argparse.ArgumentParser) -> None:
+    from ipdp.sample_size import DEFAULT_MARGIN
+
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, metavar="M",
+                   help="A useful model is predicted to have at most 1 − M of the zero model's "
+                   f"error; the least n that gives it is printed (default {DEFAULT_MARGIN}).")
+
+
+def _sample_size(study, margin: float):
+    from ipdp.errors import CalibrationError
+    from ipdp.sample_size import for_study
+
+    try:
+        return for_study(study, margin)
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def add_signing_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--signing-key", dest="signing_key", default=None, metavar="PREFIX.key",
                    help="Sign the studies-topic message with this Ed25519 key (default: "
@@ -83,21 +103,26 @@ def _signing_key(args: argparse.Namespace):
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from ipdp.report import calibration_table
+    from dataclasses import asdict
+
+    from ipdp.report import calibration_table, sample_size_rows
 
     args.study_id = "calibrate"
     study = study_from_args(args)
     cal = study.calibration
+    size = _sample_size(study, args.margin)
     if args.json:
         # "delta" is the published models', the norm check's share included (docs/privacy.md).
-        print(json.dumps(cal.model_dump(), sort_keys=True))
+        print(json.dumps(cal.model_dump() | {"sample_size": asdict(size)}, sort_keys=True))
     else:
-        print(calibration_table(cal))
+        print(calibration_table(cal, sample_size_rows(size, study.n)))
     return 0
 
 
 def cmd_study_create(args: argparse.Namespace) -> int:
-    from ipdp.report import calibration_table
+    from dataclasses import asdict
+
+    from ipdp.report import calibration_table, sample_size_rows, sample_size_warning
     from ipdp.state import create_study
 
     base = load_study_file(args.file) if args.file else None
@@ -107,13 +132,14 @@ def cmd_study_create(args: argparse.Namespace) -> int:
             f"mode {study.mode!r} has no proven guarantee (docs/privacy.md, the erratum): a live "
             "study needs the default rigorous mode, or --allow-unproven-paper-calibration to "
             "reproduce the paper knowingly")
+    size = _sample_size(study, args.margin)
     key = _signing_key(args)
     with redis_connection(args) as r, kafka_producer_for(args) as producer:
         created = create_study(r, producer, topic_settings(), study, key)
     if args.json:
         print(json.dumps({"study": study.model_dump(mode="json"), "created": created,
-                          "calibration": study.calibration.model_dump(mode="json")},
-                         sort_keys=True))
+                          "calibration": study.calibration.model_dump(mode="json"),
+                          "sample_size": asdict(size)}, sort_keys=True))
         return 0
     if created:
         print(f"created study {study.study_id}")
@@ -121,7 +147,10 @@ def cmd_study_create(args: argparse.Namespace) -> int:
         print(f"study {study.study_id} already exists with these parameters; nothing changed")
     print(f"signed by key {key.key_id}" if key else
           "UNSIGNED: devices and aggregators that pin a study key refuse it (docs/security.md)")
-    print(calibration_table(study.calibration))
+    print(calibration_table(study.calibration, sample_size_rows(size, study.n)))
+    warning = sample_size_warning(size, study.n)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 

@@ -18,7 +18,8 @@ from kafka.errors import CorruptRecordError
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from aggregator import fetch
-from aggregator.fetch import decode_headers, parse_records
+from aggregator.batch import Polled, decode_headers
+from aggregator.fetch import parse_records
 from ipdp.kafka_io import kafka_admin, kafka_consumer, kafka_producer
 
 HEADER = 61  # a version-2 batch's fixed header; its records follow
@@ -143,7 +144,7 @@ def _drain(consumer, max_records: int, want: int, columnar: bool) -> tuple[list,
         idle = 0 if polled else idle + 1
         if polled:
             # The columnar fetch hands over Polled chunks, kafka-python ConsumerRecords.
-            assert all((type(recs[0]) is fetch.Polled) == columnar for recs in polled.values())
+            assert all((type(recs[0]) is Polled) == columnar for recs in polled.values())
             batch = fetch.batch_of(polled)
             assert len(batch) <= max_records  # kafka-python counts a chunk by its records
             rows += zip(batch.partition.tolist(), batch.offset.tolist(), batch.values,

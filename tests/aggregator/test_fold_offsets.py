@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.validate import Message
+from aggregator.batch import Message
 from ipdp import state
 from ipdp.redis_io import redis_client
 from tests.aggregator.test_hostile_input import honest

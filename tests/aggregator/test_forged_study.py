@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from prometheus_client import REGISTRY
 
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
@@ -20,6 +19,7 @@ from ipdp import state
 from ipdp.cli.main import main
 from ipdp.errors import SignatureError
 from ipdp.kafka_io import kafka_producer
+from ipdp.metrics import EVERY_METRIC
 from ipdp.redis_io import redis_client
 from ipdp.settings import TrustSettings
 from ipdp.signing import generate_key_files, parse_trusted_keys
@@ -34,7 +34,7 @@ DEVICES = 2_000
 
 
 def _sample(name: str, labels: dict) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    return EVERY_METRIC.get_sample_value(name, labels) or 0.0
 
 
 def _publish(kafka_settings, topics, study_id: str, value: bytes) -> None:

@@ -13,19 +13,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka import TopicPartition
-from prometheus_client import REGISTRY
 
+from aggregator.batch import Message
 from aggregator.fold import Folder
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
-from aggregator.validate import Message
 from ipdp import state
 from ipdp.calibration import record_norm_bounds
+from ipdp.dead_letters import DeadLetter, read_dead_letters
 from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.losses import prepare
+from ipdp.metrics import EVERY_METRIC
 from ipdp.redis_io import redis_client
 from ipdp.study import Study
 from ipdp.wire import (
+    RECORD_ID_BYTES,
     RejectReason,
     decode_record,
     encode_batch,
@@ -191,7 +193,7 @@ def test_replay_ids_expire_after_the_window_and_are_the_only_thing_kept(redis_se
     r = redis_client(redis_settings)
     index = state.StudyKeys(study.study_id).replay
     assert folder.fold([Message(0, 0, old[0])]).folded == {"hostile": 1}
-    old_id = old[0][24:40]
+    old_id = old[0][RECORD_ID_BYTES]
     (end,) = [int(k) for k in r.hkeys(index)]  # one bucket of 1 s (window / 24, at least 1 s)
     assert t0 < end <= t0 + 1000
     # Only the first 8 bytes of the id, in the bucket of its fold time.
@@ -269,27 +271,28 @@ def test_fuzzed_records_are_each_folded_or_rejected_exactly_once(redis_settings,
 # --------------------------------------------------------------------------- through Kafka
 
 
-def _dead_letters(kafka, topic: str, expect: int, timeout_s: float = 30.0) -> list:
+def _dead_letters(kafka, topic: str, expect: int, timeout_s: float = 30.0) -> list[DeadLetter]:
+    """The refused records on the dead-letter topic, once ``expect`` of them are there."""
     consumer = kafka_consumer(kafka, group_id=None)
     try:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
-        out: list = []
+        out: list[DeadLetter] = []
         deadline = time.monotonic() + timeout_s
         while len(out) < expect and time.monotonic() < deadline:
             for msgs in consumer.poll(timeout_ms=300).values():
-                out += msgs
+                out += [x for m in msgs for x in read_dead_letters(m.value, m.headers)]
         # Anything beyond what we expect would be a duplicate: give it a moment to show up.
         for msgs in consumer.poll(timeout_ms=1000).values():
-            out += msgs
+            out += [x for m in msgs for x in read_dead_letters(m.value, m.headers)]
         return out
     finally:
         consumer.close()
 
 
 def _dead_lettered(reason: str) -> float:
-    return REGISTRY.get_sample_value("ipdp_records_dead_lettered_total", {"reason": reason}) or 0
+    return EVERY_METRIC.get_sample_value("ipdp_records_dead_lettered_total", {"reason": reason}) or 0
 
 
 @pytest.mark.slow
@@ -306,10 +309,10 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
 
     # Wave 1: honest records with the hostile ones, and one honest record sent twice in a row
     # (same key, same partition; the fold-level test pins the same-batch and later-batch cases).
-    futures = [send(v, v[24:40]) for v in good[:150]]
+    futures = [send(v, v[RECORD_ID_BYTES]) for v in good[:150]]
     bad = [(reason, value, send(value, b"bad-%d" % i)) for i, (reason, value) in
            enumerate(hostile)]
-    twin = send(good[0], good[0][24:40])
+    twin = send(good[0], good[0][RECORD_ID_BYTES])
     producer.flush()
     for reason, value, f in bad:
         m = f.get(timeout=30)
@@ -329,8 +332,8 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
         wait_for(lambda: total_stats(redis_settings, study)[2] == 150, GROUP_JOIN_TIMEOUT_S,
                  "150 honest records folded")
         # Wave 2, after wave 1 is folded: the rest, and a replay from an earlier batch.
-        futures = [send(v, v[24:40]) for v in good[150:]]
-        replay = send(good[7], good[7][24:40])
+        futures = [send(v, v[RECORD_ID_BYTES]) for v in good[150:]]
+        replay = send(good[7], good[7][RECORD_ID_BYTES])
         producer.flush()
         m = replay.get(timeout=30)
         expected[(m.partition, m.offset)] = (RejectReason.REPLAYED, good[7])
@@ -347,12 +350,9 @@ def test_a_mix_of_hostile_and_honest_records_dead_letters_each_bad_one_once(
     letters = _dead_letters(kafka_settings, topics.dead_letter, len(expected))
     got = {}
     for m in letters:
-        headers = dict(m.headers)
-        source = headers["source"].decode()
-        topic, partition, offset = source.rsplit(":", 2)
-        assert topic == topics.records and headers["detail"]
-        assert (int(partition), int(offset)) not in got, f"{source} dead-lettered twice"
-        got[(int(partition), int(offset))] = (RejectReason(headers["reason"].decode()), m.value)
+        assert m.topic == topics.records and m.detail
+        assert (m.partition, m.offset) not in got, f"{m.source} dead-lettered twice"
+        got[(m.partition, m.offset)] = (RejectReason(m.reason), m.value)
     oversized = [k for k, (reason, _) in expected.items() if reason is RejectReason.OVERSIZED]
     for k in oversized:  # the DLQ does not carry what the aggregator refused to read
         expected[k] = (RejectReason.OVERSIZED, b"")
@@ -457,10 +457,10 @@ def test_dead_letters_of_a_container_name_the_record_inside_it(kafka_settings, r
         for recs in dlq.poll(timeout_ms=500).values():
             got += recs
     dlq.close()
-    (m,) = got
-    headers = dict(m.headers)
-    assert headers["reason"] == b"norm_out_of_bounds"
-    assert headers["source"] == f"{topics.records}:0:0#1".encode()
+    (message,) = got
+    (m,) = read_dead_letters(message.value, message.headers)
+    assert m.reason == "norm_out_of_bounds"
+    assert f"{m.topic}:{m.source}" == f"{topics.records}:0:0#1"
     assert m.value == big
 
 

@@ -10,12 +10,12 @@ import uuid
 import numpy as np
 import pytest
 
+from aggregator.batch import Message
 from aggregator.fold import Folder
-from aggregator.validate import Message
 from ipdp import state
 from ipdp.redis_io import redis_client
 from ipdp.study import Study
-from ipdp.wire import RejectReason
+from ipdp.wire import RECORD_ID_BYTES, RejectReason
 from tests.aggregator.test_hostile_input import honest
 
 WINDOW_S = 3600
@@ -162,7 +162,7 @@ def test_the_sorted_set_of_earlier_versions_is_read_until_it_expires(redis_setti
     good, _, _ = honest(study, 2, seed=17, created_ms=t0)
     r = redis_client(redis_settings)
     legacy = state.StudyKeys(study.study_id).seen
-    r.zadd(legacy, {good[0][24:40]: t0})  # folded by the previous version
+    r.zadd(legacy, {good[0][RECORD_ID_BYTES]: t0})  # folded by the previous version
     result = folder.fold([Message(0, 0, good[0]), Message(0, 1, good[1])])
     assert result.folded == {study.study_id: 1} and reasons(result) == [RejectReason.REPLAYED]
     clock[0] += 14  # past window + skew + a span: the old set is trimmed away at the next fold

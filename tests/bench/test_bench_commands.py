@@ -86,3 +86,16 @@ def test_bench_credentials_prints_the_gateway_and_aggregator_costs():
     assert "requests answered 202" in out.stdout
     # Each request is a device of its own: nothing reused, so nothing dead-lettered.
     assert "dead letters: none" in out.stdout
+
+
+def test_bench_flood_folds_then_refuses_every_resent_record_once():
+    _require_binaries()
+    out = ipdp("bench", "flood", "--records", "2000", "--per-request", "500", "--repeat", "1",
+               "--quiet-seconds", "1", "--json")  # tables on stderr, JSON on stdout
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "IPDP_GATEWAY_RELAY_ADDRESSES=127.0.0.1" in out.stderr
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["folded"] == figures["replayed"] == 2000
+    (run,) = figures["runs"]
+    assert run["fold"]["seconds"] > 0 and run["refusal"]["seconds"] > 0
+    assert figures["attacked"]["honest_records"] > 0

@@ -24,9 +24,9 @@ def running_gateway(kafka: KafkaSettings, topics: TopicSettings, ready: bool = T
 
     Waits for /readyz (Kafka connected, studies topic read) unless ``ready`` is False.
     """
-    # One client address plays every device here: no per-client rate unless a test sets one.
+    # One client address plays every device here: it is a relay unless a test says otherwise.
     gs = GatewaySettings(host="127.0.0.1", port=free_port(),
-                         **{"rate_limit_per_s": 0.0, **settings})
+                         **{"relay_addresses": "127.0.0.1", **settings})
     app = create_app(gs, kafka, topics)
     sock = listen(gs)
     loop = new_event_loop()

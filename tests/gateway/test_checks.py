@@ -9,10 +9,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.validate import Message, Polled, Validator
+from aggregator.batch import Message, Polled
+from aggregator.validate import Validator
 from gateway.checks import RECORD_OK, check_records, first_rejection, reason_of
 from ipdp.study import Study
-from ipdp.wire import RecordWindow, RejectReason, record_size
+from ipdp.wire import (
+    CREATED_MS_BYTES,
+    D_BYTES,
+    RECORD_ID_BYTES,
+    RESERVED_BYTES,
+    STUDY_HASH_BYTES,
+    VALUES_OFFSET,
+    VERSION_BYTE,
+    RecordWindow,
+    RejectReason,
+    record_size,
+)
 from producer.contributor import perturb_records
 
 STUDY = Study(study_id="checks", d=3, n=1000, epsilon=1.0, delta=0.01)
@@ -26,32 +38,38 @@ def good(seed: int = 0, created_ms: int = NOW_MS) -> bytes:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(1, STUDY.d)) / np.sqrt(STUDY.d)
     record = perturb_records(STUDY, x, np.clip(x[:, 0], -1, 1), rng)[1][0]
-    return with_bytes(with_bytes(record, 24, uuid.UUID(int=seed).bytes), 40,
+    return with_bytes(with_bytes(record, RECORD_ID_BYTES.start, uuid.UUID(int=seed).bytes),
+                      CREATED_MS_BYTES.start,
                       created_ms.to_bytes(8, "little", signed=True))
 
 
 def scaled(record: bytes, q_scale: float, p_scale: float) -> bytes:
     """The record with q̃ and p̃ multiplied by the given factors."""
-    values = np.frombuffer(record, "<f8", offset=48).copy()
+    values = np.frombuffer(record, "<f8", offset=VALUES_OFFSET).copy()
     values[:STUDY.d] *= q_scale
     values[STUDY.d:] *= p_scale
-    return record[:48] + values.tobytes()
+    return record[:VALUES_OFFSET] + values.tobytes()
 
 
 def with_bytes(record: bytes, at: int, value: bytes) -> bytes:
     return record[:at] + value + record[at + len(value):]
 
 
+#: Where the fields a test alters start.
+VERSION, RESERVED, DIM, HASH = (VERSION_BYTE, RESERVED_BYTES.start, D_BYTES.start,
+                                STUDY_HASH_BYTES.start)
+
+
 def test_each_record_gets_the_reason_of_its_first_failed_check():
     nan = np.float64("nan").tobytes()
     body = [good(0),
-            with_bytes(good(1), 0, b"\x09"),                 # version
-            with_bytes(good(2), 1, b"\x01"),                 # reserved byte
-            with_bytes(good(3), 4, (4).to_bytes(4, "little")),  # d
-            with_bytes(good(4), 48 + 8, nan),                # q̃
+            with_bytes(good(1), VERSION, b"\x09"),
+            with_bytes(good(2), RESERVED, b"\x01"),
+            with_bytes(good(3), DIM, (4).to_bytes(4, "little")),
+            with_bytes(good(4), VALUES_OFFSET + 8, nan),       # q̃
             with_bytes(good(5), SIZE - 8, b"\x00" * 6 + b"\xf0\x7f"),  # p̃ = +Inf
-            with_bytes(good(6), 8, b"\x00" * 16),            # study hash
-            with_bytes(with_bytes(good(7), 0, b"\x09"), 48, nan),  # two: the first wins
+            with_bytes(good(6), HASH, b"\x00" * 16),
+            with_bytes(with_bytes(good(7), VERSION, b"\x09"), VALUES_OFFSET, nan),  # the first wins
             scaled(good(8), 100.0, 1.0),                     # ‖q̃‖ above its bound
             scaled(good(9), 1.0, 0.0),                       # p̃ = 0: no noise
             good(10, created_ms=NOW_MS - WINDOW.replay_window_ms - 1),
@@ -59,10 +77,10 @@ def test_each_record_gets_the_reason_of_its_first_failed_check():
             good(12, created_ms=NOW_MS - WINDOW.replay_window_ms),  # both edges are inside
             good(13, created_ms=NOW_MS + WINDOW.max_future_skew_ms),
             scaled(good(14, created_ms=0), 100.0, 1.0),      # norm before time
-            with_bytes(with_bytes(good(15), 4, (4).to_bytes(4, "little")), 1, b"\x01"),
-            with_bytes(with_bytes(good(16), 8, b"\x00" * 16), 4, (4).to_bytes(4, "little")),
-            with_bytes(with_bytes(good(17), 8, b"\x00" * 16), 48, nan),
-            with_bytes(scaled(good(18), 100.0, 1.0), 8, b"\x00" * 16)]
+            with_bytes(with_bytes(good(15), DIM, (4).to_bytes(4, "little")), RESERVED, b"\x01"),
+            with_bytes(with_bytes(good(16), HASH, b"\x00" * 16), DIM, (4).to_bytes(4, "little")),
+            with_bytes(with_bytes(good(17), HASH, b"\x00" * 16), VALUES_OFFSET, nan),
+            with_bytes(scaled(good(18), 100.0, 1.0), HASH, b"\x00" * 16)]
     verdict = check_records(b"".join(body), STUDY, WINDOW, NOW_MS)
     assert [None if v == RECORD_OK else reason_of(int(v)) for v in verdict] == [
         None, RejectReason.UNSUPPORTED_VERSION, RejectReason.UNDECODABLE,
@@ -126,7 +144,7 @@ def test_a_record_at_a_norm_bound_gets_the_aggregators_verdict(bound):
     verdicts = set()
     for seed in range(20):
         record = good(seed)
-        values = np.frombuffer(record, "<f8", offset=48)
+        values = np.frombuffer(record, "<f8", offset=VALUES_OFFSET)
         part = values[:STUDY.d] if bound.startswith("q") else values[STUDY.d:]
         for ulps in range(-3, 4):
             factor = target / np.linalg.norm(part) * (1 + ulps * 2.0**-52)
@@ -145,3 +163,17 @@ def test_the_gateway_refuses_a_record_exactly_when_the_aggregator_would(q_scale,
     record = scaled(good(seed, created_ms=NOW_MS + shift_ms), q_scale, p_scale)
     rejection = first_rejection(record, STUDY, WINDOW, NOW_MS)
     assert aggregator_reasons(record) == ([] if rejection is None else [rejection[0]])
+
+
+def test_a_record_id_twice_in_a_request_is_refused_naming_both_records():
+    twin = with_bytes(good(7), RECORD_ID_BYTES.start, uuid.UUID(int=2).bytes)  # good(2)'s id
+    body = b"".join([good(1), good(2), good(3), twin, good(4)])
+    verdict = check_records(body, STUDY, WINDOW, NOW_MS)
+    assert [None if v == RECORD_OK else reason_of(int(v)) for v in verdict] == [
+        None, None, None, RejectReason.DUPLICATE_RECORD, None]
+    reason, detail = first_rejection(body, STUDY, WINDOW, NOW_MS)
+    assert reason is RejectReason.DUPLICATE_RECORD
+    assert detail.startswith("record 3 has the record id of record 1")
+    # A record's own failure comes before its being a copy.
+    stale_twin = with_bytes(twin, CREATED_MS_BYTES.start, (0).to_bytes(8, "little"))
+    assert first_rejection(good(2) + stale_twin, STUDY, WINDOW, NOW_MS)[0] is RejectReason.STALE

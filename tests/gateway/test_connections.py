@@ -26,46 +26,48 @@ def test_prefixes_are_ipv4_slash_24_and_ipv6_slash_64_by_default_and_configurabl
 
 def test_caps_per_address_and_per_prefix_refuse_the_newcomer():
     table = ConnectionTable(max_connections=100, per_client=2, per_prefix=3)
-    assert table.open(Held(), "10.0.0.1") and table.open(Held(), "10.0.0.1")
-    assert not table.open(Held(), "10.0.0.1")  # the address's third
-    assert table.open(Held(), "10.0.0.2")
-    assert not table.open(Held(), "10.0.0.3")  # the /24's fourth
-    assert table.open(Held(), "10.0.1.1")  # another /24
+    assert table.open(Held(), "10.0.0.1") is None and table.open(Held(), "10.0.0.1") is None
+    assert table.open(Held(), "10.0.0.1") == "max_connections_per_client"  # its third
+    assert table.open(Held(), "10.0.0.2") is None
+    assert table.open(Held(), "10.0.0.3") == "max_connections_per_prefix"  # the /24's 4th
+    assert table.open(Held(), "10.0.1.1") is None  # another /24
     # An IPv6 host holds a /64: its addresses share one prefix.
-    assert all(table.open(Held(), f"2001:db8::{i}") for i in range(1, 4))
-    assert not table.open(Held(), "2001:db8::ffff:4")
-    assert table.open(Held(), "2001:db8:0:1::1")  # another /64
+    assert all(table.open(Held(), f"2001:db8::{i}") is None for i in range(1, 4))
+    assert table.open(Held(), "2001:db8::ffff:4") == "max_connections_per_prefix"
+    assert table.open(Held(), "2001:db8:0:1::1") is None  # another /64
     assert table.refused == 3
+    # A trusted proxy carries many clients: only the table's size applies to it.
+    assert all(table.open(Held(), "10.0.0.1", proxy=True) is None for _ in range(5))
 
 
 def test_a_closed_connection_gives_its_place_back():
     table = ConnectionTable(max_connections=100, per_client=1, per_prefix=1)
     first = Held()
-    assert table.open(first, "10.0.0.1")
-    assert not table.open(Held(), "10.0.0.1")
+    assert table.open(first, "10.0.0.1") is None
+    assert table.open(Held(), "10.0.0.1") is not None
     table.close(first)
-    assert len(table) == 0 and table.open(Held(), "10.0.0.1")
+    assert len(table) == 0 and table.open(Held(), "10.0.0.1") is None
 
 
 def test_a_full_table_evicts_silent_then_partial_then_idle_and_never_busy():
     table = ConnectionTable(max_connections=4, per_client=10, per_prefix=10)
     busy, idle, partial, silent = Held(500), Held(300), Held(40), Held()
     for i, connection in enumerate((busy, idle, partial, silent)):
-        assert table.open(connection, f"10.0.{i}.1")
+        assert table.open(connection, f"10.0.{i}.1") is None
     table.busy(busy)
     table.busy(idle)
     table.idle(idle)
     table.sent_bytes(partial)
     # Each newcomer evicts the connection that has given the least.
     newcomers = [Held() for _ in range(3)]
-    assert table.open(newcomers[0], "10.1.0.1") and silent.evicted and not partial.evicted
+    assert table.open(newcomers[0], "10.1.0.1") is None and silent.evicted and not partial.evicted
     table.busy(newcomers[0])
-    assert table.open(newcomers[1], "10.1.0.2") and partial.evicted and not idle.evicted
+    assert table.open(newcomers[1], "10.1.0.2") is None and partial.evicted and not idle.evicted
     table.busy(newcomers[1])
-    assert table.open(newcomers[2], "10.1.0.3") and idle.evicted
+    assert table.open(newcomers[2], "10.1.0.3") is None and idle.evicted
     table.busy(newcomers[2])
     # Every connection is busy now: the next one is refused, and nobody is evicted.
-    assert not table.open(Held(), "10.1.0.4") and not busy.evicted
+    assert table.open(Held(), "10.1.0.4") == "max_connections" and not busy.evicted
     assert (table.evicted, table.refused, len(table)) == (3, 1, 4)
 
 
@@ -75,7 +77,7 @@ def test_among_silent_connections_the_oldest_goes_first_and_partial_ones_by_byte
     for i, connection in enumerate((old, new, many)):
         table.open(connection, f"10.0.0.{i}")
     table.sent_bytes(many)
-    assert table.open(few, "10.0.0.9") and old.evicted and not new.evicted
+    assert table.open(few, "10.0.0.9") is None and old.evicted and not new.evicted
     table.sent_bytes(few)
     table.busy(new)
-    assert table.open(Held(), "10.0.0.10") and few.evicted and not many.evicted
+    assert table.open(Held(), "10.0.0.10") is None and few.evicted and not many.evicted

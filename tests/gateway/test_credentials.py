@@ -77,7 +77,9 @@ def test_the_gateway_refuses_each_bad_credential_with_its_status_and_reason(
         "credential_wrong_study": (token_text(issue_credential(issuer, other.hash, t, t + 9_000)),
                                    device_records(study, good), 403),
         "credential_bad_slot": (good, device_records(study, None), 403),
-        "credential_reused": (good, device_records(study, good) * 2, 403),
+        "credential_reused": (good, device_records(study, good, 2) + device_records(study, None),
+                              403),
+        "duplicate_record": (good, device_records(study, good) * 2, 400),
     }
     with running_gateway(kafka_settings, topics) as url, GatewayClient(url) as client:
         known(url, "gc1")

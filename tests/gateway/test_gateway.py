@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from starlette.responses import JSONResponse
 
-from gateway.app import Refusal
+from gateway.refusals import Refusal
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import kafka_producer
@@ -18,7 +18,17 @@ from ipdp.redis_io import redis_client
 from ipdp.settings import RecordWindowSettings
 from ipdp.studies_topic import read_study_entries
 from ipdp.study import Study
-from ipdp.wire import RejectReason, encode_record, record_size, split_container, study_hash
+from ipdp.wire import (
+    CREATED_MS_BYTES,
+    RECORD_ID_BYTES,
+    STUDY_HASH_BYTES,
+    VALUES_OFFSET,
+    RejectReason,
+    encode_record,
+    record_size,
+    split_container,
+    study_hash,
+)
 from producer.contributor import now_ms, perturb_records
 from producer.gateway_client import GatewayClient
 from tests.gateway.conftest import running_gateway
@@ -37,7 +47,7 @@ def records(study, k: int, d: int = D, seed: int = 0) -> list[bytes]:
         study_id="shape", d=d, n=1000, epsilon=1.0, delta=0.01)
     x = rng.normal(size=(k, d)) / np.sqrt(d)
     values = perturb_records(device_study, x, np.clip(x[:, 0], -1, 1), rng)[1]
-    return [v[:8] + h + v[24:] for v in values]
+    return [v[:STUDY_HASH_BYTES.start] + h + v[STUDY_HASH_BYTES.stop:] for v in values]
 
 
 def known(url: str, study_id: str) -> None:
@@ -64,8 +74,8 @@ def test_one_record_and_a_batch_are_acknowledged_as_one_container_each(
     got = read_records(kafka_settings, topics.records, expected=2, timeout_s=10)
     assert len(got) == 2
     by_key = {m.key: m.value for m in got}
-    assert split_container(by_key[one[0][24:40]]) == one
-    assert split_container(by_key[batch[0][24:40]]) == batch
+    assert split_container(by_key[one[0][RECORD_ID_BYTES]]) == one
+    assert split_container(by_key[batch[0][RECORD_ID_BYTES]]) == batch
 
 
 def test_json_records_are_encoded_exactly_as_the_binary_form(
@@ -98,15 +108,16 @@ def test_a_request_above_the_message_size_is_split_into_several_containers(
 
 def scaled(record: bytes, q_scale: float, p_scale: float) -> bytes:
     """The record with q̃ and p̃ multiplied by the given factors."""
-    values = np.frombuffer(record, "<f8", offset=48).copy()
+    values = np.frombuffer(record, "<f8", offset=VALUES_OFFSET).copy()
     d = len(values) // 2
     values[:d] *= q_scale
     values[d:] *= p_scale
-    return record[:48] + values.tobytes()
+    return record[:VALUES_OFFSET] + values.tobytes()
 
 
 def created_at(record: bytes, ms: int) -> bytes:
-    return record[:40] + ms.to_bytes(8, "little", signed=True) + record[48:]
+    return (record[:CREATED_MS_BYTES.start] + ms.to_bytes(8, "little", signed=True)
+            + record[CREATED_MS_BYTES.stop:])
 
 
 def json_body(**fields) -> bytes:
@@ -123,7 +134,7 @@ WINDOW = RecordWindowSettings().window()
 def _bad(study: Study) -> dict[str, tuple[bytes, str, int, str]]:
     good = records(study, 3)
     nan = bytearray(good[1])
-    nan[48:56] = np.float64("nan").tobytes()
+    nan[VALUES_OFFSET:VALUES_OFFSET + 8] = np.float64("nan").tobytes()
     version = bytearray(good[0])
     version[0] = 9
     return {
@@ -161,6 +172,10 @@ def _bad(study: Study) -> dict[str, tuple[bytes, str, int, str]]:
                            "undecodable"),
         "json_created_ms_string": (json_body(created_ms=str(now_ms())), "application/json",
                                    400, "undecodable"),
+        "duplicate_record": (good[0] + good[1] + good[0], "application/octet-stream", 400,
+                             "duplicate_record"),
+        "json_duplicate_record": (json.dumps({"records": [json.loads(json_body())["records"][0]] * 2})
+                                  .encode(), "application/json", 400, "duplicate_record"),
         "media_type": (good[0], "text/plain", 415, "unsupported_media_type"),
         "too_large": (b"".join(records(study, 20)), "application/octet-stream", 413,
                       "too_large"),
@@ -212,7 +227,7 @@ def test_the_json_form_takes_numbers_only_and_names_the_field_it_refuses(study, 
 
 def test_a_client_over_its_rate_gets_429_with_retry_after(study, kafka_settings, topics):
     with running_gateway(kafka_settings, topics, rate_limit_per_s=0.5,
-                         rate_limit_burst=2) as url:
+                         rate_limit_burst=2, relay_addresses=None) as url:
         known(url, study.study_id)
         with GatewayClient(url) as c:
             answers = [c.post_records(study.study_id, r) for r in records(study, 3)]

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from ipdp.embedded import EmbeddedRuntime
-from ipdp.wire import split_container
+from ipdp.wire import RECORD_ID_BYTES, VALUES_OFFSET, split_container
 from producer.gateway_client import GatewayAnswer, GatewayClient
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import D, created_at, known, records, scaled
@@ -55,7 +55,7 @@ def test_concurrent_single_record_requests_share_containers(kafka_settings, redi
     assert sorted(got) == sorted(sent)  # each acknowledged record once, none lost
     assert len(messages) <= 10, f"{len(messages)} Kafka messages for 40 records"
     for m in messages:  # a container's key is its first record's id, its header the study
-        assert m.key == split_container(m.value)[0][24:40]
+        assert m.key == split_container(m.value)[0][RECORD_ID_BYTES]
         assert dict(m.headers)["study"] == study.study_id.encode()
 
 
@@ -65,7 +65,7 @@ def test_a_bad_record_among_good_concurrent_ones_gets_its_own_4xx(kafka_settings
                    epsilon=1.0, delta=0.01)
     good = records(study, 12, seed=3)
     nan = bytearray(records(study, 1, seed=4)[0])
-    nan[48:56] = np.float64("nan").tobytes()
+    nan[VALUES_OFFSET:VALUES_OFFSET + 8] = np.float64("nan").tobytes()
     other = records("another-study", 1, seed=5)[0]
     too_long = scaled(records(study, 1, seed=6)[0], 100.0, 1.0)
     old = created_at(records(study, 1, seed=7)[0], 0)

@@ -1,10 +1,13 @@
 """The gateway's HTTP limits, each against a real server over raw sockets: head size, head and
 body deadlines, keep-alive, connection caps (per client address and per prefix), eviction when
-the connection table is full, and the default rate limit."""
+the connection table is full, the default request limit and the record limits of a device's
+address and a relay's."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import random
 import socket
 import time
 from contextlib import ExitStack
@@ -12,12 +15,14 @@ from contextlib import ExitStack
 import pytest
 
 from gateway.settings import GatewaySettings
+from ipdp.metrics import EVERY_METRIC
 from ipdp.study import Study
-from ipdp.wire import decode_record
-from producer.gateway_client import GatewayClient
+from ipdp.wire import decode_record, split_container
+from producer.gateway_client import GatewayClient, records_path
+from producer.retry import RetryPolicy, parse_retry_after
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import D, known, records
-from tests.pipeline import create
+from tests.pipeline import create, read_records
 
 
 def connect(url: str, source: str = "127.0.0.1") -> socket.socket:
@@ -204,11 +209,102 @@ def test_the_rate_limit_is_on_by_default(kafka_settings, redis_settings, topics)
     study = create(kafka_settings, redis_settings, topics, study_id="limits-rate", d=D,
                    n=1000, epsilon=1.0, delta=0.01)
     defaults = GatewaySettings()
-    with running_gateway(kafka_settings, topics, rate_limit_per_s=defaults.rate_limit_per_s,
-                         rate_limit_burst=defaults.rate_limit_burst) as url:
+    with running_gateway(kafka_settings, topics, relay_addresses=defaults.relay_addresses) as url:
         known(url, study.study_id)
         with GatewayClient(url) as c:
             statuses = [c.post_records(study.study_id, r).status
                         for r in records(study, defaults.rate_limit_burst + 5)]
     assert statuses.count(202) >= defaults.rate_limit_burst
     assert statuses[-1] == 429
+
+
+def post_from(url: str, source: str, study_id: str, body: bytes) -> tuple[int, str | None, str]:
+    """POST ``body`` from the address ``source``: (status, error, Retry-After header)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10, source_address=(source, 0))
+    try:
+        conn.request("POST", records_path(study_id), body,
+                     {"Content-Type": "application/octet-stream"})
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read()).get("error"), \
+            answer.getheader("Retry-After", "")
+    finally:
+        conn.close()
+
+
+def test_records_past_an_address_allowance_get_429_and_only_a_listed_relay_gets_more(
+        kafka_settings, redis_settings, topics):
+    study = create(kafka_settings, redis_settings, topics, study_id="limits-records", d=D,
+                   n=1000, epsilon=1.0, delta=0.01)
+    batch = records(study, 300)
+    # Requests unlimited, so only the record limits apply: a device address gets 10 records at
+    # once, the relay 400; both refill at one record a second.
+    with running_gateway(kafka_settings, topics, rate_limit_per_s=0.0, record_limit_per_s=1.0,
+                         record_limit_burst=10, relay_addresses="127.0.0.2",
+                         relay_record_limit_per_s=1.0, relay_record_limit_burst=400) as url:
+        known(url, study.study_id)
+        device = [post_from(url, "127.0.0.1", study.study_id, b"".join(batch[i:i + 6]))
+                  for i in (0, 6)]
+        too_many = post_from(url, "127.0.0.3", study.study_id, b"".join(batch[:11]))
+        relay = [post_from(url, "127.0.0.2", study.study_id, b"".join(batch[i:i + 150]))
+                 for i in (0, 150, 150)]
+    assert [a[:2] for a in device] == [(202, None), (429, "rate_limited")]
+    assert int(device[1][2]) >= 1  # Retry-After: when 6 records' tokens are back
+    assert too_many[:2] == (413, "too_large")  # more than the address may ever send at once
+    # The relay's allowance is larger, not absent.
+    assert [a[:2] for a in relay] == [(202, None), (202, None), (429, "rate_limited")]
+    accepted = read_records(kafka_settings, topics.records, expected=3, timeout_s=10)
+    assert sorted(len(split_container(m.value)) for m in accepted) == [6, 150, 150]
+
+
+def test_a_device_sends_its_refused_record_again_after_retry_after(
+        kafka_settings, redis_settings, topics):
+    study = create(kafka_settings, redis_settings, topics, study_id="limits-retry", d=D,
+                   n=1000, epsilon=1.0, delta=0.01)
+    # One request a second, no burst: every second device of this address is refused at first.
+    with running_gateway(kafka_settings, topics, rate_limit_per_s=1.0, rate_limit_burst=1,
+                         relay_addresses=None) as url:
+        known(url, study.study_id)
+        sent = records(study, 3)
+        with GatewayClient(url) as c:
+            refused = c.post_records(study.study_id, sent[0])
+            refused = c.post_records(study.study_id, sent[1])
+            assert refused.status == 429 and refused.retry_after_s == 1.0
+            answers = [c.send_record(study.study_id, r) for r in sent[1:]]
+            # Without a retry policy the first answer stands.
+            assert c.post_records(study.study_id, records(study, 1)[0]).status == 429
+    assert [a.status for a in answers] == [202, 202]
+
+
+def test_a_device_gives_up_after_its_tries_with_the_last_refusal(
+        kafka_settings, redis_settings, topics):
+    study = create(kafka_settings, redis_settings, topics, study_id="limits-give-up", d=D,
+                   n=1000, epsilon=1.0, delta=0.01)
+    # A token every 20 s: the tries below, each waiting at most 15 ms, all meet an empty bucket.
+    with running_gateway(kafka_settings, topics, rate_limit_per_s=0.05, rate_limit_burst=1,
+                         relay_addresses=None) as url:
+        known(url, study.study_id)
+        with GatewayClient(url) as c:
+            assert c.send_record(study.study_id, records(study, 1)[0]).status == 202
+            before = refusals("rate_limited")
+            answer = c.send_record(study.study_id, records(study, 1)[0],
+                                   retry=RetryPolicy(max_attempts=3, max_wait_s=0.01))
+    assert (answer.status, answer.error, answer.retry_after_s) == (429, "rate_limited", 20.0)
+    assert refusals("rate_limited") == before + 3
+
+
+def refusals(reason: str) -> float:
+    return EVERY_METRIC.get_sample_value("ipdp_gateway_refusals_total", {"reason": reason}) or 0
+
+
+def test_a_retry_waits_the_servers_delay_or_a_doubling_backoff_stretched_by_jitter():
+    policy = RetryPolicy(max_attempts=3, backoff_s=0.01, max_wait_s=0.05, jitter=0.5)
+    waits = [policy.wait_s(k, None, random.Random(k)) for k in (1, 2, 3)]
+    assert 0.01 <= waits[0] <= 0.015 and 0.02 <= waits[1] <= 0.03
+    assert waits[2] <= 0.05 * 1.5, "a wait is at most max_wait_s, stretched by the jitter"
+    assert policy.wait_s(1, 120.0, random.Random(1)) <= 0.05 * 1.5
+    assert parse_retry_after("2") == 2.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert parse_retry_after("-1") is None
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import REGISTRY
 
 from ipdp.calibration import calibrate
 from ipdp.cli.main import main
 from ipdp.errors import CalibrationError, MalformedValue, SignatureError
+from ipdp.metrics import EVERY_METRIC
 from ipdp.model_message import parse_model_value
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.studies_topic import apply_study_message
@@ -51,7 +51,7 @@ def owner() -> SigningKey:
 
 
 def _malformed(reader: str, reason: str, topic: str = "studies") -> float:
-    return REGISTRY.get_sample_value("ipdp_topic_values_malformed_total",
+    return EVERY_METRIC.get_sample_value("ipdp_topic_values_malformed_total",
                                      {"topic": topic, "reader": reader, "reason": reason}) or 0.0
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import redis
 
-from aggregator.validate import Message
+from aggregator.batch import Message
 from ipdp.errors import ConfigurationError
 from ipdp.redis_io import check_redis, redis_client
 from ipdp.settings import RedisSettings

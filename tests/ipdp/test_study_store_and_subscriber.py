@@ -399,3 +399,17 @@ def test_a_study_stored_before_the_error_rule_keeps_its_hash_and_noise_in_redis(
     closed = close_study(r, producer, topics, sid)
     assert closed.hash == old_hash
     assert load_study(r, sid)[0].hash == old_hash
+
+
+def test_study_create_prints_the_least_useful_n_and_warns_below_it(env_topics, r, capsys):
+    assert _run(["study", "create", "--study-id", "small-1", "--d", "14", "--n", "2000",
+                 "--epsilon", "0.1", "--delta", "0.01"]) == 0
+    captured = capsys.readouterr()
+    assert "least useful n (margin 0.5)" in captured.out and "BELOW" in captured.out
+    assert "WARNING: at n = 2,000 the model's predicted error is 172 %" in captured.err
+    assert load_study(r, "small-1")[1] == OPEN  # a warning, not a refusal
+    assert _run(["study", "create", "--study-id", "big-1", "--d", "14", "--n", "10000",
+                 "--epsilon", "1", "--delta", "0.01", "--margin", "0.9"]) == 0
+    captured = capsys.readouterr()
+    assert "least useful n (margin 0.9)" in captured.out and "above" in captured.out
+    assert "WARNING" not in captured.err

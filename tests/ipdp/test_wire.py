@@ -12,16 +12,33 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipdp.wire import (
+    CREATED_MS_BYTES,
+    CREATED_MS_WORD,
+    D_BYTES,
+    HEAD_WORD,
+    HEAD_WORD_BYTES,
     HEADER_SIZE,
+    RECORD_ID_BYTES,
+    RECORD_ID_WORDS,
+    RESERVED_BYTES,
+    STUDY_HASH_BYTES,
+    STUDY_HASH_WORDS,
+    STUDY_HEAD_BYTES,
+    VALUES_OFFSET,
+    VALUES_WORD,
+    VERSION_BYTE,
     WIRE_VERSION,
     MalformedRecord,
     Record,
     RecordBatch,
     RejectReason,
+    container_count,
     decode_batch,
     decode_record,
     encode_batch,
+    encode_container,
     encode_record,
+    head_word,
     record_size,
     study_hash,
 )
@@ -102,6 +119,19 @@ def test_header_fields_sit_at_the_documented_offsets():
     assert struct.unpack_from("<q", buf, 40) == (-5,)
     assert struct.unpack_from("<4d", buf, 48) == (1.5, -2.0, 0.25, 3.0)
     assert len(buf) == record_size(2)
+    # The names every reader of raw records slices with say the same.
+    assert (buf[VERSION_BYTE], buf[RESERVED_BYTES], buf[D_BYTES]) == (WIRE_VERSION, b"\0" * 3,
+                                                                        (2).to_bytes(4, "little"))
+    assert (buf[STUDY_HASH_BYTES], buf[RECORD_ID_BYTES]) == (SH, rid)
+    assert int.from_bytes(buf[CREATED_MS_BYTES], "little", signed=True) == -5
+    assert buf[STUDY_HEAD_BYTES] == buf[VERSION_BYTE:STUDY_HASH_BYTES.stop]
+    assert np.frombuffer(buf, "<f8", offset=VALUES_OFFSET).tolist() == [1.5, -2.0, 0.25, 3.0]
+    words = np.frombuffer(buf, "<u8")
+    assert int(words[HEAD_WORD]) == head_word(2) == int.from_bytes(buf[HEAD_WORD_BYTES], "little")
+    assert words[STUDY_HASH_WORDS].tobytes() == SH and words[RECORD_ID_WORDS].tobytes() == rid
+    assert int(words[CREATED_MS_WORD].view("<i8")) == -5
+    assert words[VALUES_WORD:].view("<f8").tolist() == [1.5, -2.0, 0.25, 3.0]
+    assert container_count(encode_container([buf] * 3)) == 3
 
 
 def test_reject_reason_values_are_the_dead_letter_strings():
@@ -126,6 +156,7 @@ def test_reject_reason_values_are_the_dead_letter_strings():
         "credential_wrong_study",
         "credential_bad_slot",
         "credential_reused",
+        "duplicate_record",
         "too_large",
         "headers_too_large",
         "request_timeout",

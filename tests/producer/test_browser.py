@@ -1,6 +1,7 @@
 """The browser contributor end to end, in a real browser: headless Chromium opens the demo page the
-gateway serves, verifies a signed study, and contributes n records (one through the page's own
-form and buttons, the rest through its test hook); the aggregator and the trainer run as real
+gateway serves, verifies a signed study with a schema, asks for each named column with its range,
+and contributes n raw rows (one typed into the page's own fields, with a value the page says it
+clipped, the rest through its test hook); the aggregator and the trainer run as real
 processes. Exactly one model of n records comes out, and the bytes the browser sent are exactly
 the records the page showed and returned, none dead-lettered.
 
@@ -59,12 +60,19 @@ def _browser() -> tuple[str, str]:
     return node, chromium
 
 
-def _examples(k: int, d: int, seed: int) -> list[dict]:
-    """k distinct examples (x inside the unit ball, y in [−1, 1]), as the page takes them."""
+SCHEMA = {"features": [{"name": "age", "min": 21, "max": 35},
+                       {"name": "income", "min": 0, "max": 100}],
+          "target": {"name": "weeks", "min": 0, "max": 52}, "intercept": True}
+
+
+def _rows(k: int, seed: int) -> list[dict]:
+    """k distinct raw rows in the schema's units; the first one's age lies outside its range."""
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(k, d)) / np.sqrt(d)
-    y = np.clip(x @ np.linspace(-0.5, 0.5, d) + 0.05 * rng.normal(size=k), -1, 1)
-    return [{"x": row.tolist(), "y": float(v)} for row, v in zip(x, y, strict=True)]
+    age, income = rng.uniform(21, 35, k).round(1), rng.uniform(5, 95, k).round(2)
+    weeks = np.clip(60 - 1.5 * age + 0.1 * income + rng.normal(0, 2, k), 0, 52).round(1)
+    age[0] = 41.5
+    return [{"row": {"age": float(a), "income": float(i), "weeks": float(w)}}
+            for a, i, w in zip(age, income, weeks, strict=True)]
 
 
 def test_n_records_from_the_page_in_chromium_make_exactly_one_model_of_those_bytes(
@@ -73,13 +81,15 @@ def test_n_records_from_the_page_in_chromium_make_exactly_one_model_of_those_byt
     n, d = 50, 3
     owner = generate_key_files(tmp_path / "owner")
     # ε = 8: the smallest ε for which n = 50, d = 3 calibrates with noise on q̃ and p̃ both.
-    study = Study(study_id="browser-e2e", loss="squared", d=d, n=n, epsilon=8.0, delta=0.01)
+    study = Study(study_id="browser-e2e", loss="squared", n=n, epsilon=8.0, delta=0.01,
+                  schema=SCHEMA)
+    assert study.d == d
     producer = kafka_producer(kafka_settings)
     try:
         create_study(redis_client(redis_settings), producer, topics, study, owner)
     finally:
         producer.close()
-    examples = _examples(n, d, seed=11)
+    examples = _rows(n, seed=11)
     screenshot = tmp_path / "page-after-contributing.png"
 
     # The aggregator pins the owner's key too: it folds nothing of a study the owner did not sign.
@@ -117,6 +127,10 @@ def test_n_records_from_the_page_in_chromium_make_exactly_one_model_of_those_byt
     assert (out["pageErrors"], out["failedResponses"]) == ([], [])
     assert not [m for m in out["console"] if m.startswith("error")], out["console"]
     assert out["sendStatus"].startswith("Accepted: record " + out["prepared"]["recordId"])
+    # It asked for each named column with its public range, and said which value it clipped.
+    assert out["fields"] == ["age (21 – 35)", "income (0 – 100)", "weeks (0 – 52)"]
+    assert out["exampleStatus"].endswith("Outside its public range, so clipped to it: "
+                                         "age (21 – 35).")
 
     # What the page returned: the record a person prepared and sent, then n − 1 from the hook,
     # each device's record in a POST of its own.
@@ -146,9 +160,17 @@ def test_n_records_from_the_page_in_chromium_make_exactly_one_model_of_those_byt
     np.testing.assert_array_equal(batch.p[1:], np.array(many["p"]))
     shown_q = [float(v) for v in out["prepared"]["q"].strip("[]").split(",")]
     np.testing.assert_allclose(batch.q[0], shown_q, rtol=1e-5)
-    # … x never left the page …
+    # … the rows were encoded through the schema as a Python device encodes them …
+    # (the hook cycles through the rows from the first: it sent rows 0 … n − 2)
+    columns = {c: [e["row"][c] for e in examples[:n - 1]] for c in ("age", "income", "weeks")}
+    encoded = study.schema_.encode(columns)
+    q_clean = np.array(many["q"])
+    # q̃ = x + u: the encoded x is what remains once the page's own noise draw is taken out,
+    # which is not returned; bound it by the noise scale instead.
+    assert np.abs(q_clean - encoded.x).max() < 8 * study.calibration.noise_std_q
+    # … the raw values never left the page …
     for example in examples:
-        for v in example["x"]:
+        for v in example["row"].values():
             assert np.float64(v).tobytes() not in sent
     # … and Kafka holds exactly those records.
     held = [r for m in on_topic for r in split_container(m.value)]

@@ -11,7 +11,7 @@ import pytest
 
 from ipdp.losses import prepare
 from ipdp.study import Study
-from ipdp.wire import decode_batch
+from ipdp.wire import RECORD_ID_BYTES, decode_batch
 from producer.contributor import Contributor, new_record_ids
 from producer.datasets import from_csv, synthetic, synthetic_batches, train_test_split
 from tests.pipeline import read_records
@@ -150,6 +150,30 @@ def test_contributor_checks_shapes():
         c.submit(np.zeros((1, 5)), 0.0)
 
 
+def test_a_device_submits_its_raw_row_encoded_through_the_study_schema(kafka_settings, topics):
+    from ipdp.kafka_io import kafka_producer
+
+    study = Study(study_id="row", n=1000, epsilon=1.0, delta=0.01,
+                  schema={"features": [{"name": "age", "min": 21, "max": 35},
+                                       {"name": "income", "min": 0, "max": 100}],
+                          "target": {"name": "weeks", "min": 0, "max": 52}})
+    row = {"age": 40, "income": 50, "weeks": 13}
+    with Contributor(study, kafka_producer(kafka_settings), topics.records,
+                     noise=np.random.default_rng(4)) as device:
+        record_id = device.submit_row(row)
+        device._owns_producer = True  # close the producer this test built
+    assert device.clipped == {"age": 1, "income": 0, "weeks": 0}
+    (msg,) = read_records(kafka_settings, topics.records, 1)
+    (batch,), _ = decode_batch([msg.value])
+    assert batch.record_id[0].tobytes() == record_id
+    x = np.array([[1.0, 1.0, 0.0]]) / np.sqrt(3)  # age clipped to 35 → +1, income mid-range → 0
+    q, p = prepare("squared", x, np.array([-0.5]), study.calibration, np.random.default_rng(4))
+    np.testing.assert_allclose(batch.q, q, rtol=1e-12)
+    np.testing.assert_allclose(batch.p, p, rtol=1e-12)
+    with pytest.raises(ValueError, match="has no schema: submit its encoded"):
+        Contributor(Study(study_id="plain", **STUDY), None, "unused").submit_row(row)
+
+
 # --------------------------------------------------------------------------- load generator
 
 
@@ -187,7 +211,7 @@ def test_loadgen_sends_one_record_per_device(kafka_settings, topics):
     assert len(msgs) == 3001
     (batch,), rejects = decode_batch([m.value for m in msgs])
     assert not rejects and len(batch) == 3001
-    assert all(m.key == m.value[24:40] for m in msgs)  # key = record id
+    assert all(m.key == m.value[RECORD_ID_BYTES] for m in msgs)  # key = record id
     assert len({m.key for m in msgs}) == 3001
     assert np.all(batch.study_hash == np.frombuffer(study.hash, np.uint8))
     # Same rng, same batch boundaries → exactly the noise prepare() draws.
@@ -240,11 +264,21 @@ def test_loadgen_cli(kafka_settings, topics, redis_settings, monkeypatch, capsys
 
     csv_path = tmp_path / "rows.csv"
     csv_path.write_text("a,b,c,d,e,y\n1,2,3,4,5,1\n0,1,0,1,0,2\n5,4,3,2,1,3\n")
-    args = parser.parse_args(["loadgen", "--study", "lg-cli", "--devices", "7", "--no-progress",
-                              "--dataset", f"csv:{csv_path}", "--target", "y",
-                              "--bootstrap", kafka_settings.bootstrap])
+    csv_flags = ["loadgen", "--study", "lg-cli", "--devices", "7", "--no-progress",
+                 "--dataset", f"csv:{csv_path}", "--target", "y",
+                 "--bootstrap", kafka_settings.bootstrap]
+    args = parser.parse_args(csv_flags)
+    with pytest.raises(UsageError, match="has 3 usable rows for 7 devices: give --devices ≤ rows, "
+                       "or --reuse-rows"):
+        args.func(args)
+    args = parser.parse_args([*csv_flags, "--reuse-rows"])
     assert args.func(args) == 0
-    assert "records sent  7" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "records sent  7" in out
+    assert "WARNING: 7 devices from 3 rows: rows are reused" in err
+    # A study without a schema: the file's own statistics scale it, and the command says so.
+    assert ("has no schema, so " f"{csv_path} is scaled by statistics of the whole file") in err
+    assert "largest row norm 7.4162" in err and "mapped from the file's [1, 3]" in err
     assert _end_total(kafka_settings, topics.records) == 1207
     narrow = tmp_path / "narrow.csv"
     narrow.write_text("a,b,y\n1,2,3\n4,5,6\n")
@@ -253,6 +287,32 @@ def test_loadgen_cli(kafka_settings, topics, redis_settings, monkeypatch, capsys
                               "--bootstrap", kafka_settings.bootstrap])
     with pytest.raises(UsageError, match="has 2 feature columns, study 'lg-cli' has d=5"):
         args.func(args)
+
+    # A study with a schema: its columns by name (order and extra columns do not matter), each
+    # row encoded through the public ranges, out-of-range values clipped and counted per column.
+    loans = Study(study_id="lg-schema", loss="logistic", n=1000, epsilon=1.0, delta=0.01,
+                  schema={"features": [{"name": "income", "min": 0, "max": 200},
+                                       {"name": "debt", "min": 0, "max": 50}],
+                          "target": {"name": "approved", "classes": ["no", "yes"]}})
+    r = redis_client(redis_settings)
+    producer = kafka_producer(kafka_settings)
+    try:
+        create_study(r, producer, topics, loans)
+    finally:
+        producer.close()
+        r.close()
+    rows = tmp_path / "loans.csv"
+    rows.write_text("debt,name,approved,income\n10,ann,yes,120\n80,bob,no,30\n5,cy,maybe,90\n"
+                    "2,dee,no,250\n")
+    args = parser.parse_args(["loadgen", "--study", "lg-schema", "--devices", "3",
+                              "--no-progress", "--dataset", f"csv:{rows}",
+                              "--bootstrap", kafka_settings.bootstrap])
+    assert args.func(args) == 0
+    out, err = capsys.readouterr()
+    assert "rows read     3 (1 skipped: a missing or unusable value)" in out
+    assert "clipped       income 1, debt 1 (values outside their schema range" in out
+    assert "records sent  3" in out and "WARNING" not in err
+    assert _end_total(kafka_settings, topics.records) == 1210
 
     args = parser.parse_args(["loadgen", "--study", "nope", "--devices", "5", "--no-progress",
                               "--bootstrap", kafka_settings.bootstrap])

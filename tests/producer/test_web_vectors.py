@@ -87,6 +87,38 @@ def _wire_case(name: str, *, study_hash: bytes, record_id: bytes, created_ms: in
     }
 
 
+def _schema_studies() -> list[tuple[Study, list[dict]]]:
+    """A numeric-target study with an intercept and a class-target one without, with raw rows
+    inside, on and outside their ranges (fractional ranges, so the map rounds)."""
+    rents = Study(study_id="web-vectors-schema", n=1000, epsilon=1.0, delta=0.01, eta=2.0,
+                  schema={"features": [{"name": "area", "min": 20, "max": 150},
+                                       {"name": "floor", "min": -1.5, "max": 11.3},
+                                       {"name": "distance km", "min": 0.1, "max": 30}],
+                          "target": {"name": "rent", "min": 0, "max": 2500}})
+    loans = Study(study_id="web-vectors-classes", loss="logistic", n=1000, epsilon=1.0,
+                  delta=0.01, schema={"features": [{"name": "income", "min": 0, "max": 200},
+                                                   {"name": "debt", "min": 0, "max": 50}],
+                                      "target": {"name": "approved", "classes": ["no", "yes"]},
+                                      "intercept": False})
+    return [
+        (rents, [{"area": 64, "floor": 2, "distance km": 4.2, "rent": 1310},
+                 {"area": 400, "floor": -3, "distance km": 0.1, "rent": 2600.5},
+                 {"area": 20, "floor": 11.3, "distance km": 17.77, "rent": -1}]),
+        (loans, [{"income": 120, "debt": 10, "approved": "yes"},
+                 {"income": 250.5, "debt": 0.3, "approved": "no"}]),
+    ]
+
+
+def _schema_case(owner: SigningKey, study: Study, rows: list[dict]) -> dict:
+    encoded = [study.schema_.encode({k: [v] for k, v in row.items()}) for row in rows]
+    return {
+        "envelope": json.loads(study_message(study, "open", owner)),
+        "rows": [{"row": row, "x": e.x[0].tolist(), "y": float(e.y[0]),
+                  "clipped": [name for name, k in e.clipped.items() if k]}
+                 for row, e in zip(rows, encoded, strict=True)],
+    }
+
+
 def build_vectors() -> dict:
     """Every vector, computed from ipdp's Python code."""
     owner = SigningKey(Ed25519PrivateKey.from_private_bytes(OWNER_SEED))
@@ -176,6 +208,7 @@ def build_vectors() -> dict:
     batch = issue_batch(issuer, credentialed.hash, issued_ms, expires_ms, 4,
                         credential_ids=[bytes(range(16 * i, 16 * i + 16)) for i in range(4)])
     return {
+        "schemas": [_schema_case(owner, study, rows) for study, rows in _schema_studies()],
         "about": "Generated from ipdp's Python implementation by tests/producer/test_web_vectors"
                  f".py; do not edit. Regenerate: {REGENERATE}",
         "keys": {

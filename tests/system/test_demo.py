@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from ipdp.cli.demo import LEGEND
 from tests.conftest import _require_binaries
 
 
@@ -35,6 +36,11 @@ def test_demo_squared_loss_reports_a_private_model_from_exactly_n_records():
     assert result["excess_mse_predicted"] > 0.0
     assert result["excess_mse_measured"] == pytest.approx(
         result["rmse_private"] ** 2 - result["rmse_nonprivate"] ** 2)
+    # Every number has its meaning printed next to it; the coefficients come by feature name.
+    assert set(result) - {"coefficients"} <= LEGEND.keys()
+    coefficients = result["coefficients"]
+    assert coefficients["features"] == [f"x{j}" for j in range(1, 15)]
+    assert all(len(coefficients[k]) == 14 for k in ("private", "nonprivate", "generating"))
 
 
 @pytest.mark.integration
@@ -44,6 +50,8 @@ def test_demo_logistic_loss_reports_accuracy_instead_of_rmse():
     assert "rmse_private" not in result
     assert result["records_folded"] == 20000
     assert result["accuracy_private"] > 0.75  # about 0.92 here; chance is 0.5
+    assert result["accuracy_majority_label"] < result["accuracy_private"]
+    assert set(result) - {"coefficients"} <= LEGEND.keys()
 
 
 @pytest.mark.integration

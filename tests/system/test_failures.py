@@ -19,19 +19,20 @@ import uuid
 
 import numpy as np
 import pytest
-from prometheus_client import REGISTRY
 
+from aggregator.batch import Message
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
-from aggregator.validate import Message
 from bench.soak import closed_rounds
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.kafka_io import ensure_topics, kafka_consumer
+from ipdp.metrics import EVERY_METRIC
 from ipdp.model_message import model_key
 from ipdp.redis_io import redis_client
 from ipdp.settings import KafkaSettings, RedisSettings, TopicSettings
 from ipdp.subscriber import ModelSubscriber
+from ipdp.wire import RECORD_ID_BYTES
 from tests.aggregator.test_hostile_input import honest, make_folder
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, total_stats, wait_for
 from tests.proc_services import REPO, service_env, start, stop
@@ -59,7 +60,7 @@ def assert_clean_fold(redis_settings, study, q: np.ndarray, p: np.ndarray) -> No
 
 
 def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    return EVERY_METRIC.get_sample_value(name, labels) or 0.0
 
 
 class Feeder:
@@ -432,7 +433,7 @@ def produce_rows(study, kafka, topics, k: int, seed: int):
     values, q, p = honest(study, k, seed)
     producer = kafka_producer(kafka)
     try:
-        futures = [producer.send(topics.records, key=v[24:40], value=v) for v in values]
+        futures = [producer.send(topics.records, key=v[RECORD_ID_BYTES], value=v) for v in values]
         producer.flush()
         where = [(m.partition, m.offset) for m in (f.get(timeout=30) for f in futures)]
     finally:

@@ -11,13 +11,13 @@ import time
 import uuid
 
 import numpy as np
-from prometheus_client import REGISTRY
 
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
 from ipdp import state
 from ipdp.cli.main import main
 from ipdp.kafka_io import kafka_producer
+from ipdp.metrics import EVERY_METRIC
 from ipdp.redis_io import redis_client
 from ipdp.signing import generate_key_files
 from ipdp.state import create_study
@@ -32,7 +32,7 @@ from tests.pipeline import total_stats, wait_for
 
 
 def _malformed(topic: str, reader: str) -> float:
-    return sum(REGISTRY.get_sample_value("ipdp_topic_values_malformed_total",
+    return sum(EVERY_METRIC.get_sample_value("ipdp_topic_values_malformed_total",
                                          {"topic": topic, "reader": reader, "reason": reason})
                or 0.0 for reason in {r for _, _, r in HOSTILE_STUDY_VALUES})
 
@@ -107,13 +107,13 @@ def test_ipdp_models_shows_the_valid_model_past_hostile_values(kafka_settings, e
     values = _hostile(generate_key_files(tmp_path / "owner"))
     _send(kafka_settings, topics.models,
           [*values, (b"m1:0", b'{"version": 1e999}'), (good.key, good.model_dump_json().encode())])
-    before = REGISTRY.get_sample_value("ipdp_topic_values_malformed_total",
+    before = EVERY_METRIC.get_sample_value("ipdp_topic_values_malformed_total",
                                        {"topic": "models", "reader": "subscriber",
                                         "reason": "too_deep"}) or 0.0
     assert main(["models"]) == 0
     out, err = capsys.readouterr()
     assert out.count("m1  round 1") == 1 and "Traceback" not in err
-    assert REGISTRY.get_sample_value("ipdp_topic_values_malformed_total",
+    assert EVERY_METRIC.get_sample_value("ipdp_topic_values_malformed_total",
                                      {"topic": "models", "reader": "subscriber",
                                       "reason": "too_deep"}) == before + 1
 

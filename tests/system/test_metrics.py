@@ -13,7 +13,7 @@ import numpy as np
 
 from ipdp.kafka_io import kafka_producer
 from ipdp.losses import prepare
-from ipdp.wire import encode_record, study_hash
+from ipdp.wire import DEAD_LETTER_REASONS, encode_record, study_hash
 from producer.contributor import now_ms
 from tests import proc_services as ps
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, wait_for
@@ -88,7 +88,9 @@ def test_counters_histograms_and_gauges_move_by_exactly_what_went_through(
     assert ps.value(a, "ipdp_records_folded_total", study="metrics") == GOOD
     reasons = {dict(labels)["reason"]: v for (name, labels), v in a.items()
                if name == "ipdp_records_dead_lettered_total"}
-    assert reasons == expected
+    # Every reason's series exists from the start, at 0 until a record is dead-lettered for it.
+    assert set(reasons) == {reason.value for reason in DEAD_LETTER_REASONS}
+    assert {reason: v for reason, v in reasons.items() if v} == expected
     assert ps.value(a, "ipdp_rounds_closed_total", study="metrics") == 1
     assert ps.value(a, "ipdp_round_records", study="metrics") == GOOD - N
     assert ps.value(a, "ipdp_round_target_records", study="metrics") == N

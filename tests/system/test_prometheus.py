@@ -2,7 +2,9 @@
 
 The configuration is compose/prometheus/prometheus.yml with only the targets (Docker DNS names
 → this test's loopback ports) and the intervals (→ 1 s) rewritten; job names stay. The
-ingestion rate and the folded total are then read back through Prometheus's HTTP API.
+ingestion rate and the folded total are then read back through Prometheus's HTTP API, and every
+query of compose's Grafana dashboard must return a series (Grafana itself is not available
+here: its panels' queries run against the real Prometheus instead).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from ipdp.embedded import free_port
+from producer.gateway_client import GatewayClient
 from tests import proc_services as ps
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, wait_for
 from tests.tooling import require_tool
@@ -148,3 +151,91 @@ def test_prometheus_with_the_compose_scrape_config_sees_the_ingestion_rate_and_t
             assert prom.scalar('up{job="loadgen"}') == 0
         finally:
             prom.stop()
+
+
+#: Grafana's variables in the dashboard's queries, and what a Prometheus query puts there.
+GRAFANA_VARIABLES = {"$__range": "1h", "$__rate_interval": "1m"}
+DASHBOARD = PROMETHEUS_YML.parents[1] / "grafana" / "dashboards" / "ipdp.json"
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, query) of every target of every panel, Grafana's variables filled in."""
+    out = []
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for variable, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(variable, value)
+            out.append((panel["title"], expr))
+    return out
+
+
+#: What a family's samples may add to its name (counters, histograms, their creation time).
+SAMPLE_SUFFIXES = ("", "_total", "_created", "_bucket", "_sum", "_count")
+
+
+def exported_sample_names(role: str) -> set[str]:
+    """Every sample name the role's registry may serve (its families' names with each suffix)."""
+    from ipdp.metrics import role_registry
+
+    return {family.name + suffix for family in role_registry(role).collect()
+            for suffix in SAMPLE_SUFFIXES}
+
+
+def test_every_dashboard_query_returns_a_series_and_each_role_serves_only_its_own_metrics(
+        runtime, kafka_settings, redis_settings, topics, tmp_path):
+    prometheus_binary = require_tool("prometheus", "tests/system/test_prometheus.py (a real "
+                                     "Prometheus server)")
+    study = create(kafka_settings, redis_settings, topics, study_id="prom-panels", d=4, n=200,
+                   epsilon=1.0, delta=0.01)
+    gateway_port = free_port()
+    env = ps.service_env(runtime, topics, IPDP_GATEWAY_PORT=str(gateway_port))
+    url = f"http://127.0.0.1:{gateway_port}"
+    with ps.pipeline(runtime, topics, tmp_path, group=f"agg-{topics.records}") as children:
+        # The gateway with its default limits; the load generator sends faster than its rate
+        # limit, so some requests are refused and sent again, until it is stopped.
+        children["gateway"] = ps.start(["gateway"], env, tmp_path, "gateway")
+        try:
+            with GatewayClient(url, timeout_s=5) as client:
+                client.wait_ready(60, alive=lambda: children["gateway"].proc.poll() is None)
+            children["loadgen"] = ps.start(
+                ["loadgen", "--via", url, "--study", study.study_id, "--devices", "100000",
+                 "--rate", "40", "--no-progress"], env, tmp_path, "loadgen")
+            prom_port = free_port()
+            ports = {"aggregator": children["aggregator"].port,
+                     "trainer": children["trainer"].port, "gateway": gateway_port,
+                     "loadgen": children["loadgen"].port, "prometheus": prom_port}
+            prom = Prometheus(prometheus_binary, scrape_config_for(ports), tmp_path / "prom",
+                              prom_port)
+            try:
+                wait_for(prom.ready, 60, "Prometheus to be ready")
+
+                def alive_and(expr: str):
+                    def check() -> bool:
+                        for child in children.values():
+                            child.check_alive()
+                        return bool(prom.query(expr))
+                    return check
+
+                for job in ports:
+                    wait_for(alive_and(f'up{{job="{job}"}} == 1'), 60,
+                             f"Prometheus to scrape the {job}")
+                wait_for(alive_and("ipdp_models_published_total > 0"),
+                         GROUP_JOIN_TIMEOUT_S + 90, "a model published through the gateway")
+                wait_for(alive_and('ipdp_gateway_refusals_total{reason="rate_limited"} > 0'), 60,
+                         "the gateway to refuse the load generator's excess")
+                for title, expr in dashboard_queries():
+                    # A rate needs two scrapes of a series: wait for them, then it must hold.
+                    wait_for(alive_and(expr), 30, f"panel {title!r}: a series for {expr}")
+                for job in ("aggregator", "trainer", "gateway", "loadgen"):
+                    served = {r["metric"]["__name__"] for r in prom.query(
+                        f'group by (__name__) ({{job="{job}", __name__=~"ipdp_.+"}})')}
+                    assert served, job
+                    foreign = served - exported_sample_names(job)
+                    assert not foreign, f"the {job} serves other roles' metrics: {foreign}"
+            finally:
+                prom.stop()
+        finally:
+            for name in ("loadgen", "gateway"):
+                if name in children:
+                    ps.stop(children.pop(name))

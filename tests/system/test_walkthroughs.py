@@ -124,6 +124,14 @@ def test_the_tutorial_runs_as_written(tmp_path):
     # The study's δ = 0.01, the norm check's thousandth of it included (docs/privacy.md).
     assert "central (ε, δ) = (1.0, 0.01), mode rigorous" in out
     assert re.search(r"^tutorial  round 1  n=200 ", out, re.MULTILINE)  # ipdp models
+    # Your own data: a schema study, a CSV through loadgen, the exported model predicting.
+    assert "created study rents" in out
+    assert re.search(r"^rows read +5000 \(0 skipped", out, re.MULTILINE)
+    assert re.search(r"^clipped +area 0, rooms 0, distance 0, rent [1-9]\d* ", out, re.MULTILINE)
+    assert re.search(r"^rents  round 1  n=5000 .*\n  rent = [\d.]+\n +[+-] [\d.]+ × area$", out,
+                     re.MULTILINE)
+    assert "features ['area', 'rooms', 'distance']" in out
+    assert re.search(r"^predicted rents \[ *\d+\. +\d+\.\]$", out, re.MULTILINE)
     assert out.rstrip().endswith("# stopped")
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from prometheus_client import REGISTRY
-
 from ipdp.cli.main import main
 from ipdp.kafka_io import kafka_producer
+from ipdp.metrics import EVERY_METRIC
 from ipdp.model_message import ModelMessage, PrivacyReport, model_value, parse_model_value
 from ipdp.settings import TrustSettings
 from ipdp.signing import TrustedKeys, generate_key_files
@@ -59,12 +58,12 @@ def test_forged_models_on_the_models_topic_are_dropped_and_counted(
     finally:
         producer.close()
 
-    before = REGISTRY.get_sample_value("ipdp_models_refused_total") or 0
+    before = EVERY_METRIC.get_sample_value("ipdp_models_refused_total") or 0
     sub = ModelSubscriber(kafka_settings, topics, trusted_keys=[f"{tmp_path / 'trainer'}.pub"])
     got = list(sub)
     assert got == [genuine]
     assert sub.refused == 3 and sub.invalid == 0
-    assert REGISTRY.get_sample_value("ipdp_models_refused_total") == before + 3
+    assert EVERY_METRIC.get_sample_value("ipdp_models_refused_total") == before + 3
     # Without a pinned key every well-formed model is shown (the CLI says so in its log).
     assert [m.round for m in ModelSubscriber(kafka_settings, topics, trusted_keys=[])] == \
         [1, 2, 3]

@@ -3,17 +3,22 @@
  * would leave it, and send it on request. `window.ipdpContributeMany(k)` lets an automated test
  * contribute k records from the page.
  *
+ * A study with a schema gets one field per named column, each showing its public range; the
+ * page encodes the typed row through the schema (src/schema.ts) and says which values it clipped.
+ *
  * Query parameters (all optional): gateway (default: this page's origin), study, key.
  */
 
 import {
-  fetchStudy, IpdpError, prepareRecord, privacyReport, sendRecord, toHex,
-  type PreparedRecord, type VerifiedStudy,
+  encodeRow, fetchStudy, IpdpError, prepareRecord, privacyReport, sendRecord, toHex,
+  type PreparedRecord, type RawRow, type Schema, type VerifiedStudy,
 } from "../src/index.js";
 
 interface Example {
   readonly x: readonly number[];
   readonly y: number;
+  /** Columns whose typed value was clipped to its range (a study with a schema). */
+  readonly clipped?: readonly string[];
 }
 
 interface ManyResult {
@@ -28,6 +33,8 @@ interface ManyResult {
 interface ManyOptions {
   /** Examples to perturb, cycled; the example typed in the form when absent. */
   readonly examples?: readonly Example[];
+  /** Raw rows (column name → value) to encode through the study's schema, instead. */
+  readonly rows?: readonly RawRow[];
   /** Requests in flight at once, each one record (every simulated device sends its own); 6 by
    * default, a browser's connections per host over HTTP/1.1. */
   readonly concurrency?: number;
@@ -98,8 +105,66 @@ async function loadStudy(): Promise<VerifiedStudy> {
   say("study-status", `Signature verified with the pinned key ${study.keyId}.`, "ok");
   $("x-hint").textContent = String(study.study.d);
   $("y-hint").textContent = study.study.loss === "logistic" ? "(−1 or +1)" : "(a number)";
+  const schema = study.study.schema;
+  $("row-fields").hidden = schema === null;
+  $("xy-fields").hidden = schema !== null;
+  input("x").required = input("y").required = schema === null;
+  if (schema !== null) showRowFields(schema);
   $("example-section").hidden = false;
   return study;
+}
+
+const rangeText = (min: number, max: number) => `${min} – ${max}`;
+
+/** One field per named column, labelled with its public range; a class target is a choice. */
+function showRowFields(schema: Schema) {
+  const fields = $("row-fields");
+  fields.querySelectorAll("label").forEach((label) => label.remove());
+  const field = (name: string, hint: string, control: HTMLInputElement | HTMLSelectElement) => {
+    const label = document.createElement("label");
+    const range = document.createElement("span");
+    range.className = "range";
+    range.textContent = hint;
+    control.dataset["column"] = name;
+    control.required = true;
+    label.append(`${name} `, range, control);
+    fields.append(label);
+  };
+  const numberInput = () => {
+    const el = document.createElement("input");
+    el.inputMode = "decimal";
+    el.autocomplete = "off";
+    return el;
+  };
+  for (const f of schema.features) field(f.name, `(${rangeText(f.min, f.max)})`, numberInput());
+  const t = schema.target;
+  if (t.classes !== undefined) {
+    const select = document.createElement("select");
+    select.append(...t.classes.map((c) => new Option(c, c)));
+    field(t.name, `(${t.classes.join(" or ")})`, select);
+  } else {
+    field(t.name, `(${rangeText(t.min!, t.max!)})`, numberInput());
+  }
+}
+
+function typedRow(): RawRow {
+  const row: Record<string, string> = {};
+  $("row-fields").querySelectorAll<HTMLInputElement | HTMLSelectElement>("[data-column]")
+    .forEach((el) => { row[el.dataset["column"]!] = el.value; });
+  return row;
+}
+
+function encoded(schema: Schema, row: RawRow): Example {
+  const { x, y, clipped } = encodeRow(schema, row);
+  return { x: Array.from(x), y, clipped };
+}
+
+/** "area (20 – 150), rent (0 – 2500)": the clipped columns with the range they were clipped to. */
+function clippedText(schema: Schema, names: readonly string[]): string {
+  return names.map((name) => {
+    const f = schema.features.find((g) => g.name === name) ?? schema.target;
+    return `${name} (${rangeText(f.min!, f.max!)})`;
+  }).join(", ");
 }
 
 /** Numbers from "1, 2.5, -3": every entry must parse; an empty entry is an error, not a 0. */
@@ -108,6 +173,8 @@ function parseNumbers(text: string): number[] {
 }
 
 function typedExample(): Example {
+  const schema = verified?.study.schema ?? null;
+  if (schema !== null) return encoded(schema, typedRow());
   return { x: parseNumbers(input("x").value), y: Number(input("y").value.trim() || NaN) };
 }
 
@@ -126,10 +193,14 @@ function showRecord(record: PreparedRecord) {
 function prepareTyped() {
   if (verified === null) return;
   try {
-    const { x, y } = typedExample();
+    const { x, y, clipped = [] } = typedExample();
     prepared = prepareRecord(verified, x, y);
     showRecord(prepared);
-    say("example-status", "Prepared with fresh noise. Nothing has been sent yet.", "ok");
+    const schema = verified.study.schema;
+    say("example-status", "Prepared with fresh noise. Nothing has been sent yet." +
+      (schema !== null && clipped.length > 0
+        ? ` Outside its public range, so clipped to it: ${clippedText(schema, clipped)}.` : ""),
+      "ok");
     say("send-status", "");
     $<HTMLButtonElement>("send").disabled = false;
   } catch (error) {
@@ -160,7 +231,10 @@ async function sendPrepared() {
 /** Test hook: perturb and send k records, one per POST, as k simulated devices would. */
 async function contributeMany(k: number, options: ManyOptions = {}): Promise<ManyResult> {
   const study = verified ?? await loadStudy();
-  const examples = options.examples ?? [typedExample()];
+  const schema = study.study.schema;
+  const examples = options.rows !== undefined && schema !== null
+    ? options.rows.map((row) => encoded(schema, row))
+    : options.examples ?? [typedExample()];
   const records = Array.from({ length: k }, (_, i) => {
     const { x, y } = examples[i % examples.length]!;
     return prepareRecord(study, x, y);

@@ -1,9 +1,11 @@
 /**
  * Talk to the ipdp gateway: `GET /studies/{id}` for the signed study, `POST /studies/{id}/records`
  * with the device's one v1 record (`contribute`, `sendRecord`), or several concatenated for a
- * batch uploader (`sendRecords`); the gateway's group commit makes one record per request cheap. A refusal becomes an IpdpError carrying the gateway's
- * machine reason; retryable failures (5xx, 429, network) are retried with the same bytes, which
- * the record id makes harmless (a duplicate is dead-lettered as `replayed`, never folded twice).
+ * batch uploader (`sendRecords`); the gateway's group commit makes one record per request cheap.
+ * A refusal becomes an IpdpError carrying the gateway's machine reason; retryable failures (5xx,
+ * 429, network) are retried with the same bytes, which the record id makes harmless (a duplicate
+ * is dead-lettered as `replayed`, never folded twice), after the answer's `Retry-After` plus a
+ * random share of it, so devices refused together do not come back together.
  */
 
 import { concatBytes } from "./bytes.js";
@@ -19,10 +21,15 @@ export interface GatewayOptions {
   readonly credential?: string;
   /** The fetch to use; the global one by default. */
   readonly fetch?: typeof fetch;
-  /** Further attempts after a retryable failure; 2 by default, 0 turns retrying off. */
+  /** Further attempts after a retryable failure; 7 by default, 0 turns retrying off. */
   readonly retries?: number;
-  /** Wait before the first retry in ms, doubled for each next one; 250 by default. */
+  /**
+   * Wait before the first retry in ms, doubled for each next one, when the answer has no
+   * `Retry-After` (which wins, capped at 30 s); 500 by default.
+   */
   readonly retryDelayMs?: number;
+  /** Each wait is stretched by a random factor in [1, 1 + jitter); 0.5 by default. */
+  readonly retryJitter?: number;
   readonly signal?: AbortSignal;
 }
 
@@ -165,8 +172,9 @@ export function studyUrl(gatewayUrl: string, studyId: string, suffix?: string): 
 /** fetch with the retry policy; resolves to a 2xx response, throws an IpdpError otherwise. */
 async function request(url: string, init: RequestInit, options: GatewayOptions): Promise<Response> {
   const doFetch = options.fetch ?? globalThis.fetch;
-  const retries = options.retries ?? 2;
-  let delayMs = options.retryDelayMs ?? 250;
+  const retries = options.retries ?? 7;
+  const jitter = options.retryJitter ?? 0.5;
+  let delayMs = options.retryDelayMs ?? 500;
   for (let attempt = 0; ; attempt++) {
     let error: IpdpError;
     let waitMs = delayMs;
@@ -182,7 +190,7 @@ async function request(url: string, init: RequestInit, options: GatewayOptions):
         { retryable: true, cause });
     }
     if (!error.retryable || attempt >= retries) throw error;
-    await new Promise((resolve) => setTimeout(resolve, waitMs));
+    await new Promise((resolve) => setTimeout(resolve, waitMs * (1 + jitter * Math.random())));
     delayMs *= 2;
   }
 }

@@ -20,5 +20,7 @@ export {
 } from "./study.js";
 export type { Loss, Study, StudyStatus, TrustedKey, VerifiedStudy } from "./study.js";
 export { privacyReport } from "./report.js";
+export { encodeRow, parseSchema, schemaDimension } from "./schema.js";
+export type { EncodedRow, RawRow, Schema, SchemaFeature, SchemaTarget } from "./schema.js";
 export { encodeRecord, HEADER_SIZE, ID_SIZE, recordSize, WIRE_VERSION } from "./wire.js";
 export { fromHex, toHex } from "./bytes.js";

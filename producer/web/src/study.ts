@@ -10,6 +10,7 @@
 
 import { fromBase64, toHex, utf8 } from "./bytes.js";
 import { IpdpError } from "./errors.js";
+import { parseSchema, type Schema } from "./schema.js";
 
 export const ENVELOPE_FORMAT = 2;
 export const SIGNATURE_CONTEXT = "ipdp-study-v2";
@@ -39,6 +40,9 @@ export interface Study {
   readonly requireCredentials: boolean;
   /** Records one credential may contribute: its slots 0 … recordsPerDevice − 1. */
   readonly recordsPerDevice: number;
+  /** The named features and target of a raw row with their public ranges (schema.ts), or null
+   * for a study whose devices send an encoded (x, y). */
+  readonly schema: Schema | null;
   /** Per-coordinate noise stds: u ~ N(0, stdQ² I) on q, r ~ N(0, stdP² I) on p. */
   readonly noise: { readonly stdQ: number; readonly stdP: number };
   /** Every field of the signed study text, including ones this SDK version does not know. */
@@ -199,13 +203,15 @@ export function parseStudyText(studyText: string): Study {
     throw new IpdpError("bad_study", `require_credentials ${JSON.stringify(requireCredentials)} ` +
       "is not a boolean");
   }
+  const d = positiveInteger(fields, "d");
   return {
     studyId,
     loss,
     requireCredentials,
+    schema: "schema" in fields ? parseSchema(fields["schema"], d, loss) : null,
     recordsPerDevice: "records_per_device" in fields
       ? positiveInteger(fields, "records_per_device") : 1,
-    d: positiveInteger(fields, "d"),
+    d,
     n: positiveInteger(fields, "n"),
     epsilon: positiveNumber(fields, "epsilon"),
     delta: positiveNumber(fields, "delta"),

@@ -20,7 +20,13 @@ const D: number = JSON.parse(openStudy.envelope.study).d;
 const KEY = vectors.keys.owner_public_key;
 const CREDENTIALED_ID: string = JSON.parse(vectors.credentials.envelope.study).study_id;
 
-interface Posted { contentType: string | undefined; authorization: string | undefined; body: Buffer }
+interface Posted {
+  contentType: string | undefined;
+  authorization: string | undefined;
+  body: Buffer;
+  /** When the request's body was in (ms since the epoch). */
+  at: number;
+}
 
 /** What the stand-in gateway serves and what it has received. */
 const gateway = {
@@ -46,7 +52,7 @@ async function handle(req: IncomingMessage, res: ServerResponse) {
   }
   if (req.method === "GET" && !match[2]) return reply(res, 200, envelope);
   gateway.posted.push({ contentType: req.headers["content-type"],
-    authorization: req.headers["authorization"], body: Buffer.concat(chunks) });
+    authorization: req.headers["authorization"], body: Buffer.concat(chunks), at: Date.now() });
   const refusal = gateway.refusals.shift();
   if (refusal) {
     return reply(res, refusal.status, { error: refusal.error, detail: "stand-in refusal" },
@@ -162,9 +168,19 @@ test("a retryable refusal is retried with the same bytes, and then succeeds", as
   for (const p of gateway.posted) assert.deepEqual(new Uint8Array(p.body), c.record.bytes);
 });
 
+test("a 429 is sent again no sooner than its Retry-After, with the same bytes", async () => {
+  gateway.refusals.push({ status: 429, error: "rate_limited", headers: { "retry-after": "1" } });
+  const c = await contribute(gateway.url, OPEN_ID, KEY, x, 1, { retryDelayMs: 1 });
+  assert.equal(gateway.posted.length, 2);
+  const [first, second] = gateway.posted;
+  assert.ok(second!.at - first!.at >= 1000,
+    `sent again ${second!.at - first!.at} ms after a Retry-After of 1 s`);
+  assert.deepEqual(new Uint8Array(second!.body), c.record.bytes);
+});
+
 test("when retries run out the last refusal is reported with the gateway's reason", async () => {
   gateway.refusals.push(...Array.from({ length: 3 }, () => ({ status: 429, error: "rate_limited" })));
-  await assert.rejects(contribute(gateway.url, OPEN_ID, KEY, x, 1, { retryDelayMs: 1 }),
+  await assert.rejects(contribute(gateway.url, OPEN_ID, KEY, x, 1, { retries: 2, retryDelayMs: 1 }),
     (e) => e instanceof IpdpError && e.reason === "gateway_refused" &&
       e.gatewayReason === "rate_limited" && e.status === 429 && e.retryable);
   assert.equal(gateway.posted.length, 3);

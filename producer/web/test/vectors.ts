@@ -27,6 +27,11 @@ export interface CredentialVector {
   slot_record_ids: string[];
 }
 
+export interface SchemaVector {
+  envelope: Envelope;
+  rows: { row: Record<string, number | string>; x: number[]; y: number; clipped: string[] }[];
+}
+
 export interface Vectors {
   keys: { owner_public_key: string; owner_key_id: string; stranger_public_key: string };
   studies: StudyVector[];
@@ -35,6 +40,8 @@ export interface Vectors {
   credentials: CredentialVector;
   /** A version-2 credential: leaf 2 of a batch of four under one signature. */
   batch_credential: CredentialVector;
+  /** Studies with a schema, and raw rows with what Python encodes them to. */
+  schemas: SchemaVector[];
 }
 
 // Compiled to .test-build/test/, two levels below producer/web/.

@@ -4,7 +4,8 @@
 //
 // Opens PAGE_URL (the demo page with ?study=…&key=…), waits for the study to verify, types the
 // first example into the form, prepares and contributes it with the page's own buttons, then
-// sends K − 1 more through window.ipdpContributeMany. Prints one JSON object on stdout: what the
+// sends K − 1 more through window.ipdpContributeMany. An example is {x, y}, or {row: {column:
+// value}} for a study with a schema: the row is typed into the page's named fields. Prints one JSON object on stdout: what the
 // page displayed, what ipdpContributeMany returned, the body of every POST the browser made
 // (hex), captured from the network, and every answer of 400 or more. Exits 1 (with the JSON,
 // `error` set) if a step fails.
@@ -50,10 +51,23 @@ try {
 
   // One record the way a person sends it: type, prepare, look, contribute.
   const first = examples[0];
-  await page.fill("#x", first.x.join(", "));
-  await page.fill("#y", String(first.y));
+  if (first.row) {
+    out.fields = await page.$$eval("#row-fields label", (labels) => labels.map((l) => l.textContent));
+    for (const [column, value] of Object.entries(first.row)) {
+      const selector = `[data-column="${column}"]`;
+      if ((await page.$eval(selector, (el) => el.tagName)) === "SELECT") {
+        await page.selectOption(selector, String(value));
+      } else {
+        await page.fill(selector, String(value));
+      }
+    }
+  } else {
+    await page.fill("#x", first.x.join(", "));
+    await page.fill("#y", String(first.y));
+  }
   await page.click("#example-form button[type=submit]");
   await page.waitForSelector("#record-section:not([hidden])");
+  out.exampleStatus = await page.textContent("#example-status");
   const shown = async () => ({
     recordId: await page.textContent("#record-id"),
     q: await page.textContent("#record-q"),
@@ -69,7 +83,8 @@ try {
 
   // The other k − 1 as simulated devices, through the page's test hook.
   out.many = k > 1
-    ? await page.evaluate(([n, ex]) => window.ipdpContributeMany(n, { examples: ex }), [k - 1, examples])
+    ? await page.evaluate(([n, ex]) => window.ipdpContributeMany(n, ex[0].row
+      ? { rows: ex.map((e) => e.row) } : { examples: ex }), [k - 1, examples])
     : { recordIds: [], records: [], q: [], p: [], accepted: 0 };
   out.displayed = await shown();
   out.finalStatus = await page.textContent("#send-status");

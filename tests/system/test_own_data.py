@@ -1,0 +1,80 @@
+"""A user's own CSV to a prediction, through the commands on the real broker and Redis: a
+logistic study whose schema sits inside `--file`, loadgen reading the CSV by the schema's names,
+`ipdp models --export`, and `load_model` predicting class probabilities in raw units."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+
+from ipdp import load_model
+from ipdp.cli.main import main
+from ipdp.subscriber import ModelSubscriber
+from tests.pipeline import GROUP_JOIN_TIMEOUT_S, services, wait_for
+
+LOANS = {"study_id": "loans", "loss": "logistic", "n": 1500, "epsilon": 1.0, "delta": 1e-5,
+         "eta": 2.0,
+         "schema": {"features": [{"name": "income", "min": 0, "max": 200},
+                                 {"name": "debt", "min": 0, "max": 50}],
+                    "target": {"name": "approved", "classes": ["no", "yes"]},
+                    "intercept": True}}
+
+
+def write_loans(path, rows: int) -> None:
+    rng = np.random.default_rng(3)
+    income = rng.uniform(10, 190, rows).round()
+    debt = rng.uniform(0, 60, rows).round(1)  # some above the public range of 50
+    approved = np.where(0.03 * income - 0.1 * debt + rng.normal(0, 0.5, rows) > 1, "yes", "no")
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["approved", "income", "debt", "branch"])
+        out.writerows(zip(approved, income, debt, ["north"] * rows))
+
+
+def test_a_logistic_schema_study_from_a_csv_exports_a_model_that_predicts_class_probabilities(
+        kafka_settings, redis_settings, env_topics, tmp_path, capsys):
+    topics = env_topics
+    study_file, data, exported = (tmp_path / n for n in ("loans.json", "loans.csv",
+                                                         "model.json"))
+    study_file.write_text(json.dumps(LOANS))
+    write_loans(data, LOANS["n"])
+    assert main(["study", "create", "--file", str(study_file)]) == 0
+    assert main(["loadgen", "--study", "loans", "--devices", str(LOANS["n"]), "--no-progress",
+                 "--dataset", f"csv:{data}"]) == 0
+    out = capsys.readouterr().out
+    assert f"rows read     {LOANS['n']} (0 skipped" in out
+    clipped = int(out.split("clipped       income 0, debt ")[1].split()[0])
+    assert clipped > 0
+
+    with services(kafka_settings, redis_settings, topics):
+        wait_for(lambda: list(ModelSubscriber(kafka_settings, topics, study_id="loans",
+                                              from_beginning=True)),
+                 GROUP_JOIN_TIMEOUT_S, "the loans model")
+    (published,) = ModelSubscriber(kafka_settings, topics, study_id="loans", from_beginning=True)
+    assert main(["models", "--study", "loans", "--export", str(exported)]) == 0
+    out, err = capsys.readouterr()
+    assert "  log-odds of approved='yes' = " in out and " × income\n" in out
+    assert f"exported loans round 1 to {exported}" in err
+
+    m = load_model(exported)
+    assert m.message.weights == published.weights and m.message.schema_ == published.schema_
+    assert m.feature_names == ["income", "debt"] and m.classes == ("no", "yes")
+    assert m.privacy.epsilon == 1.0
+    rows = {"income": np.array([20.0, 100.0, 180.0]), "debt": np.array([45.0, 20.0, 5.0])}
+    encoded = published.schema_.encode(rows | {"approved": ["no"] * 3}).x
+    direct = 1.0 / (1.0 + np.exp(-(encoded @ np.array(published.weights))))
+    np.testing.assert_allclose(m.predict_proba(rows)[:, 1], direct, rtol=1e-12)
+    assert m.predict(rows).tolist() == np.where(direct >= 0.5, "yes", "no").tolist()
+
+
+def test_loadgen_names_the_schema_columns_a_csv_lacks(kafka_settings, redis_settings, env_topics,
+                                                       tmp_path, capsys):
+    study_file, data = tmp_path / "loans.json", tmp_path / "short.csv"
+    study_file.write_text(json.dumps(LOANS | {"study_id": "short"}))
+    data.write_text("income,approved\n10,yes\n")
+    assert main(["study", "create", "--file", str(study_file)]) == 0
+    assert main(["loadgen", "--study", "short", "--devices", "1", "--no-progress",
+                 "--dataset", f"csv:{data}"]) == 2
+    assert "no column(s) debt that the study's schema names" in capsys.readouterr().err
