@@ -6,20 +6,20 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ipdp.cli.common import UsageError, add_kafka_flag, add_redis_flag, kafka_settings, lazy
-from ipdp.settings import TopicSettings
-from ipdp.study import Study, StudyStatus
+
+if TYPE_CHECKING:
+    from ipdp.settings import TopicSettings
+    from ipdp.study import Study, StudyStatus
 
 log = logging.getLogger(__name__)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register `loadgen` on the `ipdp` sub-command parser."""
-    from producer.loadgen import LoadgenSettings
-
+def add_commands(sub: argparse._SubParsersAction, with_flags: bool = True) -> None:
+    """Register `loadgen` on the `ipdp` sub-command parser; its flags' defaults come from
+    producer/, imported only ``with_flags``."""
     p = sub.add_parser(
         "loadgen",
         help="Simulate many devices contributing perturbed records to a study.",
@@ -27,6 +27,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "publishes one record to the records topic. Kafka and topic names come from the "
         "IPDP_KAFKA_* / IPDP_TOPIC_* environment; the study is read from the studies topic.",
     )
+    if not with_flags:
+        return
+    from producer.loadgen import LoadgenSettings
+
     p.add_argument("--study", required=True, metavar="ID", help="Study id.")
     p.add_argument("--devices", required=True, type=int, metavar="N",
                    help="Number of devices (records) to simulate.")
@@ -76,7 +80,7 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
     """The study from the studies topic, falling back to Redis when --redis-url is given."""
     from kafka.errors import KafkaError
 
-    from ipdp.errors import UnknownStudy
+    from ipdp.errors import BackendUnavailable, UnknownStudy
     from ipdp.state import load_study
     from producer.contributor import trusted_study_keys
     from producer.studies import find_study
@@ -89,8 +93,8 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
         pass
     except (KafkaError, TimeoutError) as exc:
         if not getattr(args, "redis_url", None):
-            raise UsageError(f"cannot read studies topic {topics.studies!r} at "
-                             f"{kafka.bootstrap}: {exc}") from None
+            raise BackendUnavailable(f"cannot read studies topic {topics.studies!r} at "
+                                     f"{kafka.bootstrap}: {exc}") from None
     if found is None and getattr(args, "redis_url", None):
         from ipdp.cli.common import redis_connection
 
@@ -102,6 +106,8 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
 
 def _open_study(found: tuple[Study, StudyStatus] | None, study_id: str, missing: str) -> Study:
     """The study of a (study, status) lookup, or a UsageError saying it is missing or closed."""
+    from ipdp.study import StudyStatus
+
     if found is None:
         raise UsageError(missing)
     study, status = found
@@ -197,8 +203,10 @@ def _csv_dataset(args: argparse.Namespace, study: Study):
 
 def cmd_loadgen(args: argparse.Namespace) -> int:
     """`ipdp loadgen`: simulate --devices devices contributing to --study."""
+    import numpy as np
+
     from ipdp.metrics import serve, start_studies_reader_at_zero
-    from ipdp.settings import MetricsSettings
+    from ipdp.settings import MetricsSettings, TopicSettings
     from producer.datasets import synthetic_batches
     from producer.loadgen import run_loadgen_batches, run_loadgen_http
 
