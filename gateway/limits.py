@@ -3,9 +3,9 @@
 Two token buckets per address, refilled together: a request takes one request token at admission
 (before its body is read), and its records, once their count is known, take that many record
 tokens (at least one). By default an address gets what a few devices behind one NAT send
-(``rate_limit_*``, ``record_limit_*``: docs/operations.md says why those values). A relay that
-uploads other devices' records in batches gets a larger record allowance, and no request limit,
-only when its address is listed in ``relay_addresses`` (docs/security.md, "Against a flood").
+(``rate_limit_*``, ``record_limit_*``). A relay that uploads other devices' records in batches
+gets a larger record allowance, and no request limit, only when its address is listed in
+``relay_addresses``. docs/security.md ("Against a flood") says why, and the defaults.
 Above either allowance the request is answered 429 with Retry-After; a request holding more
 records than the address may ever send at once, 413.
 """
