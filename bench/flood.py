@@ -19,11 +19,11 @@ studies of their own, so Redis's counts tell whose record was folded. The whole 
 figure is wall time on a shared machine, and the ratio compares two phases of one run.
 
 The gateway is configured explicitly, and the table says so: the bench's client address is a
-relay (``IPDP_GATEWAY_RELAY_ADDRESSES``, with a record allowance that covers the floods), and
-the per-address request limit is off (``IPDP_GATEWAY_RATE_LIMIT_PER_S=0``): one address stands
-for the many devices or the relay an attacker would use. Each request holds distinct records
-(a request holding one record id twice is refused by the gateway): the attacker re-sends
-records the service has folded, which only the aggregator can recognise.
+relay (``IPDP_GATEWAY_RELAY_ADDRESSES``, whose requests are not limited, with a record allowance
+that covers the floods): one address stands for the many devices, or the relay, an attacker
+would use, and for the honest devices too. Each request holds distinct records (the gateway
+refuses a request holding one record id twice): the attacker re-sends records the service has
+folded, which only the aggregator can recognise.
 
 ``connections`` (a connection flood) is bench/flood_connections.py's, when this checkout has it
 (it provides ``add_arguments(parser)`` and ``run(args) -> int``); ``both`` runs the two.
@@ -36,7 +36,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import queue
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from typing import Self
 
 import numpy as np
 
-from bench.gateway_load import cpu_seconds, request_bodies
+from bench.gateway_load import cpu_seconds, post_all, request_bodies
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
@@ -65,7 +64,6 @@ GATEWAY_ENV = {
     "IPDP_GATEWAY_RELAY_ADDRESSES": "127.0.0.1",
     "IPDP_GATEWAY_RELAY_RECORD_LIMIT_PER_S": "10000000",
     "IPDP_GATEWAY_RELAY_RECORD_LIMIT_BURST": "10000000",
-    "IPDP_GATEWAY_RATE_LIMIT_PER_S": "0",
 }
 #: How often the honest device's fold is looked for in Redis.
 POLL_S = 0.002
@@ -163,31 +161,6 @@ class HonestDevices:
             t.join(timeout=60)
 
 
-def _post_all(url: str, study: Study, bodies: list[bytes], connections: int) -> None:
-    """POST ``bodies`` over ``connections`` keep-alive connections; every one must be 202."""
-    work: queue.Queue[bytes | None] = queue.Queue()
-    for b in bodies:
-        work.put(b)
-    for _ in range(connections):
-        work.put(None)
-    refused: list[int] = []
-
-    def client() -> None:
-        with GatewayClient(url) as c:
-            while (body := work.get()) is not None:
-                answer = c.post_records(study.study_id, body)
-                if answer.status != 202:
-                    refused.append(answer.status)
-
-    threads = [threading.Thread(target=client) for _ in range(connections)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if refused:
-        raise RuntimeError(f"the gateway refused {len(refused)} requests: {sorted(set(refused))}")
-
-
 def _merged(phases: list[HonestDevices]) -> dict:
     """The honest devices' figures over several phases of one kind."""
     lat = sorted(x for h in phases for x in h.latencies)
@@ -235,7 +208,7 @@ def measure_resend(records: int = 100_000, *, per_request: int = 1000, connectio
             """POST ``bodies``; the time to the last 202 and until ``done()``."""
             agg_cpu0 = cpu_seconds(agg.pid)
             t0 = time.perf_counter()
-            _post_all(url, flood, bodies, connections)
+            post_all(url, flood.study_id, bodies, connections)
             posted = time.perf_counter()
             end = _wait(what, done, alive)
             return {"seconds": end - t0, "posted_seconds": posted - t0,

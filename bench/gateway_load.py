@@ -49,6 +49,32 @@ def request_bodies(study: Study, records: int, per_request: int, seed: int) -> l
     return out
 
 
+def post_all(url: str, study_id: str, bodies: list[bytes], connections: int) -> None:
+    """POST ``bodies`` to a gateway over ``connections`` keep-alive connections, one thread
+    each; raises unless every one is answered 202."""
+    work: queue.Queue[bytes | None] = queue.Queue()
+    for b in bodies:
+        work.put(b)
+    for _ in range(connections):
+        work.put(None)
+    refused: list[int] = []
+
+    def client() -> None:
+        with GatewayClient(url) as c:
+            while (body := work.get()) is not None:
+                answer = c.post_records(study_id, body)
+                if answer.status != 202:
+                    refused.append(answer.status)
+
+    threads = [threading.Thread(target=client) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if refused:
+        raise RuntimeError(f"the gateway refused {len(refused)} requests: {sorted(set(refused))}")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time so far of a live process and all its live descendants (uvicorn's
     workers, and each worker's Kafka producer process), from /proc."""
@@ -153,34 +179,13 @@ def gateway_e2e(records: int = 200_000, *, d: int = 14, connections: int = 8,
                     raise TimeoutError("the aggregator folded nothing within 60 s")
                 time.sleep(0.01)
 
-            work: queue.Queue[bytes | None] = queue.Queue()
-            for b in bodies:
-                work.put(b)
-            for _ in range(connections):
-                work.put(None)
-            refused: list[int] = []
-
-            def client() -> None:
-                with GatewayClient(url) as c:
-                    while (body := work.get()) is not None:
-                        answer = c.post_records(study.study_id, body)
-                        if answer.status != 202:
-                            refused.append(answer.status)
-
             pids = {"gateway": [gw.pid], "aggregator": [a.pid for a in aggs],
                     "broker": [rt.broker.pid], "redis": [rt.redis.pid]}
             cpu0 = {name: sum(map(cpu_seconds, p)) for name, p in pids.items()}
             client_cpu0 = time.process_time()
-            threads = [threading.Thread(target=client) for _ in range(connections)]
             t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            post_all(url, study.study_id, bodies, connections)
             t_http = time.perf_counter() - t0
-            if refused:
-                raise RuntimeError(f"the gateway refused {len(refused)} requests: "
-                                   f"{sorted(set(refused))}")
             deadline = time.monotonic() + 300
             while int(r.hget(key, "folded") or 0) < records + 1:
                 if any(a.poll() is not None for a in aggs):

@@ -20,17 +20,17 @@ Prediction does not clip: a value outside its range is extrapolated along the sa
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from ipdp.errors import ConfigurationError
-from ipdp.model_message import ModelMessage, PrivacyReport
+from ipdp.model_message import ModelMessage, PrivacyReport, parse_model_value
 from ipdp.schema import Schema
+from ipdp.signing import TrustedKeys, parse_trusted_keys
 
 __all__ = ["Model", "load_model"]
 
@@ -115,12 +115,19 @@ class Model:
                 f"features={self.feature_names}, target={self.target_name!r})")
 
 
-def load_model(path: str | os.PathLike) -> Model:
-    """The model ``ipdp models --export PATH`` wrote: a :class:`Model` in raw units."""
+def load_model(path: str | os.PathLike,
+               trusted_keys: TrustedKeys | str | Iterable[str] | None = None) -> Model:
+    """The model ``ipdp models --export PATH`` wrote: a :class:`Model` in raw units.
+
+    The file is the models-topic value, the trainer's signed envelope when it signs.
+    ``trusted_keys`` (trainer public keys: ``.pub`` paths or base64 lines) verifies the signature
+    again and raises :class:`ipdp.errors.SignatureError` unless one of them signed it; without
+    keys the file is believed as it is.
+    """
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        value = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigurationError(f"cannot read model {str(path)!r}: {exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigurationError(f"{str(path)!r} is not a model JSON file: {exc}") from None
-    return Model(ModelMessage.model_validate(data))
+    if trusted_keys is not None and not isinstance(trusted_keys, TrustedKeys):
+        trusted_keys = parse_trusted_keys(trusted_keys)
+    return Model(parse_model_value(value, trusted_keys))

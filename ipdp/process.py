@@ -22,6 +22,22 @@ def setup_logging(level: str | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.getLogger("kafka.cluster").addFilter(_not_cancelled_at_close)
+    logging.getLogger("kafka.net.selector").addFilter(_not_a_slow_task)
+
+
+def _not_cancelled_at_close(record: logging.LogRecord) -> bool:
+    """False for kafka-python's error about a metadata request that closing a client cancelled
+    (its close shuts the connections before the metadata refresh): a clean stop, not a fault."""
+    return not (record.levelno == logging.ERROR and isinstance(record.args, tuple)
+                and any(type(arg).__name__ == "Cancelled" for arg in record.args))
+
+
+def _not_a_slow_task(record: logging.LogRecord) -> bool:
+    """False for kafka-python's warning that one step of its IO loop took over 0.1 s: its own
+    debugging aid, which a busy host's scheduler trips with nothing wrong."""
+    return not (record.levelno == logging.WARNING and "threshold). It is blocking the event "
+                "loop" in record.getMessage())
 
 
 def install_signal_handlers(stop_event: threading.Event) -> None:

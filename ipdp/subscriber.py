@@ -65,6 +65,9 @@ class ModelSubscriber:
             _WARNED_UNPINNED.add(self.topic)  # once per process: callers that poll re-create us
             log.warning("no trusted model key pinned: models are shown UNVERIFIED; anyone who "
                         "can write %r can publish one (docs/security.md)", self.topic)
+        #: The models-topic value (signed envelope or plain JSON) of the model last yielded:
+        #: what `ipdp models --export` writes, so that the file can be verified again.
+        self.last_value: bytes | None = None
         self.duplicates_dropped = 0
         self.invalid = 0
         self.refused = 0
@@ -129,6 +132,7 @@ class ModelSubscriber:
             self.duplicates_dropped += 1
             return None
         self._seen.add(ident)
+        self.last_value = bytes(message.value)
         return msg
 
     def _follow(self, consumer) -> Iterator:

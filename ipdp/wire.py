@@ -463,7 +463,8 @@ def _parse_group(
     word 0 holds version, reserved bytes and d, so one comparison checks all three; q̃ and p̃ are
     float64 views of words 6.. (no copy). A row's squared norm is finite only if every value in
     it is, so the norms the validator needs also decide finiteness; only rows that fail either
-    check are looked at one by one, in the order version, reserved bytes, d, finite values.
+    check are looked at again (:func:`_row_errors`, as arrays), in the order version, reserved
+    bytes, d, finite values.
     """
     if joined is None:
         joined = b"".join([bufs[i] for i in idx.tolist()])
@@ -476,12 +477,11 @@ def _parse_group(
     ok = (words[:, HEAD_WORD] == head_word(d)) & np.isfinite(sq_q) & np.isfinite(sq_p)
     raw = np.frombuffer(joined, np.uint8).reshape(n, size)
     if not ok.all():
-        for r in np.flatnonzero(~ok).tolist():
-            err = _row_error(raw[r], q[r], p[r], d, size)
-            if err is None:  # finite values whose square overflows: the norm check refuses it
-                ok[r] = True
-            else:
-                rejects.append((int(idx[r]), err))
+        bad = np.flatnonzero(~ok)
+        errors, which = _row_errors(raw[bad], values[bad, VALUES_WORD:], d, size)
+        ok[bad[which < 0]] = True  # finite values whose square overflows: the norm check's
+        rejects += [(i, errors[w]) for i, w in zip(idx[bad].tolist(), which.tolist(),
+                                                    strict=True) if w >= 0]
     # Writeable, C-contiguous arrays of their own (not views of the input): one copy each.
     columns = (raw[:, STUDY_HASH_BYTES], raw[:, RECORD_ID_BYTES],
                words[:, CREATED_MS_WORD].view("<i8"), q, p)
@@ -509,23 +509,33 @@ def squared_norms(q: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.einsum("ij,ij->i", q, q), np.einsum("ij,ij->i", p, p)
 
 
-def _row_error(raw: np.ndarray, q: np.ndarray, p: np.ndarray, d: int,
-               size: int) -> MalformedRecord | None:
-    """Why one record of the right length is malformed (None if it is not)."""
-    if raw[VERSION_BYTE] != WIRE_VERSION:
-        return MalformedRecord(RejectReason.UNSUPPORTED_VERSION,
-                               f"version {int(raw[VERSION_BYTE])}, supported: {WIRE_VERSION}")
-    if raw[RESERVED_BYTES].any():
-        return MalformedRecord(
-            RejectReason.UNDECODABLE,
-            f"reserved bytes {raw[RESERVED_BYTES].tobytes().hex()} are not zero")
-    header_d = int.from_bytes(raw[D_BYTES].tobytes(), "little")
-    if header_d != d:
-        return MalformedRecord(RejectReason.UNDECODABLE,
-                               f"header d={header_d} but length {size} implies d={d}")
-    if not (np.isfinite(q).all() and np.isfinite(p).all()):
-        return MalformedRecord(RejectReason.NON_FINITE, "q̃ or p̃ holds NaN or Inf")
-    return None
+def _row_errors(raw: np.ndarray, values: np.ndarray, d: int, size: int
+                ) -> tuple[list[MalformedRecord], np.ndarray]:
+    """Why each record of the right length (rows of bytes, and of their 2·d float64 values) is
+    malformed, in the order version, reserved bytes, d, finite values: the distinct errors, and
+    per row the position of its error (-1: it is not malformed). One error object per distinct
+    detail, whatever the number of rows."""
+    which = np.full(len(raw), -1, np.int64)
+    errors: list[MalformedRecord] = []
+
+    def refuse(hit: np.ndarray, keys: np.ndarray, error) -> None:
+        hit &= which < 0
+        for key in np.unique(keys[hit]).tolist():
+            which[hit & (keys == key)] = len(errors)
+            errors.append(error(key))
+
+    version = raw[:, VERSION_BYTE]
+    refuse(version != WIRE_VERSION, version, lambda v: MalformedRecord(
+        RejectReason.UNSUPPORTED_VERSION, f"version {v}, supported: {WIRE_VERSION}"))
+    reserved = raw[:, RESERVED_BYTES].astype(np.int64) @ np.array([1, 1 << 8, 1 << 16])
+    refuse(reserved != 0, reserved, lambda r: MalformedRecord(
+        RejectReason.UNDECODABLE, f"reserved bytes {r.to_bytes(3, 'little').hex()} are not zero"))
+    header_d = np.ascontiguousarray(raw[:, D_BYTES]).view("<u4").ravel()
+    refuse(header_d != d, header_d, lambda h: MalformedRecord(
+        RejectReason.UNDECODABLE, f"header d={h} but length {size} implies d={d}"))
+    refuse(~np.isfinite(values).all(axis=1), np.zeros(len(raw), np.int64),
+           lambda _: MalformedRecord(RejectReason.NON_FINITE, "q̃ or p̃ holds NaN or Inf"))
+    return errors, which
 
 
 def _bad_length(buf: bytes | bytearray | memoryview, length: int) -> MalformedRecord:

@@ -1,49 +1,60 @@
-"""`ipdp bench accuracy|throughput|credentials|devices|flood`, `ipdp soak` and `ipdp audit`: bench/,
-which prints tables."""
+"""`ipdp bench accuracy|throughput|credentials|devices|flood`, `ipdp soak` and `ipdp audit`:
+bench/, which prints tables."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+
+AUDIT_DESCRIPTION = (
+    "Runs the mechanism as deployed (device noise, fold, constrained solve) on worst-case "
+    "replace-one neighbours many times and prints a Clopper–Pearson lower bound ε̂ at δ. ε̂ > ε "
+    "refutes the claim; ε̂ ≤ ε is what a correct calibration shows. --noise-scale 0.5 "
+    "under-noises on purpose, to show the audit can fail; --exact-fold draws the fold from its "
+    "exact law (any n); --mechanism kang2020 audits Kang et al. (2020) as published "
+    "(docs/privacy.md).")
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register `bench`, `soak` and `audit` (bench/ is installed with ipdp)."""
-    from bench import accuracy, audit, credentials, devices, flood, soak, throughput
+def add_commands(sub: argparse._SubParsersAction, words: list[str] | None = None) -> None:
+    """Register `bench`, `soak` and `audit` (bench/ is installed with ipdp).
+
+    A command's flags come from its bench module, which imports what the benchmark runs: only
+    the command ``words`` names gets them (``None``: every command)."""
+
+    def wanted(*path: str) -> bool:
+        return words is None or words[:len(path)] == list(path)
+
+    def flags(p: argparse.ArgumentParser, module: str, run: str, *path: str,
+              docstring_is_description: bool = False) -> None:
+        if not wanted(*path):
+            return
+        bench_module = importlib.import_module(f"bench.{module}")
+        bench_module.add_arguments(p)
+        if docstring_is_description:
+            p.description = bench_module.__doc__
+            p.formatter_class = argparse.RawDescriptionHelpFormatter
+        p.set_defaults(func=getattr(bench_module, run))
 
     bench = sub.add_parser("bench", help="Benchmarks that print tables (docs/benchmarks.md).")
     kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
     p = kinds.add_parser("accuracy", help="The paper's Figures 1 and 2, and baselines.")
-    accuracy.add_arguments(p)
-    p.set_defaults(func=accuracy.run_from_args)
+    flags(p, "accuracy", "run_from_args", "bench", "accuracy")
     p = kinds.add_parser("throughput", help="Fold path, end to end, trainer and memory.")
-    throughput.add_arguments(p)
-    p.set_defaults(func=throughput.run)
+    flags(p, "throughput", "run", "bench", "throughput")
     p = kinds.add_parser("credentials", help="What device credentials cost at the gateway and "
                          "the aggregator.")
-    credentials.add_arguments(p)
-    p.set_defaults(func=credentials.run)
+    flags(p, "credentials", "run", "bench", "credentials")
     p = kinds.add_parser(
         "devices", help="One record per request, driven by wrk: the gateway against a bare "
-        "Starlette endpoint.", description=devices.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    devices.add_arguments(p)
-    p.set_defaults(func=devices.run)
+        "Starlette endpoint.")
+    flags(p, "devices", "run", "bench", "devices", docstring_is_description=True)
     p = kinds.add_parser(
         "flood", help="Floods against a live gateway and aggregator: re-sent records (and "
-        "connections), with honest devices alongside.", description=flood.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    flood.add_arguments(p)
-    p.set_defaults(func=flood.run)
+        "connections), with honest devices alongside.")
+    flags(p, "flood", "run", "bench", "flood", docstring_is_description=True)
     p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times; check invariants.")
-    soak.add_arguments(p)
-    p.set_defaults(func=soak.run)
+    flags(p, "soak", "run", "soak")
     p = sub.add_parser(
         "audit", help="Empirical privacy audit: a lower bound on ε from the deployed mechanism.",
-        description="Runs the mechanism as deployed (device noise, fold, constrained solve) on "
-        "worst-case replace-one neighbours many times and prints a Clopper–Pearson lower bound "
-        "ε̂ at δ. ε̂ > ε refutes the claim; ε̂ ≤ ε is what a correct calibration shows. "
-        "--noise-scale 0.5 under-noises on purpose, to show the audit can fail; --exact-fold "
-        "draws the fold from its exact law (any n); --mechanism kang2020 audits Kang et al. "
-        "(2020) as published (docs/privacy.md).")
-    audit.add_arguments(p)
-    p.set_defaults(func=audit.run)
+        description=AUDIT_DESCRIPTION)
+    flags(p, "audit", "run", "audit")

@@ -12,18 +12,32 @@ import argparse
 import contextlib
 import importlib
 import json
+import logging
+import os
+import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from ipdp.errors import BackendUnavailable, ConfigurationError, RedisAuthError
-from ipdp.settings import KafkaSettings, RedisSettings, TopicSettings
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from ipdp.settings import KafkaSettings, TopicSettings
 
 
 class UsageError(ConfigurationError):
     """A bad flag, parameter or file: printed without a traceback, exit status 2."""
+
+
+#: What to do when Kafka or Redis cannot be reached: the CLI adds it to every such error.
+START_THE_RUNTIME = ("to run one here: `ipdp up --env-file ipdp.env &`, then `. ./ipdp.env` "
+                     "(it sets the IPDP_* variables)")
+
+#: How long a command waits for Kafka's first answer before it gives up.
+KAFKA_CHECK_TIMEOUT_S = 10.0
 
 
 def lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
@@ -33,6 +47,72 @@ def lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
         return getattr(importlib.import_module(module), func)(args)
 
     return run
+
+
+def check_backends(args: argparse.Namespace, needs: tuple[str, ...]) -> None:
+    """Check that the backends a command ``needs`` ("redis", "kafka") answer, before it runs:
+    a long-running role retries a backend that goes away, but one that is not there at the
+    start is a user's mistake, said in one line (BackendUnavailable)."""
+    if "redis" in needs:
+        with redis_connection(args):
+            pass
+    if "kafka" in needs:
+        check_kafka(kafka_settings(args))
+
+
+def check_kafka(kafka: KafkaSettings) -> None:
+    """Bootstrap from ``kafka``; BackendUnavailable, naming the address, if it does not answer
+    within KAFKA_CHECK_TIMEOUT_S."""
+    from kafka.errors import KafkaError
+
+    from ipdp.kafka_io import kafka_admin
+
+    # kafka-python logs each failed attempt; the BackendUnavailable below is the one line.
+    quiet = logging.getLogger("kafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        admin = kafka_admin(kafka, bootstrap_timeout_ms=int(KAFKA_CHECK_TIMEOUT_S * 1000))
+    except KafkaError as exc:
+        raise BackendUnavailable(f"cannot reach Kafka at {kafka.bootstrap}: {exc}") from None
+    finally:
+        quiet.setLevel(level)
+    admin.close()
+
+
+@contextlib.contextmanager
+def stop_on_signals(exit_status: int) -> Iterator[None]:
+    """Inside the block, SIGTERM and SIGINT (Ctrl-C) stop the command at once: the handler stops
+    every child process and runtime the command registered (ipdp.embedded.children: services
+    first, then the servers, whose directory goes with them) and exits with ``exit_status``.
+
+    Nothing is raised into the interrupted code: kafka-python at times runs its IO loop in the
+    calling thread and logs and drops an exception raised there, after which the command
+    would wait forever. A signal that comes while the handler stops is ignored (a second
+    Ctrl-C), so the stop runs to its end; it is bounded by the children's stop timeouts."""
+    from ipdp.embedded.children import stop_all_children  # never import in a signal handler
+
+    stopping = []
+
+    def handler(signum: int, _frame: object) -> None:
+        if stopping:
+            return
+        stopping.append(signum)
+        os.write(2, b"ipdp: stopping every process it started\n")
+        try:
+            stop_all_children()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):  # the interrupted code may hold it
+                    stream.flush()
+            os._exit(exit_status)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
@@ -86,6 +166,8 @@ STUDY_FIELDS = ("study_id", "loss", "max_rounds", "budget_epsilon", "budget_delt
 
 def study_from_args(args: argparse.Namespace, base: dict | None = None):
     """Build a Study from flags (over an optional file's fields); errors become UsageError."""
+    from pydantic import ValidationError
+
     from ipdp.study import Study
 
     fields = dict(base or {})
@@ -165,6 +247,8 @@ def add_kafka_flag(p: argparse.ArgumentParser) -> None:
 
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     """KafkaSettings from the environment, with `--bootstrap` winning."""
+    from ipdp.settings import KafkaSettings
+
     kafka = KafkaSettings()
     if getattr(args, "bootstrap", None):
         kafka = kafka.model_copy(update={"bootstrap": args.bootstrap})
@@ -173,6 +257,8 @@ def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
 
 def topic_settings() -> TopicSettings:
     """Topic names from the environment."""
+    from ipdp.settings import TopicSettings
+
     return TopicSettings()
 
 
@@ -182,6 +268,7 @@ def redis_connection(args: argparse.Namespace) -> Iterator[Any]:
     import redis
 
     from ipdp.redis_io import check_redis, describe, redis_client
+    from ipdp.settings import RedisSettings
 
     settings = RedisSettings()
     if getattr(args, "redis_url", None):

@@ -16,35 +16,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Self
 
-import numpy as np
+from ipdp.cli.common import UsageError, format_validation_error, stop_on_signals
+from ipdp.errors import IpdpError
 
-from ipdp import state
-from ipdp.cli.common import UsageError, format_validation_error
-from ipdp.embedded.children import free_port
-from ipdp.embedded.runtime import EmbeddedRuntime
-from ipdp.kafka_io import kafka_producer
-from ipdp.losses import clip, encode
-from ipdp.model_message import ModelMessage
-from ipdp.redis_io import redis_client
-from ipdp.report import calibration_rows, table
-from ipdp.study import Study
-from ipdp.subscriber import ModelSubscriber
-from producer.datasets import synthetic, train_test_split
-from producer.gateway_client import GatewayClient
-from producer.loadgen import row_batches, run_loadgen, run_loadgen_http
-from trainer.solver import solve_constrained
+if TYPE_CHECKING:
+    import subprocess
 
-log = logging.getLogger(__name__)
+    import numpy as np
+
+    from ipdp.embedded.runtime import EmbeddedRuntime
+    from ipdp.model_message import ModelMessage
+    from ipdp.study import Study
 
 MODEL_TIMEOUT_S = 300.0
+#: What stopping may take: the services first, then the broker and redis-server, each
+#: SIGKILLed after its share (a signal's whole stop stays within 10 s).
+SERVICES_STOP_S = 4.0
+SERVER_STOP_S = 2.0
+
+
+class DemoFailed(IpdpError):
+    """A service the demo started exited, or no model came in time."""
+
+    exit_code = 1
+
 #: What each number of the result is; printed next to it.
 LEGEND = {
     "n": "records per round: the model is trained on exactly n",
@@ -107,6 +108,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Entry point of `ipdp demo`."""
     from pydantic import ValidationError
 
+    from ipdp.study import Study
+
     started = time.monotonic()
     args.n = args.n or (200 if args.web else 20_000)
     args.d = args.d or (3 if args.web else 14)
@@ -116,32 +119,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise UsageError(format_validation_error(exc)) from None
     if args.web:
-        return serve_web(study, args.port)
+        with stop_on_signals(exit_status=0):  # Ctrl-C is how a web demo ends
+            return serve_web(study, args.port)
     devices = args.devices or args.n
     if devices < args.n:
         raise UsageError(f"--devices {devices} < --n {args.n}: a round needs n records and a "
                          "model is never published from fewer")
+    with stop_on_signals(exit_status=130):
+        return _simulate(args, study, devices, started)
+
+
+def _simulate(args: argparse.Namespace, study: Study, devices: int, started: float) -> int:
+    """`ipdp demo` without --web: simulated devices, the first model, its test error."""
+    from ipdp import state
+    from ipdp.embedded.children import free_port
+    from ipdp.embedded.runtime import EmbeddedRuntime
+    from ipdp.redis_io import redis_client
+    from ipdp.report import calibration_rows, table
+    from producer.datasets import synthetic, train_test_split
+    from producer.loadgen import row_batches, run_loadgen, run_loadgen_http
+
     say = (lambda *_: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
     data = synthetic(int(devices / 0.8) + 1, args.d, args.loss, seed=args.seed)
     train, test = train_test_split(data, 0.2, seed=args.seed)
     train.x, train.y = train.x[:devices], train.y[:devices]
 
-    with EmbeddedRuntime() as rt:
+    with EmbeddedRuntime(stop_timeout_s=SERVER_STOP_S) as rt:
         say(f"runtime: kafka {rt.broker.bootstrap}, redis {rt.redis.url} (in {rt.directory})")
         kafka, topics = rt.kafka_settings(), rt.topics
-        producer = kafka_producer(kafka)
-        state.create_study(redis_client(rt.redis_settings()), producer, topics, study)
-        producer.close()
+        _create_study(rt, study)
         say(table(calibration_rows(study.calibration), title=f"study {study.study_id}"))
         roles = ("aggregator", "trainer", "gateway") if args.via_gateway else (
             "aggregator", "trainer")
         gateway_port = free_port() if args.via_gateway else None
-        children = _start_services(rt, Path(rt.directory), roles, gateway_port)
-        try:
+        with Services(rt, roles, gateway_port) as services:
             if args.via_gateway:
                 url = f"http://127.0.0.1:{gateway_port}"
-                with GatewayClient(url, timeout_s=5) as client:
-                    client.wait_ready(60, alive=lambda: children["gateway"].poll() is None)
+                services.wait_for_gateway(url)
                 say(f"simulating {devices} devices through the gateway at {url} …")
                 sent = run_loadgen_http(study, url, row_batches(train.x, train.y, 2000),
                                         total=devices, progress=not args.json)
@@ -151,11 +165,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                    progress=not args.json)
             say(f"sent {sent.sent} records in {sent.seconds:.1f} s ({sent.rate:,.0f} records/s); "
                 "waiting for the model …")
-            model = _first_model(kafka, topics, study.study_id, children)
+            model = _first_model(kafka, topics, study.study_id, services)
             folded = int(redis_client(rt.redis_settings()).hget(
                 state.StudyKeys(study.study_id).counts, "folded") or 0)
-        finally:
-            _stop_services(children)
     result = _evaluate(study, model, train, test)
     result.update(n=study.n, d=study.d, records_sent=sent.sent, via_gateway=args.via_gateway,
                   records_folded=folded, round=model.round, epsilon=model.privacy.epsilon,
@@ -192,9 +204,26 @@ def _fmt(v) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
+def _create_study(rt: EmbeddedRuntime, study: Study, owner=None) -> None:
+    from ipdp import state
+    from ipdp.kafka_io import kafka_producer
+    from ipdp.redis_io import redis_client
+
+    producer = kafka_producer(rt.kafka_settings())
+    try:
+        state.create_study(redis_client(rt.redis_settings()), producer, rt.topics, study, owner)
+    finally:
+        producer.close()
+
+
 def serve_web(study: Study, port: int | None) -> int:
     """`ipdp demo --web`: everything a browser contributor needs, until Ctrl-C."""
+    from urllib.parse import quote
+
     from gateway.web import DEMO_PATH, web_directory
+    from ipdp.embedded.children import free_port
+    from ipdp.embedded.runtime import EmbeddedRuntime
+    from ipdp.report import calibration_rows, table
     from ipdp.signing import generate_key_files
 
     web_dir = web_directory(os.environ.get("IPDP_GATEWAY_WEB_DIR"))
@@ -202,99 +231,130 @@ def serve_web(study: Study, port: int | None) -> int:
         raise UsageError("no page to serve: build it first (cd producer/web && npm ci && npm run "
                          "build), or point IPDP_GATEWAY_WEB_DIR at a built copy")
     say = (lambda msg: print(msg, file=sys.stderr))
-    with EmbeddedRuntime() as rt:
+    # The owner's private key is written into the runtime directory, which stopping removes.
+    with EmbeddedRuntime(stop_timeout_s=SERVER_STOP_S) as rt:
         directory = Path(rt.directory)
         owner = generate_key_files(directory / "study-owner")
-        kafka, topics = rt.kafka_settings(), rt.topics
-        producer = kafka_producer(kafka)
-        state.create_study(redis_client(rt.redis_settings()), producer, topics, study, owner)
-        producer.close()
+        _create_study(rt, study, owner)
         say(table(calibration_rows(study.calibration), title=f"study {study.study_id}"))
         port = port or free_port()
-        children = _start_services(rt, directory, ("aggregator", "trainer", "gateway"), port,
-                                   IPDP_TRUSTED_STUDY_KEYS=owner.public_b64,
-                                   IPDP_GATEWAY_WEB_DIR=str(web_dir))
-        try:
+        with Services(rt, ("aggregator", "trainer", "gateway"), port,
+                      IPDP_TRUSTED_STUDY_KEYS=owner.public_b64,
+                      IPDP_GATEWAY_WEB_DIR=str(web_dir)) as services:
             url = f"http://127.0.0.1:{port}"
-            with GatewayClient(url, timeout_s=5) as client:
-                client.wait_ready(60, alive=lambda: children["gateway"].poll() is None)
+            services.wait_for_gateway(url)
             say(f"study {study.study_id}: n={study.n}, d={study.d}, signed by key "
                 f"{owner.key_id} ({directory / 'study-owner.pub'}); logs in {directory}")
             say("open this page (the study id and the owner's public key are in its query "
-                "string); Ctrl-C stops everything:")
+                "string); Ctrl-C stops everything and removes that directory:")
             print(f"{url}{DEMO_PATH}?study={quote(study.study_id, safe='')}"
                   f"&key={quote(owner.public_b64, safe='')}", flush=True)
-            _report_models(kafka, topics, study.study_id, children, say)
-        except KeyboardInterrupt:
-            say("stopping …")
-        finally:
-            _stop_services(children)
+            _report_models(rt.kafka_settings(), rt.topics, study.study_id, services, say)
     return 0
 
 
-def _report_models(kafka, topics, study_id: str, children, say) -> None:
+def _report_models(kafka, topics, study_id: str, services: Services, say) -> None:
     """Say each model of the study as it is published; return only when a service exits."""
+    from ipdp.subscriber import ModelSubscriber
+
     # One subscriber, read again each second: it yields each (study, round) once.
-    models = ModelSubscriber(kafka, topics, study_id=study_id)
-    while True:
-        _check_alive(children)
-        for model in models:
-            weights = ", ".join(f"{w:.4g}" for w in model.weights)
-            say(f"model of round {model.round} published from {model.n} records: "
-                f"w = [{weights}]")
-        time.sleep(1.0)
+    with ModelSubscriber(kafka, topics, study_id=study_id) as models:
+        while True:
+            services.check_alive()
+            for model in models:
+                weights = ", ".join(f"{w:.4g}" for w in model.weights)
+                say(f"model of round {model.round} published from {model.n} records: "
+                    f"w = [{weights}]")
+            time.sleep(1.0)
 
 
-def _start_services(rt: EmbeddedRuntime, directory: Path, roles: tuple[str, ...],
-                    gateway_port: int | None, **extra_env: str) -> dict[str, subprocess.Popen]:
-    env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", **extra_env}
-    if gateway_port is not None:
-        # One loopback address plays every device: a relay, with the relay allowance.
-        env.update(IPDP_GATEWAY_HOST="127.0.0.1", IPDP_GATEWAY_PORT=str(gateway_port),
-                   IPDP_GATEWAY_RELAY_ADDRESSES="127.0.0.1")
-    children = {}
-    for role in roles:
-        logfile = open(directory / f"{role}.log", "ab")  # noqa: SIM115 - child owns it
-        command = ["gateway"] if role == "gateway" else [role, "run"]
-        children[role] = subprocess.Popen(
-            [sys.executable, "-m", "ipdp.cli", *command], env=env, stdout=logfile,
-            stderr=subprocess.STDOUT)
-    return children
+class Services:
+    """The role processes of a demo (`ipdp aggregator run`, `ipdp trainer run`, `ipdp gateway`),
+    as an operator would start them, logging into the runtime directory.
+
+    Each runs in its own session (a Ctrl-C reaches the demo only, which stops them in order)
+    and dies with the demo even if it is SIGKILLed (ipdp.embedded.children). Leaving the
+    ``with`` block stops them all; so does a signal (ipdp.cli.common.stop_on_signals), before
+    the runtime they use."""
+
+    stop_first = True
+
+    def __init__(self, rt: EmbeddedRuntime, roles: tuple[str, ...], gateway_port: int | None,
+                 **extra_env: str) -> None:
+        self.directory = Path(rt.directory)
+        self.env = {**rt.env(), "IPDP_METRICS_PORT": "0", **extra_env}
+        if gateway_port is not None:
+            # One loopback address plays every device: a relay, with the relay allowance.
+            self.env.update(IPDP_GATEWAY_HOST="127.0.0.1", IPDP_GATEWAY_PORT=str(gateway_port),
+                            IPDP_GATEWAY_RELAY_ADDRESSES="127.0.0.1")
+        self.roles = roles
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def __enter__(self) -> Self:
+        from ipdp.embedded.children import register, spawn
+
+        register(self)
+        for role in self.roles:
+            command = ["gateway"] if role == "gateway" else [role, "run"]
+            self.procs[role] = spawn([sys.executable, "-m", "ipdp.cli", *command],
+                                     self.directory / f"{role}.log", self.env)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGTERM every service, SIGKILL what is left after SERVICES_STOP_S. Idempotent."""
+        from ipdp.embedded.children import terminate_all, unregister
+
+        terminate_all(list(self.procs.values()), SERVICES_STOP_S)
+        unregister(self)
+
+    def check_alive(self) -> None:
+        """Raise DemoFailed, with the end of its log, if a service has exited."""
+        from ipdp.embedded.children import tail
+
+        for role, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise DemoFailed(f"the {role} exited with status {proc.returncode}; the end of "
+                                 f"its log:\n{tail(self.directory / f'{role}.log', 15)}")
+
+    def wait_for_gateway(self, url: str) -> None:
+        from producer.gateway_client import GatewayClient
+
+        with GatewayClient(url, timeout_s=5) as client:
+            try:
+                client.wait_ready(60, alive=lambda: self.procs["gateway"].poll() is None)
+            except (RuntimeError, TimeoutError):
+                self.check_alive()
+                raise
 
 
-def _check_alive(children: dict[str, subprocess.Popen]) -> None:
-    """Raise if a service the demo started has exited (its log is in the runtime directory)."""
-    for role, proc in children.items():
-        if proc.poll() is not None:
-            raise RuntimeError(f"the {role} exited with status {proc.returncode}; see its log "
-                               "in the runtime directory")
+def _first_model(kafka, topics, study_id: str, services: Services) -> ModelMessage:
+    from ipdp.subscriber import ModelSubscriber
 
-
-def _stop_services(children: dict[str, subprocess.Popen]) -> None:
-    for proc in children.values():
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in children.values():
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _first_model(kafka, topics, study_id: str, children) -> ModelMessage:
     deadline = time.monotonic() + MODEL_TIMEOUT_S
-    while time.monotonic() < deadline:
-        _check_alive(children)
-        for model in ModelSubscriber(kafka, topics, study_id=study_id):
-            return model
-        time.sleep(0.5)
-    raise TimeoutError(f"no model for {study_id} within {MODEL_TIMEOUT_S:.0f} s")
+    # One subscriber, read again each half second: closing a consumer each time would cancel
+    # its metadata requests in flight, which kafka-python logs as errors.
+    with ModelSubscriber(kafka, topics, study_id=study_id) as models:
+        while time.monotonic() < deadline:
+            services.check_alive()
+            for model in models:
+                return model
+            time.sleep(0.5)
+    raise DemoFailed(f"no model for {study_id} within {MODEL_TIMEOUT_S:.0f} s; the services' "
+                     "logs were in the runtime directory")
 
 
 def _evaluate(study: Study, model: ModelMessage, train, test) -> dict:
     """Test error of the private model next to the non-private fit of the same rows, and the
     excess squared error Step 8 predicted for its split next to the one measured; and the
     coefficients of both next to the generating model's."""
+    import numpy as np
+
+    from ipdp.losses import clip, encode
+    from trainer.solver import solve_constrained
+
     q, p = clip(*encode(study.loss, train.x, train.y), study.lam, study.p_bound)
     nonprivate = solve_constrained(q.T @ q + 1e-9 * np.eye(study.d), p.sum(axis=0), study.eta).w
     w = np.asarray(model.weights)
@@ -305,6 +365,8 @@ def _evaluate(study: Study, model: ModelMessage, train, test) -> dict:
 
 def _errors(study: Study, w: np.ndarray, nonprivate: np.ndarray, test) -> dict:
     """The private model's, the non-private fit's and a constant's error on the test rows."""
+    import numpy as np
+
     if study.loss == "squared":
         def rmse(v):
             return float(np.sqrt(np.mean((test.x @ v - test.y) ** 2)))

@@ -6,20 +6,20 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ipdp.cli.common import UsageError, add_kafka_flag, add_redis_flag, kafka_settings, lazy
-from ipdp.settings import TopicSettings
-from ipdp.study import Study, StudyStatus
+
+if TYPE_CHECKING:
+    from ipdp.settings import TopicSettings
+    from ipdp.study import Study, StudyStatus
 
 log = logging.getLogger(__name__)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register `loadgen` on the `ipdp` sub-command parser."""
-    from producer.loadgen import LoadgenSettings
-
+def add_commands(sub: argparse._SubParsersAction, with_flags: bool = True) -> None:
+    """Register `loadgen` on the `ipdp` sub-command parser; its flags' defaults come from
+    producer/, imported only ``with_flags``."""
     p = sub.add_parser(
         "loadgen",
         help="Simulate many devices contributing perturbed records to a study.",
@@ -27,13 +27,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "publishes one record to the records topic. Kafka and topic names come from the "
         "IPDP_KAFKA_* / IPDP_TOPIC_* environment; the study is read from the studies topic.",
     )
+    if not with_flags:
+        return
+    from producer.loadgen import LoadgenSettings
+
     p.add_argument("--study", required=True, metavar="ID", help="Study id.")
     p.add_argument("--devices", required=True, type=int, metavar="N",
                    help="Number of devices (records) to simulate.")
     p.add_argument("--rate", type=float, default=None, metavar="R",
                    help="Records per second (default: as fast as the broker accepts).")
     p.add_argument("--dataset", default="synthetic", metavar="synthetic|csv:PATH",
-                   help="Where device data comes from (default: synthetic).")
+                   help="Where device data comes from (default: synthetic, rows drawn already "
+                   "encoded, ‖x‖ ≤ 1). csv:PATH with a header row: a study with a schema reads "
+                   "its columns by name and encodes each row through their public ranges, "
+                   "printing the values clipped per column; a study without one needs --target "
+                   "and is scaled by the file's own statistics, which it prints.")
     p.add_argument("--target", default=None, metavar="COL",
                    help="Target column of a CSV dataset for a study without a schema (a "
                    "study with one names its columns itself).")
@@ -76,7 +84,7 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
     """The study from the studies topic, falling back to Redis when --redis-url is given."""
     from kafka.errors import KafkaError
 
-    from ipdp.errors import UnknownStudy
+    from ipdp.errors import BackendUnavailable, UnknownStudy
     from ipdp.state import load_study
     from producer.contributor import trusted_study_keys
     from producer.studies import find_study
@@ -89,8 +97,8 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
         pass
     except (KafkaError, TimeoutError) as exc:
         if not getattr(args, "redis_url", None):
-            raise UsageError(f"cannot read studies topic {topics.studies!r} at "
-                             f"{kafka.bootstrap}: {exc}") from None
+            raise BackendUnavailable(f"cannot read studies topic {topics.studies!r} at "
+                                     f"{kafka.bootstrap}: {exc}") from None
     if found is None and getattr(args, "redis_url", None):
         from ipdp.cli.common import redis_connection
 
@@ -102,6 +110,8 @@ def _find_study(args: argparse.Namespace, kafka, topics: TopicSettings) -> Study
 
 def _open_study(found: tuple[Study, StudyStatus] | None, study_id: str, missing: str) -> Study:
     """The study of a (study, status) lookup, or a UsageError saying it is missing or closed."""
+    from ipdp.study import StudyStatus
+
     if found is None:
         raise UsageError(missing)
     study, status = found
@@ -197,8 +207,10 @@ def _csv_dataset(args: argparse.Namespace, study: Study):
 
 def cmd_loadgen(args: argparse.Namespace) -> int:
     """`ipdp loadgen`: simulate --devices devices contributing to --study."""
+    import numpy as np
+
     from ipdp.metrics import serve, start_studies_reader_at_zero
-    from ipdp.settings import MetricsSettings
+    from ipdp.settings import MetricsSettings, TopicSettings
     from producer.datasets import synthetic_batches
     from producer.loadgen import run_loadgen_batches, run_loadgen_http
 

@@ -1,7 +1,9 @@
 """`ipdp`: one entry point per role. A command's module is imported only when it runs.
 
 Every expected failure is an :class:`ipdp.errors.IpdpError`: printed as one line, no traceback,
-exit status ``exc.exit_code`` (2 unless the error says otherwise).
+exit status ``exc.exit_code`` (2 unless the error says otherwise). Building the parser imports
+no role and no client library, so `ipdp --help` starts as fast as Python does
+(tests/system/test_cli_errors.py checks the modules it leaves out).
 """
 
 from __future__ import annotations
@@ -10,14 +12,48 @@ import argparse
 import os
 import sys
 
-from ipdp.cli import bench, credentials, demo, gateway, keys, loadgen, models, study, up
-from ipdp.cli.common import lazy
-from ipdp.errors import IpdpError
+from ipdp.cli import (
+    bench,
+    credentials,
+    dead_letters,
+    demo,
+    gateway,
+    keys,
+    loadgen,
+    models,
+    study,
+    up,
+)
+from ipdp.cli.common import START_THE_RUNTIME, check_backends, lazy
+from ipdp.errors import BackendUnavailable, IpdpError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command tree; `ipdp COMMAND --help` documents each one."""
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """An argparse parser that takes no abbreviated flag and reports a flag it does not know
+    itself, with its own usage: `ipdp demo --epsilion 1` shows `ipdp demo`'s usage, where
+    argparse would hand the flag up to the top-level parser. Sub-parsers are of this class too
+    (argparse makes them of their parent's class)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        # `--device 10` must not be taken for `--devices 10`.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The command tree; `ipdp COMMAND --help` documents each one.
+
+    With ``argv``, the commands whose flags come from their implementation (bench, soak, audit,
+    loadgen) get their flags only if ``argv`` runs them, so a command imports only what it
+    uses; without, every command is built in full."""
+    words = None if argv is None else [a for a in argv if not a.startswith("-")][:2]
+    parser = Parser(
         prog="ipdp",
         description="Differentially private model training by input perturbation, streamed "
         "through Kafka with sufficient statistics in Redis.",
@@ -39,10 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         if role == "aggregator":
             add_resume(actions)
     gateway.add_commands(sub)
-    loadgen.add_commands(sub)
+    loadgen.add_commands(sub, with_flags=words is None or words[:1] == ["loadgen"])
     models.add_commands(sub)
+    dead_letters.add_commands(sub)
     demo.add_commands(sub)
-    bench.add_commands(sub)
+    bench.add_commands(sub, words)
     return parser
 
 
@@ -60,15 +97,38 @@ def add_resume(actions) -> None:
     resume.set_defaults(func=lazy("aggregator.logs", "cmd_resume"))
 
 
+def backends_needed(args: argparse.Namespace) -> tuple[str, ...]:
+    """The backends a command needs, checked before it runs (ipdp.cli.common.check_backends)."""
+    match (args.command, getattr(args, "action", None) or getattr(args, "study_command", None)):
+        case ("aggregator" | "trainer", _):
+            return ("redis", "kafka")
+        case ("gateway", _):
+            return () if args.openapi else ("kafka",)
+        case ("loadgen", _):
+            return () if args.via else ("kafka",)
+        case ("models" | "dead-letters", _):
+            return ("kafka",)
+        case ("study", "create" | "close"):
+            return ("redis", "kafka")
+        case ("study", "show" | "list") | ("credentials", _):
+            return ("redis",)
+    return ()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from ipdp.process import setup_logging
-
-    setup_logging()
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
+        from ipdp.process import setup_logging
+
+        setup_logging()
+        check_backends(args, backends_needed(args))
         return int(args.func(args) or 0)
+    except BackendUnavailable as exc:
+        print(f"ipdp {args.command}: {str(exc).rstrip('.')} — {START_THE_RUNTIME}",
+              file=sys.stderr)
+        return exc.exit_code
     except IpdpError as exc:
         print(f"ipdp {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code

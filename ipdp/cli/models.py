@@ -33,8 +33,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="With --wait: give up (exit status 1) after S seconds (default 300).")
     p.add_argument("--export", default=None, metavar="PATH",
                    help="With --study: write the newest model (verified, if a trainer key is "
-                   "pinned) with its schema and privacy report to PATH as JSON, for "
-                   "`ipdp.load_model(PATH)`; after --wait N, the newest of those N.")
+                   "pinned) with its schema and privacy report to PATH as JSON, in its signed "
+                   "envelope when the trainer signs, for `ipdp.load_model(PATH)`; after --wait "
+                   "N, the newest of those N.")
     p.set_defaults(func=cmd_models)
 
 
@@ -63,15 +64,17 @@ def coefficient_lines(m) -> list[str]:
         f"      {'+' if v >= 0 else '-'} {abs(v):.6g} × {name}" for name, v in rows[1:]]
 
 
-def export_model(message, path: str, verified: bool) -> None:
-    """Write ``message`` as the JSON `ipdp.load_model` reads; say what was written."""
+def export_model(message, value: bytes, path: str, verified: bool) -> None:
+    """Write the models-topic ``value`` of ``message`` (its signed envelope when the trainer
+    signs, so `ipdp.load_model(path, trusted_keys=…)` can verify it again) as indented JSON."""
+    import json
     from pathlib import Path
 
     from ipdp.model import Model
 
     Model(message)  # refuses a model without a schema, before anything is written
     try:
-        Path(path).write_text(message.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        Path(path).write_text(json.dumps(json.loads(value), indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
     print(f"exported {message.study_id} round {message.round} to {path}"
@@ -103,8 +106,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                 timer.start()
             for m in sub:
                 count += 1
-                if newest is None or m.round > newest.round:
-                    newest = m
+                if newest is None or m.round > newest[0].round:
+                    newest = (m, sub.last_value)
                 line = m.model_dump_json() if args.json else model_line(m)
                 print(line, flush=True)
                 if args.wait is not None and count >= args.wait:
@@ -123,7 +126,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.export is not None:
         if newest is None:
             raise UsageError(f"study {args.study!r} has no published model to export")
-        export_model(newest, args.export, verified)
+        export_model(*newest, args.export, verified)
     if refused:
         print(f"{refused} model message(s) refused: signature does not verify under a trusted "
               "key", file=sys.stderr)

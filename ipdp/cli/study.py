@@ -71,19 +71,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def add_margin_flag(p: argparse.ArgumentParser) -> None:
-    from ipdp.sample_size import DEFAULT_MARGIN
-
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, metavar="M",
+    # No default here: ipdp.sample_size imports the calibration, which building the parser
+    # must not (`ipdp --help` would import numpy).
+    p.add_argument("--margin", type=float, default=None, metavar="M",
                    help="A useful model is predicted to have at most 1 − M of the zero model's "
-                   f"error; the least n that gives it is printed (default {DEFAULT_MARGIN}).")
+                   "error; the least n that gives it is printed (default: "
+                   "ipdp.sample_size.DEFAULT_MARGIN, 0.5).")
 
 
-def _sample_size(study, margin: float):
+def _sample_size(study, margin: float | None):
     from ipdp.errors import CalibrationError
-    from ipdp.sample_size import for_study
+    from ipdp.sample_size import DEFAULT_MARGIN, for_study
 
     try:
-        return for_study(study, margin)
+        return for_study(study, DEFAULT_MARGIN if margin is None else margin)
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
 
@@ -209,6 +210,8 @@ def cmd_study_show(args: argparse.Namespace) -> int:
          if study.require_credentials else "not required"),
         ("rounds published", str(info["rounds_published"])),
         ("open round", "none yet" if o is None else f"{o['round']}: {o['count']}/{study.n}"),
+        ("schema", "none: devices send an encoded (x, y)" if study.schema_ is None
+         else schema_text(study.schema_)),
         ("Δ_in given", "mode default" if study.delta_in is None else fmt(study.delta_in)),
         ("signed by", f"key {info['key_id']}" if info["key_id"] else "nobody (unsigned)"),
         ("study hash", study.hash.hex()),
@@ -217,6 +220,17 @@ def cmd_study_show(args: argparse.Namespace) -> int:
     print()
     print(table(calibration_rows(cal), title="calibration"))
     return 0
+
+
+def schema_text(schema) -> str:
+    """`age [21, 35], income [0, 1e+05] → weeks [0, 52], with an intercept`: one line."""
+    from ipdp.report import fmt
+
+    t = schema.target
+    target = (f"{t.name} ({' or '.join(t.classes)})" if t.is_class
+              else f"{t.name} [{fmt(t.min)}, {fmt(t.max)}]")
+    features = ", ".join(f"{f.name} [{fmt(f.min)}, {fmt(f.max)}]" for f in schema.features)
+    return f"{features} → {target}, {'with' if schema.intercept else 'without'} an intercept"
 
 
 def cmd_study_close(args: argparse.Namespace) -> int:

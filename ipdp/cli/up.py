@@ -13,9 +13,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from ipdp.settings import TopicSettings
+if TYPE_CHECKING:
+    from ipdp.settings import TopicSettings
+
+#: Each server's share of a stop before it is SIGKILLed: both together well within 10 s.
+STOP_TIMEOUT_S = 3.0
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -85,6 +89,7 @@ def run_up(
         redis_password=redis_password,
         kafka_port=kafka_port,
         redis_port=redis_port,
+        stop_timeout_s=STOP_TIMEOUT_S,
     )
     rc = 0
     try:

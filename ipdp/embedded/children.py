@@ -94,7 +94,8 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
 
 _PR_SET_PDEATHSIG = 1
 _LIVE: set[Any] = set()  # started servers / runtimes, stopped at interpreter exit
-_LIVE_LOCK = threading.Lock()
+# Re-entrant: a signal handler that stops everything may interrupt a register() in its thread.
+_LIVE_LOCK = threading.RLock()
 
 
 def register(obj: Any) -> None:
@@ -108,11 +109,15 @@ def unregister(obj: Any) -> None:
 
 
 @atexit.register
-def _stop_all_at_exit() -> None:
+def stop_all_children() -> None:
+    """Stop every started server, runtime and other registered owner of children (at
+    interpreter exit, and from a command's signal handler)."""
     with _LIVE_LOCK:
         live = list(_LIVE)
-    # Owners of other children first (a runtime stops its own servers and removes its directory).
-    for obj in sorted(live, key=lambda o: not getattr(o, "owns_children", False)):
+    # Clients of the servers first (``stop_first``: the services of a demo), then owners of
+    # other children (a runtime stops its own servers and removes its directory).
+    for obj in sorted(live, key=lambda o: (not getattr(o, "stop_first", False),
+                                           not getattr(o, "owns_children", False))):
         with contextlib.suppress(Exception):
             obj.stop()
 
@@ -141,7 +146,9 @@ def _make_preexec(parent_pid: int):
     return preexec
 
 
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``argv`` as a child that never outlives us (see the module docstring), its output
+    appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as logf:
         logf.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {shlex.join(argv)}\n".encode())
@@ -173,6 +180,22 @@ def _terminate(proc: subprocess.Popen | None, timeout: float) -> None:
     _signal_group(proc, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=timeout)
+
+
+def terminate_all(procs: list[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM every child's process group at once, SIGKILL what is left after ``timeout``
+    seconds in all, reap them."""
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -236,7 +259,7 @@ class ChildServer:
             if not fixed_port:
                 self.port = free_port(self.host)
             self._prepare()
-            self.proc = _spawn(self._argv(), self.log_path, self._env())
+            self.proc = spawn(self._argv(), self.log_path, self._env())
             register(self)
             try:
                 self._wait_ready()

@@ -1,7 +1,12 @@
 """Devices over HTTP, end to end: n records through the gateway → aggregator → trainer → exactly
-one model of exactly n records."""
+one model of exactly n records; and a load generator whose records are refused says so."""
 
 from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 
@@ -36,3 +41,21 @@ def test_n_records_through_the_gateway_give_exactly_one_model_of_n(
     assert [(m.round, m.n) for m in got] == [(1, n)]
     counts = redis_client(redis_settings).hgetall(state.StudyKeys(study.study_id).counts)
     assert int(counts[b"folded"]) == n
+
+
+def test_loadgen_exits_non_zero_with_the_reasons_when_records_are_finally_refused(
+        kafka_settings, redis_settings, topics):
+    study = create(kafka_settings, redis_settings, topics, study_id="gw-refused", d=4, n=2000,
+                   epsilon=1.0, delta=0.01)
+    # A body limit below one record: every request is refused 413, which no retry changes.
+    with running_gateway(kafka_settings, topics, max_body_bytes=64) as url:
+        run = subprocess.run(
+            [sys.executable, "-m", "ipdp.cli", "loadgen", "--via", url, "--study",
+             study.study_id, "--devices", "5", "--no-progress"],
+            check=False, capture_output=True, text=True, timeout=300,
+            env={k: v for k, v in os.environ.items() if not k.startswith("IPDP_")})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "records sent  0\n" in run.stdout
+    assert "errors        5\n" in run.stdout
+    assert re.search(r"^ +5  too_large$", run.stdout, re.MULTILINE), run.stdout
+    assert "Traceback" not in run.stderr

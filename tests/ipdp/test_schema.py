@@ -77,6 +77,10 @@ def test_a_study_without_a_schema_keeps_its_text():
     (RENTS | {"colour": "red"}, {}, "schema.colour: Extra inputs are not permitted"),
     (RENTS, {"loss": "logistic"}, "a logistic study's target is a class label"),
     (LOANS, {}, "a class target needs loss logistic"),
+    (LOANS | {"target": {"name": "approved", "classes": ["yes", "yes"]}}, {"loss": "logistic"},
+     "its two classes must be distinct"),
+    (LOANS | {"target": {"name": "approved", "classes": ["no", " yes"]}}, {"loss": "logistic"},
+     "non-empty names without surrounding spaces"),
     (RENTS, {"d": 5}, "d=5 contradicts the schema, which gives d=3"),
     (RENTS, {"x_bound": 2.0}, "x_bound=2.0 contradicts the schema"),
 ])
@@ -159,6 +163,14 @@ def test_a_loaded_model_predicts_in_raw_units_what_its_weights_give_on_the_encod
         m.predict_proba(rows)
 
 
+def test_a_pandas_data_frame_is_a_mapping_of_columns_to_predict_from():
+    pd = pytest.importorskip("pandas")
+    m = Model(message(study(), [0.2, 1.1, -0.4]))
+    rows = {"rooms": [1.0, 3.0], "area": [35.0, 90.0]}
+    frame = pd.DataFrame(rows | {"colour": ["red", "blue"]})
+    np.testing.assert_array_equal(m.predict(frame), m.predict(rows))
+
+
 def test_a_logistic_model_gives_class_probabilities_and_labels():
     s = study(LOANS, loss="logistic")
     w = np.array([-0.3, 0.9, -0.8])
@@ -169,6 +181,22 @@ def test_a_logistic_model_gives_class_probabilities_and_labels():
     np.testing.assert_allclose(proba[:, 1], 1 / (1 + np.exp(-score)), rtol=1e-12)
     np.testing.assert_allclose(proba.sum(axis=1), 1.0)
     assert m.predict(rows).tolist() == ["no", "yes"]
+
+
+def test_an_exported_signed_model_is_verified_again_when_loaded_with_trainer_keys(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    trainer, stranger = (SigningKey(Ed25519PrivateKey.generate()) for _ in range(2))
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(json.loads(model_value(message(study(), [0.1, 0.2, 0.3]),
+                                                      trainer)), indent=2))
+    assert load_model(path, trusted_keys=[trainer.public_b64]).coef_.shape == (2,)
+    assert load_model(path).feature_names == ["area", "rooms"]  # believed without keys
+    with pytest.raises(SignatureError, match="not by a trusted key"):
+        load_model(path, trusted_keys=[stranger.public_b64])
+    path.write_text(path.read_text().replace('0.1,', '0.9,'))
+    with pytest.raises(SignatureError, match="does not verify"):
+        load_model(path, trusted_keys=[trainer.public_b64])
 
 
 def test_the_signed_model_carries_its_schema_and_a_model_without_one_cannot_be_loaded():

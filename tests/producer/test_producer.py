@@ -14,7 +14,7 @@ from ipdp.study import Study
 from ipdp.wire import RECORD_ID_BYTES, decode_batch
 from producer.contributor import Contributor, new_record_ids
 from producer.datasets import from_csv, synthetic, synthetic_batches, train_test_split
-from tests.pipeline import read_records
+from tests.pipeline import create, read_records
 
 STUDY = {"d": 5, "n": 10_000, "epsilon": 1.0, "delta": 0.01}
 
@@ -290,17 +290,11 @@ def test_loadgen_cli(kafka_settings, topics, redis_settings, monkeypatch, capsys
 
     # A study with a schema: its columns by name (order and extra columns do not matter), each
     # row encoded through the public ranges, out-of-range values clipped and counted per column.
-    loans = Study(study_id="lg-schema", loss="logistic", n=1000, epsilon=1.0, delta=0.01,
-                  schema={"features": [{"name": "income", "min": 0, "max": 200},
-                                       {"name": "debt", "min": 0, "max": 50}],
-                          "target": {"name": "approved", "classes": ["no", "yes"]}})
-    r = redis_client(redis_settings)
-    producer = kafka_producer(kafka_settings)
-    try:
-        create_study(r, producer, topics, loans)
-    finally:
-        producer.close()
-        r.close()
+    create(kafka_settings, redis_settings, topics, study_id="lg-schema", loss="logistic",
+           n=1000, epsilon=1.0, delta=0.01,
+           schema={"features": [{"name": "income", "min": 0, "max": 200},
+                                {"name": "debt", "min": 0, "max": 50}],
+                   "target": {"name": "approved", "classes": ["no", "yes"]}})
     rows = tmp_path / "loans.csv"
     rows.write_text("debt,name,approved,income\n10,ann,yes,120\n80,bob,no,30\n5,cy,maybe,90\n"
                     "2,dee,no,250\n")

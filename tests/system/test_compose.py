@@ -1,10 +1,13 @@
-"""compose/ is consistent with the code: settings names, metrics ports, topics, dashboard.
+"""compose/ is consistent with the code: settings names, metrics ports, topics, dashboard, Kafka's
+users and ACLs, the TLS proxy.
 
 No Docker engine runs here, so the deployment is checked rather than started: the IPDP_*
 variables against ipdp/settings.py, the Prometheus targets against the services' metrics ports,
 the dashboard's expressions against ipdp/metrics.py, the commands against the `ipdp` parser,
-the compose file with `docker-compose config` (Compose specification) and the Prometheus
-configuration with `promtool check config`.
+Kafka's listeners, SCRAM users and ACLs against docs/operations.md's table, the proxy's network,
+ports and nginx configuration against the gateway's settings, the compose file with
+`docker-compose config` (Compose specification) and the Prometheus configuration with
+`promtool check config`. The nginx configuration itself runs in tests/system/test_proxy.py.
 """
 
 from __future__ import annotations
@@ -30,7 +33,11 @@ PROMETHEUS_YML = COMPOSE_DIR / "prometheus" / "prometheus.yml"
 DASHBOARDS = COMPOSE_DIR / "grafana" / "dashboards"
 PROVISIONING = COMPOSE_DIR / "grafana" / "provisioning"
 IPDP_IMAGE = "ipdp:local"
-TEST_ENV = {"REDIS_PASSWORD": "compose-test-redis", "GRAFANA_ADMIN_PASSWORD": "compose-test-gf"}
+NGINX_CONF = COMPOSE_DIR / "nginx" / "ipdp.conf"
+OPERATIONS = REPO / "docs" / "operations.md"
+TEST_ENV = {"REDIS_PASSWORD": "compose-test-redis", "GRAFANA_ADMIN_PASSWORD": "compose-test-gf",
+            **{f"KAFKA_{role}_PASSWORD": f"compose-test-{role.lower()}" for role in
+               ("AGGREGATOR", "TRAINER", "GATEWAY", "DEVICES", "OPERATOR", "MODELS")}}
 _INTERP = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
 
 
@@ -151,14 +158,16 @@ def test_topics_are_created_once_with_the_settings_defaults(compose):
     script = "\n".join(init["command"])
     for field in ("records", "models", "dead_letter", "studies"):
         var = f"IPDP_TOPIC_{field.upper()}"
-        lines = [ln for ln in script.splitlines() if f'--topic "$${var}"' in ln]
+        lines = [ln for ln in script.splitlines()
+                 if ln.strip().startswith("topics ") and f'--topic "$${var}"' in ln]
         assert len(lines) == 1 and "--create --if-not-exists" in lines[0], field
         assert ("cleanup.policy=compact" in lines[0]) == (field == "studies"), field
         if field == "records":
             assert '--partitions "$$IPDP_TOPIC_RECORDS_PARTITIONS"' in lines[0]
     for name, service in _ipdp_services(compose).items():
         topic_env = {k: v for k, v in _env(service).items() if k.startswith("IPDP_TOPIC_")}
-        assert topic_env == env, f"{name} reads other topic names than kafka-init creates"
+        created = {k: v for k, v in env.items() if k.startswith("IPDP_TOPIC_")}
+        assert topic_env == created, f"{name} reads other topic names than kafka-init creates"
     assert _env(compose["services"]["kafka"])["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
     for name in _ipdp_services(compose):
         assert compose["services"][name]["depends_on"]["kafka-init"]["condition"] == \
@@ -169,8 +178,8 @@ def test_kafka_is_a_single_kraft_node_and_redis_persists_every_write_behind_a_pa
     kafka = _env(compose["services"]["kafka"])
     assert compose["services"]["kafka"]["image"].startswith("apache/kafka:")
     assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"
-    assert kafka["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka:9093"
-    assert "PLAINTEXT://kafka:9092" in kafka["KAFKA_ADVERTISED_LISTENERS"]
+    assert kafka["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@localhost:9093"
+    assert "SASL://kafka:9092" in kafka["KAFKA_ADVERTISED_LISTENERS"]
     # Producers send requests up to max_request_size; the broker must accept them.
     from ipdp.kafka_io import PRODUCER_DEFAULTS
 
@@ -187,6 +196,155 @@ def test_kafka_is_a_single_kraft_node_and_redis_persists_every_write_behind_a_pa
         env = _env(service)
         assert env["IPDP_REDIS_PASSWORD"] == password_ref, name
         assert env["IPDP_REDIS_URL"] == "redis://redis:6379/0", name
+
+
+def _listeners(kafka: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """listener name → (host it binds, security protocol)."""
+    protocols = dict(item.split(":") for item in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
+                     .split(","))
+    out = {}
+    for listener in kafka["KAFKA_LISTENERS"].split(","):
+        name, address = listener.split("://")
+        out[name] = (address.rsplit(":", 1)[0], protocols[name])
+    return out
+
+
+def _kafka_init_script(compose: dict) -> str:
+    return "\n".join(compose["services"]["kafka-init"]["command"])
+
+
+def _acls_in_operations() -> set[tuple[str, str, str, str]]:
+    """(principal, operation, resource type, name) of docs/operations.md's ACL table."""
+    text = OPERATIONS.read_text()
+    table = text[text.index("| principal | role | topic permissions | group permissions |"):]
+    acls = set()
+    for row in table.splitlines()[2:]:
+        if not row.startswith("|"):
+            break
+        principal, _, topics, groups = (c.strip() for c in row.strip("|").split("|"))
+        principal = principal.strip("`")
+        for kind, cell in (("topic", topics), ("group", groups)):
+            for grant in re.findall(r"([A-Z][\w, ]*?) `([\w.-]+)`", cell):
+                for operation in grant[0].split(","):
+                    acls.add((principal, operation.strip(), kind, grant[1]))
+    return acls
+
+
+def test_kafka_authenticates_every_client_and_allows_each_role_what_operations_lists(compose):
+    kafka = _env(compose["services"]["kafka"])
+    # Nothing is allowed without an ACL; only the broker's own principal is a super user.
+    assert kafka["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert kafka["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert kafka["KAFKA_SUPER_USERS"] == "User:ANONYMOUS"
+    assert kafka["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    # Unauthenticated listeners (ANONYMOUS) on the container's loopback only; every other one
+    # authenticates with SASL.
+    listeners = _listeners(kafka)
+    for name, (host, protocol) in listeners.items():
+        assert protocol.startswith("SASL_") or host == "localhost", (name, host, protocol)
+    assert listeners["SASL"] == ("", "SASL_PLAINTEXT")
+    jaas = (COMPOSE_DIR / "kafka" / "broker_jaas.conf").read_text()
+    assert "ScramLoginModule required;" in jaas
+    mounts = dict(v.rsplit(":", 1)[0].split(":") for v in compose["services"]["kafka"]["volumes"]
+                  if v.startswith("./"))
+    assert kafka["KAFKA_OPTS"] == \
+        f"-Djava.security.auth.login.config={mounts['./kafka/broker_jaas.conf']}"
+    # kafka-init reaches the loopback listener by sharing the broker's network.
+    init = compose["services"]["kafka-init"]
+    assert init["network_mode"] == "service:kafka"
+    script = _kafka_init_script(compose)
+    host, _ = listeners["INTERNAL"]
+    assert f"b={host}:9091" in script and "localhost:9091" in kafka["KAFKA_ADVERTISED_LISTENERS"]
+
+    # One SCRAM user per ipdp service, each with the password kafka-init gives that user.
+    users = dict(re.findall(r'^user (\S+) "\$\$(\w+)"$', script, re.MULTILINE))
+    init_env = _env(init)
+    principals = {}
+    for name, service in _ipdp_services(compose).items():
+        env = _env(service)
+        assert env["IPDP_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT", name
+        assert env["IPDP_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
+        user = env["IPDP_KAFKA_SASL_USERNAME"]
+        assert user in users, f"{name} logs in as {user}, whom kafka-init does not create"
+        assert env["IPDP_KAFKA_SASL_PASSWORD"] == init_env[users[user]], name
+        assert env["IPDP_KAFKA_SASL_PASSWORD"].startswith(f"${{{users[user]}:?"), name
+        principals[name] = user
+    assert len(set(users.values())) == len(users), "two users share a password"
+    expected = {"aggregator": "ipdp-aggregator", "trainer": "ipdp-trainer",
+                "gateway": "ipdp-gateway", "models": "ipdp-models", "loadgen": "ipdp-devices",
+                "study-init": "ipdp-operator"}
+    assert principals == expected
+
+    # The ACLs kafka-init creates are exactly docs/operations.md's table.
+    names = {f"IPDP_TOPIC_{f.upper()}": str(info.default)
+             for f, info in TopicSettings.model_fields.items()}
+    names["IPDP_AGGREGATOR_GROUP"] = init_env["IPDP_AGGREGATOR_GROUP"]
+    assert _env(compose["services"]["aggregator"])["IPDP_AGGREGATOR_GROUP"] == \
+        init_env["IPDP_AGGREGATOR_GROUP"]
+    created = set()
+    for line in re.findall(r"^allow (.+)$", script, re.MULTILINE):
+        words = shlex.split(line.replace("$$", "$"))
+        principal, rest = words[0], words[1:]
+        operations = [rest[i + 1] for i, w in enumerate(rest) if w == "--operation"]
+        kind = next(w[2:] for w in rest if w in ("--topic", "--group"))
+        resource = names[rest[rest.index(f"--{kind}") + 1].lstrip("$")]
+        created |= {(principal, op, kind, resource) for op in operations}
+    assert created == _acls_in_operations()
+
+
+def test_the_gateway_is_reached_only_through_the_tls_proxy_which_names_each_device(compose):
+    services = compose["services"]
+    proxy, gateway = services["proxy"], services["gateway"]
+    assert proxy["image"].startswith("nginx:"), "nginx's official image"
+    assert "ports" not in gateway, "the gateway's port is published"
+    assert [p for p in proxy["ports"]] == ["443:443"]
+    # Every other published port is this machine's only.
+    for name, service in services.items():
+        if name != "proxy":
+            for port in service.get("ports", []):
+                assert str(port).startswith("127.0.0.1:"), (name, port)
+    mounts = dict(v.rsplit(":", 1)[0].split(":") for v in proxy["volumes"])
+    assert mounts["./nginx/ipdp.conf"] == "/etc/nginx/conf.d/default.conf"
+    assert mounts["./nginx/certs"] == "/etc/nginx/certs"
+
+    # The proxy alone with the gateway on the edge network, at the address the gateway trusts.
+    env = {k: _interpolate(v) for k, v in _env(gateway).items()}
+    address = _interpolate(proxy["networks"]["edge"]["ipv4_address"])
+    assert env["IPDP_GATEWAY_TRUSTED_PROXIES"] == address
+    subnet = _interpolate(compose["networks"]["edge"]["ipam"]["config"][0]["subnet"])
+    import ipaddress
+
+    assert ipaddress.ip_address(address) in ipaddress.ip_network(subnet)
+    assert set(proxy["networks"]) == {"edge"}
+    assert set(gateway["networks"]) == {"default", "edge"}
+    on_edge = {n for n, s in services.items() if "edge" in (s.get("networks") or [])}
+    assert on_edge == {"proxy", "gateway"}
+
+    # The gateway's limits are on.
+    assert float(env["IPDP_GATEWAY_RATE_LIMIT_PER_S"]) > 0
+    assert int(env["IPDP_GATEWAY_MAX_CONNECTIONS_PER_CLIENT"]) < \
+        int(env["IPDP_GATEWAY_MAX_CONNECTIONS"])
+
+    # The proxy's configuration: TLS to the gateway's port, the device's address in a header it
+    # replaces, /metrics denied, and the gateway's own limits applied first.
+    conf = NGINX_CONF.read_text()
+    assert f"server gateway:{env['IPDP_GATEWAY_PORT']};" in conf
+    assert re.search(r"^\s*listen 443 ssl;$", conf, re.MULTILINE)
+    assert len(re.findall(r"^\s*listen\b", conf, re.MULTILINE)) == 1, "a plain-HTTP listener"
+    assert "proxy_set_header X-Forwarded-For $remote_addr;" in conf
+    assert "$proxy_add_x_forwarded_for" not in conf
+    assert re.search(r"location \^~ /metrics \{\s*deny all;\s*\}", conf)
+    body = re.search(r"client_max_body_size\s+(\d+)m;", conf)
+    assert int(body[1]) << 20 == int(env["IPDP_GATEWAY_MAX_BODY_BYTES"])
+    per_client = re.search(r"limit_conn ipdp_connections_per_client (\d+);", conf)
+    assert per_client[1] == env["IPDP_GATEWAY_MAX_CONNECTIONS_PER_CLIENT"]
+    for directive, setting in (("client_header_timeout", "IPDP_GATEWAY_HEADER_TIMEOUT_S"),
+                               ("client_body_timeout", "IPDP_GATEWAY_BODY_TIMEOUT_S"),
+                               ("keepalive_timeout", "IPDP_GATEWAY_KEEP_ALIVE_TIMEOUT_S")):
+        found = re.search(rf"{directive}\s+(\d+)s;", conf)
+        assert float(found[1]) == float(env[setting]), directive
+    read_timeout = re.search(r"proxy_read_timeout\s+(\d+)s;", conf)
+    assert float(read_timeout[1]) > float(env["IPDP_GATEWAY_KAFKA_TIMEOUT_S"])
 
 
 # --------------------------------------------------------------------------- metrics
@@ -284,10 +442,12 @@ def test_docker_compose_config_accepts_the_file_and_requires_the_passwords(tmp_p
     assert services.returncode == 0, services.stderr
     assert set(services.stdout.split()) == set(yaml.safe_load(COMPOSE_FILE.read_text())
                                                ["services"])
-    missing = subprocess.run([*base, "config", "-q"], env=clean, check=False, capture_output=True,
-                             text=True, timeout=120)
-    assert missing.returncode != 0
-    assert "REDIS_PASSWORD" in missing.stderr
+    for secret in TEST_ENV:  # each password is required on its own
+        env = {**clean, **{k: v for k, v in TEST_ENV.items() if k != secret}}
+        missing = subprocess.run([*base, "config", "-q"], env=env, check=False,
+                                 capture_output=True, text=True, timeout=120)
+        assert missing.returncode != 0, secret
+        assert secret in missing.stderr, secret
 
 
 def test_promtool_accepts_the_prometheus_configuration():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import numpy as np
 
@@ -41,6 +42,9 @@ def test_a_logistic_schema_study_from_a_csv_exports_a_model_that_predicts_class_
     study_file.write_text(json.dumps(LOANS))
     write_loans(data, LOANS["n"])
     assert main(["study", "create", "--file", str(study_file)]) == 0
+    assert main(["study", "show", "loans"]) == 0
+    assert re.search(r"^schema +income \[0, 200\], debt \[0, 50\] → approved \(no or yes\), "
+                     r"with an intercept$", capsys.readouterr().out, re.MULTILINE)
     assert main(["loadgen", "--study", "loans", "--devices", str(LOANS["n"]), "--no-progress",
                  "--dataset", f"csv:{data}"]) == 0
     out = capsys.readouterr().out

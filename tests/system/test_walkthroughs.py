@@ -35,6 +35,8 @@ RUN_ELSEWHERE = {
     "ipdp bench throughput": "tests/bench/test_bench_commands.py",
     "ipdp bench devices": "tests/bench/test_devices.py",
     "ipdp bench credentials": "tests/bench/test_bench_commands.py",
+    "ipdp bench flood": "tests/bench/test_bench_commands.py",
+    "ipdp dead-letters": "tests/aggregator/test_resent.py",
     "ipdp credentials": "tests/aggregator/test_credentials.py",
     "ipdp soak": "tests/bench/test_bench_commands.py",
     "ipdp audit": "tests/bench/test_bench_commands.py",

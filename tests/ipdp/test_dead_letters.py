@@ -1,0 +1,70 @@
+"""The dead-letter container: what the aggregator writes reads back record by record, split
+into messages of at most the size asked, and the single-record form still reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ipdp.dead_letters import (
+    DEAD_LETTERS_HEADER,
+    ENTRY,
+    dead_letter_headers,
+    encode_dead_letters,
+    read_dead_letters,
+)
+
+CAUSES = [("replayed", "record id already seen within the replay window"),
+          ("undecodable", "value is None or not bytes-like — détail")]
+
+
+def _read_all(containers, topic="t") -> list:
+    return [x for _, value in containers
+            for x in read_dead_letters(value, dead_letter_headers(topic))]
+
+
+def test_refused_records_read_back_with_source_reason_and_bytes():
+    values = [b"a" * 272, None, b"", b"b" * 80]
+    containers = encode_dead_letters(
+        np.array([0, 1, 1, 3]), np.array([5, 6, 6, 2**40]), np.array([-1, 0, 1, -1]),
+        np.array([0, 1, 0, 0]), CAUSES, values, max_bytes=1 << 20)
+    assert len(containers) == 1
+    key, _ = containers[0]
+    assert key == b"0:5"
+    got = _read_all(containers, "records")
+    assert [(x.topic, x.source, x.reason, x.detail, x.value) for x in got] == [
+        ("records", "0:5", *CAUSES[0], b"a" * 272),
+        ("records", "1:6#0", *CAUSES[1], b""),
+        ("records", "1:6#1", *CAUSES[0], b""),
+        ("records", f"3:{2**40}", *CAUSES[0], b"b" * 80),
+    ]
+
+
+def test_containers_stay_within_the_size_asked_and_leave_out_longer_records():
+    k, size, limit = 100, 272, 4096
+    values = [bytes([i]) * size for i in range(k)] + [b"x" * (limit + 1)]
+    containers = encode_dead_letters(
+        np.zeros(k + 1, np.int64), np.arange(k + 1), np.full(k + 1, -1), np.zeros(k + 1, np.int64),
+        CAUSES[:1], values, max_bytes=limit)
+    # 13 entries of 24 + 272 bytes fit in 4,096: 8 messages, the last with the 101st entry,
+    # whose bytes are left out.
+    assert (limit // (ENTRY.itemsize + size), len(containers)) == (13, 8)
+    table = 1 + len(CAUSES[0][0]) + 2 + len(CAUSES[0][1].encode())
+    assert all(len(value) - 12 - table <= limit for _, value in containers)
+    got = _read_all(containers)
+    assert [x.offset for x in got] == list(range(k + 1))
+    assert [x.value for x in got] == values[:k] + [b""]
+
+
+def test_a_single_record_dead_letter_still_reads():
+    (x,) = read_dead_letters(b"\x01raw", [("reason", b"stale"), ("detail", b"old"),
+                                          ("source", b"ipdp.records:2:17#3")])
+    assert (x.topic, x.partition, x.offset, x.index, x.reason, x.detail, x.value) == (
+        "ipdp.records", 2, 17, 3, "stale", "old", b"\x01raw")
+
+
+def test_a_container_of_an_unknown_version_is_refused():
+    (_, value), = encode_dead_letters(np.zeros(1), np.zeros(1), np.full(1, -1), np.zeros(1),
+                                      CAUSES[:1], [b"r"], max_bytes=1 << 20)
+    with pytest.raises(ValueError, match="version 2"):
+        read_dead_letters(value, [(DEAD_LETTERS_HEADER, b"2"), ("topic", b"t")])
