@@ -33,7 +33,7 @@ strong convexity, TukeyEM's number of models) is tuned per method and ε at the 
 every smaller n, as in the paper. The tuning itself is not charged to the privacy budget (nor is
 it in the paper).
 
-Usage: python -m bench.accuracy [--trials 20|100] [--quick] [--out docs/] [--seed 0]
+Usage: python -m bench.accuracy [--trials 20|100] [--quick] [--out DIR | --write-docs] [--seed 0]
 """
 
 from __future__ import annotations
@@ -946,9 +946,12 @@ def render(outcomes: list[Outcome], meta: dict, figures: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
-#: Where the tables go under --out (docs/ by default): a page of their own, beside the plots,
-#: linked from benchmarks.md, whose Accuracy section says what they measure.
+#: Where the tables go under --out (or docs/ with --write-docs): a page of their own, beside
+#: the plots, linked from benchmarks.md, whose Accuracy section says what they measure.
 TABLES_PAGE = Path("benchmarks") / "accuracy.md"
+#: Where a run writes unless told otherwise: never the repository's docs/, which only
+#: --write-docs regenerates.
+DEFAULT_OUT = Path("bench-out")
 
 SKELETON = """# Accuracy: every table
 
@@ -973,7 +976,9 @@ def command_line(args: argparse.Namespace, trials: int) -> str:
     parts.append(f"--trials {trials}")
     if args.seed:
         parts.append(f"--seed {args.seed}")
-    if args.out is not None:
+    if args.write_docs:
+        parts.append("--write-docs")
+    elif args.out is not None:
         parts.append(f"--out {args.out}")
     return " ".join(parts)
 
@@ -991,11 +996,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "paper's setting.")
     parser.add_argument("--quick", action="store_true",
                         help="Smoke run: synthetic data, n ∈ {2^7, 2^9, 2^11}, 2 trials, no plots; "
-                             "prints the tables and writes nothing unless --out is given.")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="Directory for benchmarks/accuracy.md (the block between its "
-                             "bench.accuracy markers) and benchmarks/*.png (default: the "
-                             "repository's docs/).")
+                             "prints the tables and writes nothing unless --out or --write-docs "
+                             "is given.")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=None,
+                       help=f"Directory for benchmarks/accuracy.md (the block between its "
+                            f"bench.accuracy markers) and benchmarks/*.png (default: "
+                            f"{DEFAULT_OUT}/ in the current directory).")
+    where.add_argument("--write-docs", dest="write_docs", action="store_true",
+                       help="Write them into the repository's docs/ instead: regenerate the "
+                            "published page and plots.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of every generator (default 0).")
 
 
@@ -1015,7 +1025,10 @@ def run_from_args(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     wall = time.perf_counter() - start
-    out_dir = args.out if args.out is not None else (None if args.quick else DOCS)
+    if args.write_docs:
+        out_dir = DOCS
+    else:
+        out_dir = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
     figures: dict[str, str] = {}
     if out_dir is not None and not args.quick:
         (out_dir / TABLES_PAGE.parent).mkdir(parents=True, exist_ok=True)

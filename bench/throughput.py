@@ -2,6 +2,9 @@
 
     python -m bench.throughput            (or: ipdp bench throughput)
 
+It prints; ``--out DIR`` also writes the tables to DIR/throughput.md, and ``--write-docs`` puts
+them between the bench.throughput markers of the repository's docs/benchmarks.md.
+
 Sections: the fold path without a broker (and its ceilings), end to end through the embedded
 broker next to a bare consumer of the same topic, the trainer, and memory. Every figure is
 measured here, in this run; nothing is asserted.
@@ -36,6 +39,9 @@ from ipdp.wire import decode_batch
 from producer.contributor import perturb_records
 from trainer.solver import solve_constrained
 
+#: The page --write-docs regenerates (its bench.throughput block only).
+DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+
 TARGETS = {
     "fold": "≥ 1,000,000 records/s/core at d = 14",
     "e2e": "≥ 90 % of the broker's bare consume rate",
@@ -63,14 +69,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Records per aggregator process in the scale-out table (default 100000).")
     p.add_argument("--scale-out-only", dest="scale_out_only", action="store_true",
                    help="Print only the scale-out table (k aggregator processes on one Redis and "
-                        "on a three-primary Redis Cluster); not with --write or --json.")
+                        "on a three-primary Redis Cluster); not with --out, --write-docs or "
+                        "--json.")
     p.add_argument("--replay-ids", dest="replay_ids", type=int, nargs="+",
                    default=[10**6, 10**7],
                    help="Sizes of the replay-state memory table (default 1000000 10000000; the "
                         "larger one takes about a minute).")
-    p.add_argument("--write", metavar="MD", default=None,
-                   help="Also put the tables into MD between the bench.throughput markers "
-                        "(docs/benchmarks.md).")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=None, metavar="DIR",
+                       help="Also write the tables to DIR/throughput.md.")
+    where.add_argument("--write-docs", dest="write_docs", action="store_true",
+                       help="Also put the tables between the bench.throughput markers of the "
+                            "repository's docs/benchmarks.md.")
 
 
 def _records(study: Study, k: int, seed: int) -> list[bytes]:
@@ -488,10 +498,10 @@ def gateway_e2e_records_per_second(k: int) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`ipdp bench throughput`: print the tables (and write them with --write)."""
+    """`ipdp bench throughput`: print the tables (and write them with --out or --write-docs)."""
     if args.scale_out_only:
-        if args.write or args.json:
-            print("--scale-out-only prints one table: not with --write or --json",
+        if args.out or args.write_docs or args.json:
+            print("--scale-out-only prints one table: not with --out, --write-docs or --json",
                   file=sys.stderr)
             return 2
         _scale_out_table(20_000 if args.quick else args.scale_records)
@@ -503,18 +513,22 @@ def run(args: argparse.Namespace) -> int:
         _run(args, figures)
     if args.json:
         print(json.dumps(figures, sort_keys=True))
-    if args.write:
-        command = "ipdp bench throughput" + (" --quick" if args.quick else "") + (
-            " --json" if args.json else "")
-        text = f"Command: `{command}`\n\n"
-        if args.json:
-            text += ("The JSON line it printed on stdout (the tables below went to stderr):\n\n"
-                     f"```\n{json.dumps(figures, sort_keys=True)}\n```\n\n")
-        text += buffer.getvalue()
-        if not replace_block(Path(args.write), "bench.throughput", text):
-            print(f"{args.write} has no bench.throughput markers; nothing written",
-                  file=sys.stderr)
-            return 1
+    if not (args.out or args.write_docs):
+        return 0
+    command = "ipdp bench throughput" + (" --quick" if args.quick else "") + (
+        " --json" if args.json else "")
+    text = f"Command: `{command}`\n\n"
+    if args.json:
+        text += ("The JSON line it printed on stdout (the tables below went to stderr):\n\n"
+                 f"```\n{json.dumps(figures, sort_keys=True)}\n```\n\n")
+    text += buffer.getvalue()
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "throughput.md").write_text(text, encoding="utf-8")
+        print(f"bench.throughput: wrote {args.out / 'throughput.md'}", file=sys.stderr)
+    elif not replace_block(DOCS_PAGE, "bench.throughput", text):
+        print(f"{DOCS_PAGE} has no bench.throughput markers; nothing written", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -25,7 +25,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from ipdp.errors import MALFORMED_REASONS
+from ipdp.errors import MALFORMED_REASONS, ConfigurationError
 from ipdp.settings import MetricsSettings
 
 log = logging.getLogger(__name__)
@@ -205,10 +205,31 @@ def role_registry(role: Role) -> CollectorRegistry:
     return registry
 
 
+#: Each role's metrics port when IPDP_METRICS_PORT is unset (compose sets the same ones), so
+#: the roles on one machine do not contend for one; the gateway serves /metrics on its own.
+DEFAULT_PORTS: dict[str, int] = {"aggregator": 9100, "trainer": 9101, "loadgen": 9102}
+
+
 def serve(settings: MetricsSettings, role: Role) -> int | None:
-    """Start the role's /metrics HTTP endpoint when a port is configured; returns the port."""
-    if not settings.port:
+    """Start the role's /metrics HTTP endpoint (on IPDP_METRICS_PORT, else the role's default
+    port; 0 turns it off); returns the port, or None without an endpoint.
+
+    A port set in IPDP_METRICS_PORT that is taken is a ConfigurationError (the command's one
+    line); a taken default port is one warning and no endpoint, as a second aggregator on
+    one machine finds it."""
+    port = settings.port if settings.port is not None else DEFAULT_PORTS[role]
+    if not port:
         return None
-    start_http_server(settings.port, addr=settings.host, registry=role_registry(role))
-    log.info("metrics on http://%s:%d/metrics", settings.host, settings.port)
-    return settings.port
+    try:
+        start_http_server(port, addr=settings.host, registry=role_registry(role))
+    except OSError as exc:
+        taken = f"{settings.host}:{port}: {exc.strerror or exc}"
+        if settings.port is None:
+            log.warning("no /metrics endpoint: the %s's default metrics port %s; set "
+                        "IPDP_METRICS_PORT to a free port, or 0 to turn the endpoint off",
+                        role, taken)
+            return None
+        raise ConfigurationError(f"cannot serve metrics on IPDP_METRICS_PORT {taken}; set it "
+                                 "to a free port, or 0 to turn the endpoint off") from None
+    log.info("metrics on http://%s:%d/metrics", settings.host, port)
+    return port

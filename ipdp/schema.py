@@ -73,9 +73,12 @@ class Target(BaseModel):
             if self.min is None or self.max is None:
                 raise ValueError(f"target {self.name!r}: a numeric target needs both min and max")
             _check_range(self.name, self.min, self.max)
-        elif self.classes[0] == self.classes[1] or not all(c.strip() for c in self.classes):
+        elif self.classes[0] == self.classes[1] or not all(
+                c and c == c.strip() for c in self.classes):
+            # A device compares its label with the names after stripping its spaces.
             raise ValueError(f"target {self.name!r}: its two classes must be distinct, "
-                             f"non-empty names, got {list(self.classes)}")
+                             f"non-empty names without surrounding spaces, got "
+                             f"{list(self.classes)}")
         return self
 
     @model_serializer(mode="wrap")

@@ -118,7 +118,9 @@ class MetricsSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="IPDP_METRICS_", extra="ignore")
 
-    port: int = Field(0, ge=0, le=65535)
+    port: int | None = Field(
+        None, ge=0, le=65535,
+        description="Unset: the role's own default (ipdp.metrics.DEFAULT_PORTS); 0: no endpoint.")
     # Like every ipdp listener outside a container: this machine only unless set otherwise
     # (compose sets 0.0.0.0, and publishes no metrics port).
     host: str = "127.0.0.1"

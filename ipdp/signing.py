@@ -17,7 +17,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,3 +171,17 @@ def generate_key_files(prefix: str | os.PathLike) -> SigningKey:
         f.write(pem)
     public_path.write_text(key.public_b64 + "\n", encoding="ascii")
     return key
+
+
+_WARNED: set[tuple[str, ...]] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_once(logger: logging.Logger, about: tuple[str, ...], message: str, *args: object) -> None:
+    """Log a warning about an unsigned study or an unpinned key once per process for each
+    ``about``: readers that poll would otherwise repeat it at every read."""
+    with _WARNED_LOCK:
+        if about in _WARNED:
+            return
+        _WARNED.add(about)
+    logger.warning(message, *args)

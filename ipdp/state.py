@@ -61,7 +61,7 @@ from pydantic import ValidationError
 from ipdp.errors import ConfigurationError, SignatureError, StudyExists, UnknownStudy
 from ipdp.kafka_io import send_and_wait
 from ipdp.settings import TopicSettings
-from ipdp.signing import SigningKey, TrustedKeys
+from ipdp.signing import SigningKey, TrustedKeys, warn_once
 from ipdp.study import Study, StudyStatus, parse_study_message, study_message
 from ipdp.topic_values import invalid_fields, load_json_object
 
@@ -253,9 +253,11 @@ def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
     :class:`StudyExists` as :func:`register_study` does.
     """
     if signing_key is None:
-        log.warning("study %s is created UNSIGNED: devices and aggregators that pin study keys "
-                    "refuse it, and anyone who can write the studies topic can redefine it for "
-                    "devices that do not (docs/security.md)", study.study_id)
+        warn_once(log, ("unsigned studies",),
+                  "study %s is created UNSIGNED: devices and aggregators that pin study keys "
+                  "refuse it, and anyone who can write the studies topic can redefine it for "
+                  "devices that do not. Sign studies: `ipdp keys generate --out owner`, then "
+                  "--signing-key owner.key (docs/security.md)", study.study_id)
     _, _, created = register_study(r, study, signing_key)
     _publish(producer, topics, study.study_id, r.hget(StudyKeys(study.study_id).study, "envelope"))
     return created

@@ -20,7 +20,7 @@ from ipdp.errors import MalformedValue, SignatureError
 from ipdp.kafka_io import assign_all, kafka_consumer, read_to_end
 from ipdp.metrics import STUDIES_REFUSED
 from ipdp.settings import KafkaSettings, TopicSettings
-from ipdp.signing import TrustedKeys
+from ipdp.signing import TrustedKeys, warn_once
 from ipdp.study import Study, StudyStatus, parse_study_message
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, skip_malformed
 
@@ -83,9 +83,11 @@ def _say(reader: str, topics: TopicSettings, entries: dict, refused: dict,
         STUDIES_REFUSED.labels(reader).inc()
         log.error("study %s refused: %s", sid, exc)
     if not trusted and entries:
-        log.warning("no trusted study key pinned: studies on %r are used UNVERIFIED; anyone who "
-                    "can write that topic can change what this %s does (docs/security.md)",
-                    topics.studies, reader)
+        warn_once(log, ("studies", topics.studies, reader),
+                  "no trusted study key pinned: studies on %r are used UNVERIFIED; anyone who "
+                  "can write that topic can change what this %s does. Pin the study owner's "
+                  "public key: IPDP_TRUSTED_STUDY_KEYS=PREFIX.pub (docs/security.md)",
+                  topics.studies, reader)
 
 
 def read_study_entries(kafka: KafkaSettings, topics: TopicSettings, timeout_s: float = 10,

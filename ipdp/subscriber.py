@@ -21,15 +21,12 @@ from ipdp.kafka_io import assign_all, kafka_consumer, read_to_end
 from ipdp.metrics import MODELS_REFUSED
 from ipdp.model_message import ModelMessage, parse_model_value
 from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
-from ipdp.signing import TrustedKeys, parse_trusted_keys
+from ipdp.signing import TrustedKeys, parse_trusted_keys, warn_once
 from ipdp.topic_values import skip_malformed
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ModelSubscriber"]
-
-#: Models topics whose "no trusted key" warning this process has already logged.
-_WARNED_UNPINNED: set[str] = set()
 
 class ModelSubscriber:
     """Iterate over published models.
@@ -61,10 +58,12 @@ class ModelSubscriber:
         elif not isinstance(trusted_keys, TrustedKeys):
             trusted_keys = parse_trusted_keys(trusted_keys)
         self.trusted = trusted_keys
-        if not self.trusted and self.topic not in _WARNED_UNPINNED:
-            _WARNED_UNPINNED.add(self.topic)  # once per process: callers that poll re-create us
-            log.warning("no trusted model key pinned: models are shown UNVERIFIED; anyone who "
-                        "can write %r can publish one (docs/security.md)", self.topic)
+        if not self.trusted:  # once per process: callers that poll re-create us
+            warn_once(log, ("models", self.topic),
+                      "no trusted model key pinned: models are shown UNVERIFIED; anyone who can "
+                      "write %r can publish one. Pin the trainer's public key: "
+                      "IPDP_TRUSTED_MODEL_KEYS=PREFIX.pub, or --trust (docs/security.md)",
+                      self.topic)
         #: The models-topic value (signed envelope or plain JSON) of the model last yielded:
         #: what `ipdp models --export` writes, so that the file can be verified again.
         self.last_value: bytes | None = None

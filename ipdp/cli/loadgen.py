@@ -37,7 +37,11 @@ def add_commands(sub: argparse._SubParsersAction, with_flags: bool = True) -> No
     p.add_argument("--rate", type=float, default=None, metavar="R",
                    help="Records per second (default: as fast as the broker accepts).")
     p.add_argument("--dataset", default="synthetic", metavar="synthetic|csv:PATH",
-                   help="Where device data comes from (default: synthetic).")
+                   help="Where device data comes from (default: synthetic, rows drawn already "
+                   "encoded, ‖x‖ ≤ 1). csv:PATH with a header row: a study with a schema reads "
+                   "its columns by name and encodes each row through their public ranges, "
+                   "printing the values clipped per column; a study without one needs --target "
+                   "and is scaled by the file's own statistics, which it prints.")
     p.add_argument("--target", default=None, metavar="COL",
                    help="Target column of a CSV dataset for a study without a schema (a "
                    "study with one names its columns itself).")

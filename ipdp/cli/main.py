@@ -12,7 +12,18 @@ import argparse
 import os
 import sys
 
-from ipdp.cli import bench, credentials, demo, gateway, keys, loadgen, models, study, up
+from ipdp.cli import (
+    bench,
+    credentials,
+    dead_letters,
+    demo,
+    gateway,
+    keys,
+    loadgen,
+    models,
+    study,
+    up,
+)
 from ipdp.cli.common import START_THE_RUNTIME, check_backends, lazy
 from ipdp.errors import BackendUnavailable, IpdpError
 
@@ -66,6 +77,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     gateway.add_commands(sub)
     loadgen.add_commands(sub, with_flags=words is None or words[:1] == ["loadgen"])
     models.add_commands(sub)
+    dead_letters.add_commands(sub)
     demo.add_commands(sub)
     bench.add_commands(sub, words)
     return parser
@@ -94,7 +106,7 @@ def backends_needed(args: argparse.Namespace) -> tuple[str, ...]:
             return () if args.openapi else ("kafka",)
         case ("loadgen", _):
             return () if args.via else ("kafka",)
-        case ("models", _):
+        case ("models" | "dead-letters", _):
             return ("kafka",)
         case ("study", "create" | "close"):
             return ("redis", "kafka")

@@ -4,6 +4,10 @@ letters are delivered and before the commit that counts them."""
 
 from __future__ import annotations
 
+import base64
+import json
+import subprocess
+import sys
 import uuid
 
 import numpy as np
@@ -72,7 +76,8 @@ def _all_dead_letters(kafka_settings, topic: str) -> tuple[list, int]:
 
 @pytest.mark.slow
 def test_a_resent_batch_is_dead_lettered_per_record_and_counted_once_across_a_crash(
-        kafka_settings, redis_settings, topics):
+        kafka_settings, redis_settings, env_topics):
+    topics = env_topics
     study = create(kafka_settings, redis_settings, topics, study_id=f"resent-{uuid.uuid4().hex[:6]}",
                    d=4, n=10**5, epsilon=1.0, delta=0.01)
     values, _, _ = honest(study, PER_CONTAINER * CONTAINERS + 20, seed=61)
@@ -127,3 +132,17 @@ def test_a_resent_batch_is_dead_lettered_per_record_and_counted_once_across_a_cr
         assert all(x.value == resent[source] for x in copies)
     # In containers: a few Kafka messages, not one per refused record.
     assert messages * 10 < len(letters)
+
+    # What an operator reads with `ipdp dead-letters`: the same refused records.
+    done = subprocess.run([sys.executable, "-m", "ipdp.cli", "dead-letters", "--reason",
+                           "replayed", "--json"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out, err = done.stdout, done.stderr
+    shown = [json.loads(line) for line in out.splitlines()]
+    assert sorted((x["partition"], x["offset"], x["index"]) for x in shown) == sorted(
+        (x.partition, x.offset, x.index) for x in letters)
+    assert all(base64.b64decode(x["value"]) == resent[(x["partition"], x["offset"], x["index"])]
+               for x in shown)
+    assert f"{len(letters)} refused record(s) in {messages} message(s): replayed " \
+        f"{len(letters)}" in err

@@ -105,6 +105,23 @@ def test_main_quick_prints_the_tables(capsys):
     assert "PrivateFW" in out and "AdaSSP" in out and "diffprivlib" in out
 
 
+def test_a_run_writes_under_the_directory_it_is_given_and_never_into_docs(tmp_path, capsys):
+    page = accuracy.DOCS / accuracy.TABLES_PAGE
+    before = page.read_bytes()
+    assert accuracy.main(["--quick", "--out", str(tmp_path / "out")]) == 0
+    written = (tmp_path / "out" / accuracy.TABLES_PAGE).read_text(encoding="utf-8")
+    assert "| 2^11 |" in written and "--out " in written  # the command that made it
+    assert page.read_bytes() == before
+    assert accuracy.DEFAULT_OUT.parts[0] != "docs"
+
+
+def test_out_and_write_docs_are_one_or_the_other(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        accuracy.main(["--quick", "--out", "x", "--write-docs"])
+    assert exit_.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def _stats(task, n, seed=3, keep_rows=False):
     source = Synthetic()
     rng = np.random.default_rng(seed)

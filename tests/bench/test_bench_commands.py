@@ -27,10 +27,14 @@ def test_bench_accuracy_quick_prints_its_tables():
     assert re.search(r"2\^11", out.stdout)
 
 
-def test_bench_throughput_quick_prints_positive_rates():
+def test_bench_throughput_quick_prints_positive_rates_and_writes_where_told(tmp_path):
     _require_binaries()
-    out = ipdp("bench", "throughput", "--quick", "--json")  # tables on stderr, JSON on stdout
+    # Tables on stderr, JSON on stdout, and both in the file --out names.
+    out = ipdp("bench", "throughput", "--quick", "--json", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
+    written = (tmp_path / "throughput.md").read_text(encoding="utf-8")
+    assert written.startswith("Command: `ipdp bench throughput --quick --json`")
+    assert "### End to end on the embedded broker" in written
     rates = [float(x.replace(",", "")) for x in re.findall(r"\| ([\d,]{4,}) \|", out.stderr)]
     assert rates and min(rates) > 0
     figures = json.loads(out.stdout)

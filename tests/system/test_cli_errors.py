@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -94,3 +95,42 @@ def test_an_unreachable_backend_is_one_line_naming_it_and_how_to_start_one(argv,
     assert err.startswith(f"ipdp {argv[0]}: cannot reach {backend} at 127.0.0.1:{port}"), err
     assert "`ipdp up --env-file ipdp.env &`, then `. ./ipdp.env`" in err
     assert "Traceback" not in err and out == ""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("role", ["aggregator", "trainer"])
+def test_a_taken_metrics_port_is_one_line(runtime, role):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IPDP_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env.update(runtime.env(), IPDP_METRICS_PORT=str(port))
+        proc = ipdp(role, "run", env=env)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err == (f"ipdp {role}: cannot serve metrics on IPDP_METRICS_PORT 127.0.0.1:{port}: "
+                   "Address already in use; set it to a free port, or 0 to turn the endpoint "
+                   "off\n")
+    assert out == ""
+
+
+def test_a_taken_default_metrics_port_is_one_warning_and_no_endpoint(monkeypatch, caplog):
+    from ipdp import metrics
+    from ipdp.settings import MetricsSettings
+
+    monkeypatch.delenv("IPDP_METRICS_PORT", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setitem(metrics.DEFAULT_PORTS, "loadgen", taken.getsockname()[1])
+        assert metrics.serve(MetricsSettings(), "loadgen") is None
+    [record] = caplog.records
+    assert "the loadgen's default metrics port" in record.getMessage()
+    assert "set IPDP_METRICS_PORT to a free port, or 0" in record.getMessage()
+
+
+def test_each_role_has_its_own_default_metrics_port():
+    from ipdp.metrics import DEFAULT_PORTS
+
+    assert len(set(DEFAULT_PORTS.values())) == len(DEFAULT_PORTS) == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -12,13 +13,31 @@ import pytest
 from ipdp.cli.demo import LEGEND
 from tests.conftest import _require_binaries
 
+#: A log line at ERROR (ipdp.process.setup_logging's format).
+ERROR_LINE = re.compile(r"^\S+ \S+ ERROR ", re.MULTILINE)
+
 
 def _demo(*flags: str) -> dict:
     _require_binaries()
     out = subprocess.run([sys.executable, "-m", "ipdp.cli", "demo", "--json", *flags],
                          check=False, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and not ERROR_LINE.search(out.stderr), out.stderr[-3000:]
     return json.loads(out.stdout)
+
+
+@pytest.mark.integration
+def test_demo_as_make_demo_runs_it_logs_no_error_and_each_trust_warning_once():
+    _require_binaries()
+    out = subprocess.run([sys.executable, "-m", "ipdp.cli", "demo", "--n", "5000"],
+                         check=False, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ipdp demo: result" in out.stdout
+    assert "Traceback" not in out.stderr and not ERROR_LINE.search(out.stderr), out.stderr[-3000:]
+    # The demo's study is unsigned and its models unverified, on purpose: each said once,
+    # with what to do about it.
+    assert out.stderr.count("UNSIGNED") == 1 and "--signing-key owner.key" in out.stderr
+    assert out.stderr.count("UNVERIFIED") == 1 and "IPDP_TRUSTED_MODEL_KEYS" in out.stderr
 
 
 @pytest.mark.integration

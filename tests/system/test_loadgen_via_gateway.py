@@ -1,14 +1,18 @@
 """`ipdp loadgen --via URL` against a gateway with its default limits, every role a process.
 
-The gateway's per-address rate limit is on (its defaults), so 300 simulated devices sharing one
+The gateway's per-address limits are on (its defaults), so 300 simulated devices sharing one
 address are refused with 429 many times over: the load generator must send each refused record
-again after the gateway's Retry-After, until every one is accepted and the round closes.
+again after the gateway's Retry-After, until every one is accepted and the round closes. One
+record per request meets the request limit first; five per request (a batch uploader) the
+record limit.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 from gateway.settings import GatewaySettings
 from ipdp.embedded import free_port
@@ -20,12 +24,13 @@ from tests.pipeline import create, wait_for
 DEVICES = 300
 
 
+@pytest.mark.parametrize("per_request", [1, 5])
 def test_loadgen_via_a_default_gateway_gets_every_record_accepted_and_the_round_closed(
-        runtime, kafka_settings, redis_settings, topics, tmp_path):
+        runtime, kafka_settings, redis_settings, topics, tmp_path, per_request):
     defaults = GatewaySettings()
     assert defaults.rate_limit_per_s > 0, "the gateway's default has a per-address rate limit"
-    study = create(kafka_settings, redis_settings, topics, study_id="lg-429", d=4, n=DEVICES,
-                   epsilon=1.0, delta=0.01)
+    study = create(kafka_settings, redis_settings, topics, study_id=f"lg-429-{per_request}", d=4,
+                   n=DEVICES, epsilon=1.0, delta=0.01)
     port = free_port()
     env = ps.service_env(runtime, topics, IPDP_GATEWAY_PORT=str(port))
     gateway = ps.start(["gateway"], env, tmp_path, "gateway")
@@ -36,7 +41,8 @@ def test_loadgen_via_a_default_gateway_gets_every_record_accepted_and_the_round_
                 client.wait_ready(60, alive=lambda: gateway.proc.poll() is None)
             run = subprocess.run(
                 [sys.executable, "-m", "ipdp.cli", "loadgen", "--via", url, "--study",
-                 study.study_id, "--devices", str(DEVICES), "--seed", "5", "--no-progress"],
+                 study.study_id, "--devices", str(DEVICES), "--per-request", str(per_request),
+                 "--seed", "5", "--no-progress"],
                 check=False, cwd=ps.REPO, env=env, capture_output=True, text=True, timeout=600)
             assert run.returncode == 0, run.stdout + run.stderr
             assert f"records sent  {DEVICES}\n" in run.stdout

@@ -35,6 +35,8 @@ RUN_ELSEWHERE = {
     "ipdp bench throughput": "tests/bench/test_bench_commands.py",
     "ipdp bench devices": "tests/bench/test_devices.py",
     "ipdp bench credentials": "tests/bench/test_bench_commands.py",
+    "ipdp bench flood": "tests/bench/test_bench_commands.py",
+    "ipdp dead-letters": "tests/aggregator/test_resent.py",
     "ipdp credentials": "tests/aggregator/test_credentials.py",
     "ipdp soak": "tests/bench/test_bench_commands.py",
     "ipdp audit": "tests/bench/test_bench_commands.py",
@@ -100,11 +102,19 @@ def run_page(page: Path, tmp_path: Path) -> str:
     assert done.returncode == 0, (f"{page.name} failed (exit {done.returncode})\n--- stdout\n"
                                   f"{done.stdout}\n--- stderr\n{done.stderr[-6000:]}")
     assert not left, f"{page.name} left processes behind: {left}"
-    return done.stdout
+    return done
+
+
+#: A log line at ERROR (ipdp.process.setup_logging's format).
+ERROR_LINE = re.compile(r"^\S+ \S+ ERROR ", re.MULTILINE)
 
 
 def test_the_readme_walkthrough_runs_as_written(tmp_path):
-    out = run_page(REPO / "README.md", tmp_path)
+    done = run_page(REPO / "README.md", tmp_path)
+    out = done.stdout
+    # Quiet when healthy: nothing a user would take for a fault.
+    for text in (done.stdout, done.stderr):
+        assert "Traceback" not in text and not ERROR_LINE.search(text), text[-6000:]
     assert re.search(r"^export IPDP_KAFKA_BOOTSTRAP=127\.0\.0\.1:\d+$", out, re.MULTILINE)
     assert "σ_u²" in out  # ipdp calibrate
     assert "created study s1" in out
@@ -117,7 +127,7 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
 
 
 def test_the_tutorial_runs_as_written(tmp_path):
-    out = run_page(REPO / "docs" / "tutorial.md", tmp_path)
+    out = run_page(REPO / "docs" / "tutorial.md", tmp_path).stdout
     assert re.search(r"^contributed record [0-9a-f]{32}$", out, re.MULTILINE)
     assert re.search(r"^records sent +199$", out, re.MULTILINE)
     assert re.search(r"^study tutorial round 1: n=200 w=\[", out, re.MULTILINE)
