@@ -4,10 +4,9 @@
 ``import ipdp`` (which every command and role pays for) loads nothing else.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
+# Not typing.TYPE_CHECKING: importing typing is a cost this module does not need to pay; type
+# checkers treat any constant of that name the same way.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ipdp.model import load_model
 

@@ -209,3 +209,15 @@ def test_the_signed_model_carries_its_schema_and_a_model_without_one_cannot_be_l
     schemaless = m.model_copy(update={"schema_": None})
     with pytest.raises(ConfigurationError, match="has no schema"):
         Model(schemaless)
+
+
+def test_importing_ipdp_loads_neither_the_model_code_nor_numpy_until_load_model_is_used():
+    import subprocess
+    import sys
+
+    probe = ("import sys, ipdp; before = sorted(m for m in sys.modules if m.startswith("
+             "('ipdp.', 'numpy', 'pydantic'))); from ipdp import load_model; "
+             "print(before, load_model.__module__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert out == "[] ipdp.model\n"

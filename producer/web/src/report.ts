@@ -21,7 +21,12 @@ function num(v: number): string {
 export function privacyReport(verified: VerifiedStudy): string[] {
   const s = verified.study;
   const sentences = [
-    `Study ${s.studyId} trains ${LOSS_WORDS[s.loss]} on d = ${num(s.d)} features.`,
+    s.schema === null
+      ? `Study ${s.studyId} trains ${LOSS_WORDS[s.loss]} on d = ${num(s.d)} features.`
+      : `Study ${s.studyId} trains ${LOSS_WORDS[s.loss]} predicting ${s.schema.target.name} ` +
+        `from ${s.schema.features.map((f) => f.name).join(", ")}` +
+        `${s.schema.intercept ? " and an intercept" : ""} (d = ${num(s.d)}); each value is ` +
+        "mapped through its public range, and clipped to it, on this device.",
     `Each published model is computed from exactly n = ${num(s.n)} contributions and is ` +
       `(ε = ${num(s.epsilon)}, δ = ${num(s.delta)})-` +
       `differentially private: your one contribution changes the chance of any model by at ` +

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  encodeRow, importTrustedKey, IpdpError, parseSchema, verifyStudyEnvelope,
+  encodeRow, importTrustedKey, IpdpError, parseSchema, privacyReport, verifyStudyEnvelope,
 } from "../src/index.js";
 import { sameDoubles, vectors } from "./vectors.js";
 
@@ -47,4 +47,12 @@ test("a schema that does not give the study's d, or a logistic target without cl
   assert.throws(() => parseSchema(schema, 2, "logistic"), failure("bad_study", "two classes"));
   assert.throws(() => parseSchema({ ...schema, features: [{ name: "a", min: 1, max: 1 }] }, 2,
     "squared"), failure("bad_study", "min < max"));
+});
+
+test("the privacy report of a schema study names what it predicts from what", async () => {
+  const owner = await importTrustedKey(vectors.keys.owner_public_key);
+  const [first] = privacyReport(await verifyStudyEnvelope(vectors.schemas[0]!.envelope, owner));
+  assert.equal(first, "Study web-vectors-schema trains a linear regression (squared loss) " +
+    "predicting rent from area, floor, distance km and an intercept (d = 4); each value is " +
+    "mapped through its public range, and clipped to it, on this device.");
 });
