@@ -101,10 +101,6 @@ class Polled:
                    [v for c in chunks for v in c.values],
                    np.concatenate([c.index for c in chunks]), headers)
 
-    def study_header(self, row: int) -> str | None:
-        """The ``study`` header of row ``row``'s message."""
-        return None if self.headers is None else header_study(decode_headers(self.headers[row]))
-
     def study_headers(self, rows: Sequence[int]) -> list[str | None]:
         """The ``study`` header of each of ``rows``; a container's records share one header
         block, which is read once."""
