@@ -2,7 +2,8 @@
 devices, against what the same work costs when it is honest.
 
     ipdp bench flood [--attack resend|connections|both] [--records 100000] [--per-request 1000]
-                     [--connections 4] [--quiet-seconds 5] [--repeat 3] [--json]
+                     [--connections 4] [--quiet-seconds 5] [--repeat 3]
+                     [--probes 30] [--device-seconds 15] [--json]
 
 ``resend`` (re-sent records, docs/security.md "Against a flood"): on the embedded runtime, an
 ``ipdp gateway`` and an ``ipdp aggregator run`` child process; N fresh d = 14 records are POSTed
@@ -25,15 +26,14 @@ would use, and for the honest devices too. Each request holds distinct records (
 refuses a request holding one record id twice): the attacker re-sends records the service has
 folded, which only the aggregator can recognise.
 
-``connections`` (a connection flood) is bench/flood_connections.py's, when this checkout has it
-(it provides ``add_arguments(parser)`` and ``run(args) -> int``); ``both`` runs the two.
+``connections`` (a connection flood: silent connections from a few addresses, and health probes
+from others) is bench/flood_connections.py's; ``both`` runs the two.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import statistics
@@ -46,6 +46,7 @@ from typing import Self
 
 import numpy as np
 
+from bench import flood_connections
 from bench.gateway_load import cpu_seconds, post_all, request_bodies
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
@@ -307,14 +308,6 @@ def print_resend(res: dict) -> None:
           "refused as `replayed`.")
 
 
-def _connections_module():
-    """bench/flood_connections.py, if this checkout has it."""
-    if importlib.util.find_spec("bench.flood_connections") is None:
-        return None
-    from bench import flood_connections
-    return flood_connections
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `ipdp bench flood`."""
     p.add_argument("--attack", choices=("resend", "connections", "both"), default="resend",
@@ -334,18 +327,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "their median (default 3).")
     p.add_argument("--json", action="store_true",
                    help="Print the table on stderr and the figures as one JSON line on stdout.")
-    connections = _connections_module()
-    if connections is not None:
-        connections.add_arguments(p)
+    flood_connections.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     """`ipdp bench flood`: print each attack's table."""
-    connections = _connections_module()
-    if args.attack in ("connections", "both") and connections is None:
-        print("the connection flood (bench/flood_connections.py) is not in this checkout",
-              file=sys.stderr)
-        return 2
     status = 0
     if args.attack in ("resend", "both"):
         res = measure_resend(args.records, per_request=args.per_request,
@@ -358,5 +344,5 @@ def run(args: argparse.Namespace) -> int:
         every = res["records"] * res["repeat"]
         status = 0 if res["folded"] == every and res["replayed"] == every else 1
     if args.attack in ("connections", "both"):
-        status = connections.run(args) or status
+        status = flood_connections.run(args) or status
     return status

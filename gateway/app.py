@@ -13,7 +13,6 @@ content.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -29,6 +28,7 @@ from starlette.routing import Route
 
 from gateway.checks import first_rejection
 from gateway.client_address import FORWARDED_FOR
+from gateway.http_connection import DeviceRequest
 from gateway.ingest import Gateway
 from gateway.json_records import encode_json
 from gateway.limits import Bucket
@@ -47,7 +47,7 @@ from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
 from ipdp.wire import RejectReason, record_size
 
-__all__ = ["create_app", "create_app_from_env"]
+__all__ = ["GatewayApp", "create_app"]
 
 OCTET_STREAM = "application/octet-stream"
 
@@ -79,32 +79,15 @@ _RECORDS_ROUTE = "/studies/{study_id}/records"
 
 
 class RecordsEndpoint:
-    """``POST /studies/{study_id}/records`` as a plain ASGI app: the path a device takes on
-    every request, so it reads the scope's headers and ``receive`` directly rather than through
-    a Starlette Request (whose client address, headers and body stream each cost a few
-    microseconds a request)."""
+    """``POST /studies/{study_id}/records``: the one handler of a device's request, whatever
+    its shape (chunked or not, with ``Expect: 100-continue`` or not); the server
+    (gateway.server) calls it once the body is in, and it calls ``respond`` with the answer
+    once Kafka settled the records, without a coroutine."""
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
 
-    async def __call__(self, scope, receive, send) -> None:
-        started = time.perf_counter()
-        try:
-            admitted = admit(self.gw, scope)
-            body = await self.gw.read_body(admitted.declared, receive)
-            records, k = checked(self.gw, admitted, body)
-            await self.gw.commit(records, k, admitted.study, admitted.credential)
-            response = _accepted(k)
-        except Refusal as refusal:
-            response = refused(refusal)
-        _requests_counter(_RECORDS_ROUTE, response.status_code).inc()
-        GATEWAY_REQUEST_SECONDS.observe(time.perf_counter() - started)
-        await response(scope, receive, send)
-
-    def answer(self, scope, body: bytes, respond: Callable[[Response], None]) -> None:
-        """The same request, its body already read, without a coroutine: ``respond`` is called
-        with the answer once Kafka settled the records (the HTTP protocol's device lane,
-        gateway.protocol; the answer, the metrics and the refusals are the ASGI path's)."""
+    def answer(self, request: DeviceRequest, respond: Callable[[Response], None]) -> None:
         gw, started = self.gw, time.perf_counter()
 
         def finish(response: Response) -> None:
@@ -113,9 +96,12 @@ class RecordsEndpoint:
             respond(response)
 
         try:
-            admitted = admit(gw, scope)
-            gw.read_declared(admitted.declared, len(body))
-            records, k = checked(gw, admitted, body)
+            if request.method != b"POST":
+                raise Refusal(RejectReason.METHOD_NOT_ALLOWED, "Method Not Allowed",
+                              headers={"Allow": "POST"})
+            admitted = admit(gw, request)
+            gw.check_size(admitted.declared, request.whole)
+            records, k = checked(gw, admitted, request.body)
             waiters = gw.enqueue(records, k, admitted.study, admitted.credential)
         except Refusal as refusal:
             finish(refused(refusal))
@@ -138,7 +124,7 @@ class RecordsEndpoint:
 
 
 class Admitted(NamedTuple):
-    """A request admitted before its body is read: its study, media type, declared length,
+    """A request admitted before its records are checked: its study, media type, declared length,
     device credential and its client's bucket (its records are taken from it once counted)."""
 
     study: Study
@@ -148,12 +134,11 @@ class Admitted(NamedTuple):
     bucket: Bucket
 
 
-def admit(gw: Gateway, scope) -> Admitted:
+def admit(gw: Gateway, request: DeviceRequest) -> Admitted:
     """The client's request limit, the study open, the headers and the device credential;
     Refusal otherwise."""
-    study_id = scope["path_params"]["study_id"]
     content_type, declared, authorization, forwarded_for = b"", None, None, None
-    for name, value in scope["headers"]:
+    for name, value in request.headers:
         if name == b"content-type":
             content_type = value
         elif name == b"content-length":
@@ -162,9 +147,8 @@ def admit(gw: Gateway, scope) -> Admitted:
             authorization = value
         elif name == FORWARDED_FOR:
             forwarded_for = value
-    peer = scope.get("client")
-    bucket = gw.limits.admit(gw.proxies.client(peer[0] if peer else "unknown", forwarded_for))
-    study = gw.study_for(study_id, open_only=True).study
+    bucket = gw.limits.admit(gw.proxies.client(request.client or "unknown", forwarded_for))
+    study = gw.study_for(request.study_id, open_only=True).study
     credential = gw.admit_credential(authorization, study)
     media = content_type.decode("latin-1").split(";")[0].strip().lower()
     if media not in (OCTET_STREAM, JSON_TYPE):
@@ -230,10 +214,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 def create_app(settings: GatewaySettings | None = None, kafka: KafkaSettings | None = None,
                topics: TopicSettings | None = None, *, owns_process: bool = False
-               ) -> DevicePath:
-    """The gateway as an ASGI app; settings default to the IPDP_* environment.
-    ``owns_process``: the app is the process's only job (an ``ipdp gateway`` worker), so it
-    tunes the garbage collector once connected (:func:`gateway.heap.settle_heap`)."""
+               ) -> GatewayApp:
+    """The gateway for its server (gateway.server); settings default to the IPDP_*
+    environment. ``owns_process``: the app is the process's only job (an ``ipdp gateway``
+    worker), so it tunes the garbage collector once connected
+    (:func:`gateway.heap.settle_heap`)."""
     gw = Gateway(settings or GatewaySettings(), kafka or KafkaSettings(),
                  topics or TopicSettings(), owns_process=owns_process)
 
@@ -245,9 +230,7 @@ def create_app(settings: GatewaySettings | None = None, kafka: KafkaSettings | N
         finally:
             await gw.stop()
 
-    records = RecordsEndpoint(gw)
     routes = [
-        Route(_RECORDS_ROUTE, records, methods=["POST"]),
         Route("/studies/{study_id}", _counted("/studies/{study_id}", get_study),
               methods=["GET"]),
         Route("/healthz", _counted("/healthz", healthz), methods=["GET"]),
@@ -259,54 +242,23 @@ def create_app(settings: GatewaySettings | None = None, kafka: KafkaSettings | N
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})
     app.state.gateway = gw
-    return DevicePath(app, records)
+    return GatewayApp(app, RecordsEndpoint(gw))
 
 
-class DevicePath:
-    """The gateway's ASGI app: a device's POST goes straight to its handler, the rest to
-    Starlette.
+class GatewayApp:
+    """The gateway's two doors, as its server sees them: the records route, whose every request
+    goes to :meth:`RecordsEndpoint.answer`, and the Starlette app (``asgi``: every other route,
+    and the lifespan that starts and stops the :class:`~gateway.ingest.Gateway`)."""
 
-    A POST waits for its container's acknowledgement, and resuming a request suspended under
-    Starlette's middleware and router costs a dozen coroutine frames; devices make nearly every
-    request, so theirs skips that stack (the handler, its Refusal answers and its metrics are the
-    same :class:`RecordsEndpoint` the router serves; every other route and method goes through
-    Starlette, which also runs the lifespan). Under ``ipdp gateway`` most device POSTs do not
-    reach it either: the HTTP protocol takes them through :meth:`device_lane`.
-    """
+    def __init__(self, asgi: Starlette, records: RecordsEndpoint) -> None:
+        self.asgi, self.state, self.answer = asgi, asgi.state, records.answer
 
-    def __init__(self, app: Starlette, records: RecordsEndpoint) -> None:
-        self.app, self.state, self._records = app, app.state, records
-
-    def device_lane(self, scope) -> Callable[[dict, bytes, Callable[[Response], None]],
-                                             None] | None:
-        """For a device's POST, :meth:`RecordsEndpoint.answer`, which answers it without a
-        coroutine (the HTTP protocol calls it once the body is in: gateway.protocol); None for
-        every other request."""
-        return self._records.answer if _device_post(scope) else None
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and _device_post(scope):
-            await self._records(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-def _device_post(scope) -> bool:
-    """Whether an HTTP request is a POST to the records route; if so, its ``path_params``."""
-    if scope["method"] != "POST":
-        return False
-    match = _RECORDS_PATH.fullmatch(scope["path"])
-    if match is None:
-        return False
-    scope["path_params"] = {"study_id": match[1]}
-    return True
-
-
-#: The records route, as Starlette matches "/studies/{study_id}/records" (no "/" in the id).
-_RECORDS_PATH = re.compile(r"/studies/([^/]+)/records")
-
-
-def create_app_from_env() -> DevicePath:
-    """uvicorn's factory (``gateway.app:create_app_from_env``): every worker builds its own."""
-    return create_app(owns_process=True)
-
+    @staticmethod
+    def device_study(path: str) -> str | None:
+        """The study id if ``path`` is the records route (as Starlette would match
+        "/studies/{study_id}/records": no "/" in the id), else None."""
+        if path.startswith("/studies/") and path.endswith("/records"):
+            study_id = path[len("/studies/"):-len("/records")]
+            if study_id and "/" not in study_id:
+                return study_id
+        return None

@@ -124,30 +124,14 @@ class Gateway:
                           "and accepts no more records")
         return entry
 
-    async def read_body(self, declared: bytes | None, receive) -> bytes:
-        """The request body from ASGI ``receive``; Refusal (413) above ``max_body_bytes``, as
-        soon as the Content-Length header (``declared``) or the bytes received say so."""
-        self.read_declared(declared, 0)
-        chunks, total = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise Refusal(RejectReason.UNDECODABLE, "the client closed the request early")
-            chunk = message.get("body", b"")
-            total += len(chunk)
-            self.read_declared(None, total)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def read_declared(self, declared: bytes | None, received: int) -> None:
-        """Refusal (413) when the Content-Length header (``declared``) or the ``received``
-        bytes exceed ``max_body_bytes``."""
+    def check_size(self, declared: bytes | None, whole: bool) -> None:
+        """Refusal (413) when the Content-Length header (``declared``) exceeds
+        ``max_body_bytes``, or the body did (``whole`` False: the server stopped reading it)."""
         limit = self.settings.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise Refusal(RejectReason.TOO_LARGE,
                           f"body of {declared.decode()} bytes exceeds {limit}")
-        if received > limit:
+        if not whole:
             raise Refusal(RejectReason.TOO_LARGE, f"body exceeds {limit} bytes")
 
     def admit_credential(self, authorization: bytes | None, study: Study
@@ -178,13 +162,3 @@ class Gateway:
             return self.batcher.enqueue(study.study_id, study.d, records, token)
         except ContainerRefused as exc:
             raise kafka_refusal(exc, k) from None
-
-    async def commit(self, records: bytes, k: int, study: Study,
-                     credential: tuple[bytes, Credential] | None = None) -> None:
-        """:meth:`enqueue`, then wait until Kafka acknowledged every record; Refusal(503) if it
-        did not."""
-        for waiter in self.enqueue(records, k, study, credential):
-            try:
-                await waiter
-            except ContainerRefused as exc:
-                raise kafka_refusal(exc, k) from None

@@ -17,7 +17,8 @@ class GatewaySettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a container).")
     port: int = Field(8080, ge=0, le=65535, description="TCP port; 0 picks a free one.")
-    workers: int = Field(1, ge=1, description="uvicorn worker processes (each its own producer).")
+    workers: int = Field(1, ge=1, description="Worker processes sharing the listening socket "
+                         "(each its own producer).")
     max_body_bytes: int = Field(
         4 << 20, ge=64, description="Largest request body; a longer one is refused with 413.")
     max_message_bytes: int = Field(
@@ -80,13 +81,26 @@ class GatewaySettings(BaseSettings):
         5.0, gt=0, description="How long an idle keep-alive connection stays open.")
     max_connections: int = Field(
         4096, ge=1,
-        description="Open connections per worker; a connection above it is closed at once. "
+        description="Open connections per worker; when they are all open, a new connection "
+        "evicts the one that has sent the least (one without a complete request head first). "
         "Keep it below the process's file descriptor limit (ulimit -n).")
     max_connections_per_client: int = Field(
         256, ge=1,
         description="Open connections per client address and worker; a connection above it is "
         "closed at once, so one client cannot take every connection. A trusted proxy's "
         "connections count against max_connections only (the proxy caps its clients').")
+    max_connections_per_prefix: int = Field(
+        1024, ge=1,
+        description="Open connections per network prefix (ipv4_prefix_bits, ipv6_prefix_bits) "
+        "and worker; a connection above it is closed at once, so one site or one IPv6 host "
+        "(which holds a /64 of addresses) cannot take every connection. A trusted proxy's "
+        "connections count against max_connections only.")
+    ipv4_prefix_bits: int = Field(
+        24, ge=0, le=32, description="Length of the IPv4 prefix max_connections_per_prefix "
+        "counts by.")
+    ipv6_prefix_bits: int = Field(
+        64, ge=0, le=128, description="Length of the IPv6 prefix max_connections_per_prefix "
+        "counts by.")
     trusted_proxies: str | None = Field(
         None,
         description="Comma-separated addresses or networks (CIDR) of the reverse proxies in "

@@ -120,7 +120,12 @@ GATEWAY_CONNECTIONS = _gauge(
 GATEWAY_CONNECTIONS_REFUSED = _counter(
     "ipdp_gateway_connections_refused_total",
     "Connections closed as soon as accepted, by the cap they were above "
-    "(max_connections, max_connections_per_client).", ["cap"])
+    "(max_connections with every connection busy, max_connections_per_client, "
+    "max_connections_per_prefix).", ["cap"])
+GATEWAY_CONNECTIONS_EVICTED = _counter(
+    "ipdp_gateway_connections_evicted_total",
+    "Connections closed to make room for a new one when the worker's connections were full "
+    "(the one that had sent the least).")
 GATEWAY_KAFKA_SECONDS = _histogram(
     "ipdp_gateway_kafka_produce_seconds",
     "From handing a container to the producer to Kafka's acks=all acknowledgement.",
@@ -160,7 +165,7 @@ _ROLE_METRICS: dict[str, tuple] = {
     "trainer": (MODELS_PUBLISHED, ROUNDS_REFUSED, SOLVE_SECONDS, ROUND_TO_MODEL_SECONDS,
                 *_STUDIES, *_BACKENDS),
     "gateway": (GATEWAY_REQUESTS, GATEWAY_REFUSALS, GATEWAY_REQUEST_SECONDS, GATEWAY_CONNECTIONS,
-                GATEWAY_CONNECTIONS_REFUSED, GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED,
+                GATEWAY_CONNECTIONS_REFUSED, GATEWAY_CONNECTIONS_EVICTED, GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED,
                 GATEWAY_KAFKA_SECONDS, GATEWAY_CONTAINER_RECORDS, TOPIC_VALUES_MALFORMED,
                 *_STUDIES),
     "loadgen": (LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS, TOPIC_VALUES_MALFORMED, *_STUDIES),

@@ -49,8 +49,8 @@ def add_commands(sub: argparse._SubParsersAction, words: list[str] | None = None
         "Starlette endpoint.")
     flags(p, "devices", "run", "bench", "devices", docstring_is_description=True)
     p = kinds.add_parser(
-        "flood", help="Floods against a live gateway and aggregator: re-sent records (and "
-        "connections), with honest devices alongside.")
+        "flood", help="Floods against a live gateway and aggregator: re-sent records and "
+        "connections, with honest devices alongside.")
     flags(p, "flood", "run", "bench", "flood", docstring_is_description=True)
     p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times; check invariants.")
     flags(p, "soak", "run", "soak")

@@ -18,7 +18,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=None, help="Listen address (IPDP_GATEWAY_HOST).")
     p.add_argument("--port", type=int, default=None, help="TCP port (IPDP_GATEWAY_PORT).")
     p.add_argument("--workers", type=int, default=None,
-                   help="uvicorn worker processes (IPDP_GATEWAY_WORKERS).")
+                   help="Worker processes (IPDP_GATEWAY_WORKERS).")
     p.add_argument("--openapi", action="store_true",
                    help="Print the OpenAPI document (docs/gateway-openapi.json) and exit.")
     p.set_defaults(func=cmd_gateway)

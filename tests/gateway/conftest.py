@@ -1,7 +1,8 @@
-"""A real gateway (uvicorn on a free loopback port, in a thread) on the session's broker."""
+"""A real gateway (its own server on a free loopback port, in a thread) on the session's broker."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 
 from gateway.app import create_app
-from gateway.service import uvicorn_options
+from gateway.service import listen, new_event_loop, serve_app
 from gateway.settings import GatewaySettings
 from ipdp.embedded.children import free_port
 from ipdp.settings import KafkaSettings, TopicSettings
@@ -23,28 +24,26 @@ def running_gateway(kafka: KafkaSettings, topics: TopicSettings, ready: bool = T
 
     Waits for /readyz (Kafka connected, studies topic read) unless ``ready`` is False.
     """
-    import uvicorn
-
     # One client address plays every device here: it is a relay unless a test says otherwise.
     gs = GatewaySettings(host="127.0.0.1", port=free_port(),
                          **{"relay_addresses": "127.0.0.1", **settings})
     app = create_app(gs, kafka, topics)
-    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(gs)))
-    thread = threading.Thread(target=server.run, daemon=True)
+    sock = listen(gs)
+    loop = new_event_loop()
+    stop = asyncio.Event()
+    served = loop.create_task(serve_app(app, gs, sock, stop))
+    thread = threading.Thread(target=loop.run_until_complete, args=(served,), daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{gs.port}"
     try:
         with GatewayClient(url) as client:
             client.wait_ready(30, "/readyz" if ready else "/healthz")
-    except BaseException:
-        server.should_exit = True
-        thread.join(timeout=30)
-        raise
-    try:
         yield url
     finally:
-        server.should_exit = True
+        loop.call_soon_threadsafe(stop.set)
         thread.join(timeout=30)
+        sock.close()
+        loop.close()
 
 
 @pytest.fixture

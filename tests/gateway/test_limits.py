@@ -1,6 +1,7 @@
 """The gateway's HTTP limits, each against a real server over raw sockets: head size, head and
-body deadlines, keep-alive, connection caps (global and per client address), the default
-request limit and the record limits of a device's address and a relay's."""
+body deadlines, keep-alive, connection caps (per client address and per prefix), eviction when
+the connection table is full, the default request limit and the record limits of a device's
+address and a relay's."""
 
 from __future__ import annotations
 
@@ -143,8 +144,9 @@ def test_connections_above_the_caps_are_closed_and_cost_only_their_client(
         kafka_settings, redis_settings, topics):
     study = create(kafka_settings, redis_settings, topics, study_id="limits-caps", d=D,
                    n=1000, epsilon=1.0, delta=0.01)
-    with running_gateway(kafka_settings, topics, max_connections=8,
-                         max_connections_per_client=4) as url, ExitStack() as held:
+    with running_gateway(kafka_settings, topics, max_connections=64,
+                         max_connections_per_client=4, max_connections_per_prefix=6) as url, \
+            ExitStack() as held:
         known(url, study.study_id)
         # One client (127.0.0.2) opens more connections than it may: the fifth is closed.
         flood = [held.enter_context(connect(url, "127.0.0.2")) for _ in range(5)]
@@ -153,11 +155,53 @@ def test_connections_above_the_caps_are_closed_and_cost_only_their_client(
         # Another client (127.0.0.1) is still served.
         with GatewayClient(url) as c:
             assert c.post_records(study.study_id, records(study, 1)[0]).status == 202
-        # The global cap: with 4 more from a third address, every connection above 8 is closed.
-        more = [held.enter_context(connect(url, "127.0.0.3")) for _ in range(4)]
-        assert not closed_by_server(more[0], within_s=0.3)
-        late = held.enter_context(connect(url, "127.0.0.4"))
-        assert closed_by_server(late, within_s=5)
+        # The prefix cap: 127.0.9.0/24 may hold 6 connections, whatever its addresses.
+        site = [held.enter_context(connect(url, f"127.0.9.{i}")) for i in range(1, 8)]
+        assert not closed_by_server(site[0], within_s=0.3)
+        assert closed_by_server(site[6], within_s=5)
+        # Another /24 is still served.
+        assert ask(held.enter_context(connect(url, "127.0.10.1")), study.study_id,
+                   records(study, 1)[0]) == 202
+
+
+def test_a_full_table_evicts_a_silent_connection_and_serves_an_honest_request(
+        kafka_settings, redis_settings, topics):
+    """Connections held open without a request cannot lock devices out: when the table is full,
+    a newcomer evicts the oldest of those that sent nothing, and is served."""
+    study = create(kafka_settings, redis_settings, topics, study_id="limits-evict", d=D,
+                   n=1000, epsilon=1.0, delta=0.01)
+    with running_gateway(kafka_settings, topics, max_connections=8,
+                         max_connections_per_client=8) as url, ExitStack() as held:
+        known(url, study.study_id)
+        # One connection that sent a whole request stays; seven from other /24s send nothing.
+        honest = held.enter_context(connect(url))
+        assert ask(honest, study.study_id, records(study, 1, seed=1)[0]) == 202
+        silent = [held.enter_context(connect(url, f"127.0.{20 + i}.1")) for i in range(7)]
+        assert not closed_by_server(silent[0], within_s=0.3)
+        # The table is full: a device's connection evicts the oldest silent one, and is served.
+        device = held.enter_context(connect(url, "127.0.30.1"))
+        assert ask(device, study.study_id, records(study, 1, seed=2)[0]) == 202
+        assert closed_by_server(silent[0], within_s=5)
+        assert not closed_by_server(silent[1], within_s=0.3)
+        # The connection that had sent a request was not the one evicted.
+        assert ask(honest, study.study_id, records(study, 1, seed=3)[0]) == 202
+
+
+def ask(sock: socket.socket, study_id: str, record: bytes) -> int:
+    """POST one record on an open connection; the answer's status (the connection stays)."""
+    sock.sendall(b"POST /studies/%s/records HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/octet-stream\r\nContent-Length: %d\r\n\r\n%s"
+                 % (study_id.encode(), len(record), record))
+    sock.settimeout(10)
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        raw += sock.recv(65536)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head.split(b" ")[1])
 
 
 def test_the_rate_limit_is_on_by_default(kafka_settings, redis_settings, topics):

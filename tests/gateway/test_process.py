@@ -9,21 +9,25 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ipdp.embedded.children import free_port
 from producer.gateway_client import GatewayClient
 from tests.gateway.test_gateway import records
 from tests.pipeline import create, read_records
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_ipdp_gateway_process_accepts_records_and_stops_cleanly_on_sigterm(
-        runtime, kafka_settings, redis_settings, topics, tmp_path):
-    study = create(kafka_settings, redis_settings, topics, study_id="gw-proc", d=3, n=1000,
-                   epsilon=1.0, delta=0.01)
+        runtime, kafka_settings, redis_settings, topics, tmp_path, workers):
+    study = create(kafka_settings, redis_settings, topics, study_id=f"gw-proc-{workers}", d=3,
+                   n=1000, epsilon=1.0, delta=0.01)
     port = free_port()
     env = {**os.environ, **runtime.env(), "IPDP_TOPIC_RECORDS": topics.records,
            "IPDP_TOPIC_STUDIES": topics.studies, "IPDP_GATEWAY_HOST": "127.0.0.1"}
     log = open(tmp_path / "gateway.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway", "--port", str(port),
+                             "--workers", str(workers)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         with GatewayClient(f"http://127.0.0.1:{port}") as c:
@@ -51,9 +55,11 @@ def test_a_gateway_worker_settles_its_heap_and_an_embedded_app_leaves_the_collec
     # In a fresh interpreter, as an `ipdp gateway` worker is: what lives after the imports is
     # frozen out of the collector's sight and the youngest generation is collected less often.
     code = ("import gc\n"
-            "from gateway.app import create_app, create_app_from_env\n"
+            "from gateway.app import create_app\n"
             "from gateway.heap import GC_YOUNG_THRESHOLD, settle_heap\n"
-            "assert create_app_from_env().state.gateway.owns_process\n"
+            "from gateway.service import worker_app\n"
+            "from gateway.settings import GatewaySettings\n"
+            "assert worker_app(GatewaySettings()).state.gateway.owns_process\n"
             "assert not create_app().state.gateway.owns_process\n"
             "before = gc.get_threshold()\n"
             "settle_heap()\n"

@@ -1,7 +1,7 @@
-"""The device lane of the gateway's HTTP protocol (gateway.protocol): a device's POST answered
-without an ASGI task, over raw sockets, as HTTP/1.1 requires: answers in request order on a
-pipelined connection, ``Connection: close`` honoured, and the requests the lane does not take
-(chunked, ``Expect: 100-continue``) served the ASGI way with the same answers."""
+"""A device's POST through the gateway's server (gateway.server) to its one handler, over raw
+sockets, as HTTP/1.1 requires: answers in request order on a pipelined connection,
+``Connection: close`` honoured, and every shape of the request (chunked, ``Expect:
+100-continue``) given the same answers by the same handler."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from tests.pipeline import create, read_records
 
 
 @pytest.fixture
-def lane(kafka_settings, redis_settings, topics):
-    study = create(kafka_settings, redis_settings, topics, study_id="lane", d=D, n=1000,
+def device(kafka_settings, redis_settings, topics):
+    study = create(kafka_settings, redis_settings, topics, study_id="door", d=D, n=1000,
                    epsilon=1.0, delta=0.01)
     with running_gateway(kafka_settings, topics) as url:
         known(url, study.study_id)
@@ -24,7 +24,7 @@ def lane(kafka_settings, redis_settings, topics):
 
 
 def post(body: bytes, *extra: bytes, length: bool = True) -> bytes:
-    head = [b"POST /studies/lane/records HTTP/1.1", b"Host: x",
+    head = [b"POST /studies/door/records HTTP/1.1", b"Host: x",
             b"Content-Type: application/octet-stream", *extra]
     if length:
         head.append(b"Content-Length: %d" % len(body))
@@ -44,10 +44,10 @@ def answers(raw: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def test_pipelined_device_posts_are_answered_in_order_and_close_is_honoured(lane,
+def test_pipelined_device_posts_are_answered_in_order_and_close_is_honoured(device,
                                                                             kafka_settings,
                                                                             topics):
-    url, study = lane
+    url, study = device
     good = records(study, 3, seed=21)
     bad = bytearray(records(study, 1, seed=22)[0])
     bad[0] = 99  # an unsupported wire version
@@ -62,8 +62,8 @@ def test_pipelined_device_posts_are_answered_in_order_and_close_is_honoured(lane
     assert sorted(r for m in messages for r in split_container(m.value)) == sorted(good)
 
 
-def test_requests_the_lane_does_not_take_get_the_same_answers(lane, kafka_settings, topics):
-    url, study = lane
+def test_a_chunked_or_continued_post_gets_the_same_answers(device, kafka_settings, topics):
+    url, study = device
     chunked_record, continued_record = records(study, 2, seed=23)
     chunked = post(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunked_record), chunked_record),
                    b"Transfer-Encoding: chunked", length=False)
@@ -83,32 +83,16 @@ def test_requests_the_lane_does_not_take_get_the_same_answers(lane, kafka_settin
         [chunked_record, continued_record])
 
 
-def test_the_lane_takes_a_device_post_with_a_small_declared_body_and_nothing_else(
-        kafka_settings, topics):
-    from types import SimpleNamespace
+def test_the_records_route_is_matched_as_starlette_would_and_only_post_is_allowed(device):
+    from gateway.app import GatewayApp
 
-    from gateway.app import create_app
-    from gateway.protocol import _fits_lane
-    from gateway.settings import GatewaySettings
-
-    app = create_app(GatewaySettings(), kafka_settings, topics)
-
-    def scope(method: str, path: str) -> dict:
-        return {"type": "http", "method": method, "path": path, "headers": []}
-
-    taken = scope("POST", "/studies/s-1/records")
-    assert app.device_lane(taken) is not None and taken["path_params"] == {"study_id": "s-1"}
-    for method, path in [("GET", "/studies/s-1/records"), ("POST", "/studies/s-1"),
-                         ("POST", "/studies/a/b/records"), ("GET", "/healthz")]:
-        assert app.device_lane(scope(method, path)) is None, (method, path)
-
-    def cycle(*headers: tuple[bytes, bytes], expect: bool = False):
-        return SimpleNamespace(waiting_for_100_continue=expect,
-                               scope={"headers": list(headers)})
-
-    assert _fits_lane(cycle((b"content-length", b"272")))
-    assert _fits_lane(cycle((b"content-length", b"65536")))
-    assert not _fits_lane(cycle((b"content-length", b"65537")))  # reading could pause
-    assert not _fits_lane(cycle())  # no declared length
-    assert not _fits_lane(cycle((b"content-length", b"12"), (b"transfer-encoding", b"chunked")))
-    assert not _fits_lane(cycle((b"content-length", b"272"), expect=True))
+    assert GatewayApp.device_study("/studies/s-1/records") == "s-1"
+    for path in ["/studies/s-1", "/studies/a/b/records", "/studies//records",
+                 "/studies/records", "/healthz"]:
+        assert GatewayApp.device_study(path) is None, path
+    url, _ = device
+    sock = connect(url)
+    sock.sendall(b"GET /studies/door/records HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    raw = read_until_closed(sock)
+    assert b"\r\nallow: POST\r\n" in raw
+    assert answers(raw) == [(405, b'{"error":"method_not_allowed","detail":"Method Not Allowed"}')]

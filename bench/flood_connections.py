@@ -1,0 +1,266 @@
+"""The connection flood against a live gateway: idle connections held from a few addresses
+(``ipdp bench flood --attack connections``).
+
+16 source addresses × 256 connections (each address at the per-address cap), every one opened
+and then left silent, and opened again as soon as the gateway closes it (at the head deadline,
+or to make room for another), from loopback addresses only. Two layouts: the 16 addresses in one
+/24 (127.0.5.1–16, which the per-prefix cap bounds) and in 16 different /24s (127.6.x.1, which
+only eviction answers, as together they fill a worker's 4,096 connections). While the flood
+runs, a probe from another address (127.0.8.x) opens a connection once a second and asks for
+``/healthz``: answered within 2 s or not. Beside the probes, wrk posts one 272-byte record per
+request over 64 connections (as ``ipdp bench devices``), so the table gives the device rate
+under each flood against the unflooded rate of the same run, and the CPU the flooding process
+and the gateway used (on one machine, the flood's CPU is taken from the gateway and wrk). One
+``ipdp gateway`` worker at its default connection limits, the request and record limits raised
+out of the way (one address plays every device); everything on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.devices import D, _stop, _wrk, start_server, wrk_script
+from bench.gateway_load import cpu_seconds
+from ipdp import state
+from ipdp.embedded import EmbeddedRuntime
+from ipdp.kafka_io import ensure_topics, kafka_producer
+from ipdp.redis_io import redis_client
+from ipdp.settings import TopicSettings
+from ipdp.study import Study
+
+__all__ = ["LAYOUTS", "FloodResult", "add_arguments", "measure", "probe", "run", "run_flood"]
+
+#: The flood's source addresses per layout.
+LAYOUTS: dict[str, list[str]] = {
+    "one /24": [f"127.0.5.{i}" for i in range(1, 17)],
+    "16 /24s": [f"127.6.{i}.1" for i in range(1, 17)],
+}
+#: Connections per source address (the default IPDP_GATEWAY_MAX_CONNECTIONS_PER_CLIENT).
+PER_SOURCE = 256
+#: A probe counts as answered if its whole answer came within this long.
+PROBE_TIMEOUT_S = 2.0
+#: How long a flood connection waits before another try when it could not connect.
+_RETRY_S = 0.05
+#: Openings per flood connection at most (the gateway may close one at once, every time).
+_MAX_OPENINGS = 100_000
+
+
+@dataclass
+class FloodResult:
+    layout: str
+    probes: int
+    answered: int
+    slowest_s: float | None
+    #: Connections the flood opened in all (the initial ones and the re-openings).
+    opened: int
+    #: CPU seconds the flooding process used (on this machine, taken from everyone else).
+    flood_cpu_s: float
+
+
+async def _hold(host: str, port: int, source: str, deadline: float, opened: list[int]) -> None:
+    """Keep one silent connection from ``source`` open until ``deadline``, opening another
+    whenever the gateway closes it (at most one opening per ``_RETRY_S`` while refused)."""
+    loop = asyncio.get_running_loop()
+    for _ in range(_MAX_OPENINGS):
+        if loop.time() >= deadline:
+            return
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, local_addr=(source, 0)),
+                max(0.01, deadline - loop.time()))
+        except (OSError, TimeoutError):
+            await asyncio.sleep(_RETRY_S)
+            continue
+        opened[0] += 1
+        try:
+            await asyncio.wait_for(reader.read(1), max(0.01, deadline - loop.time()))
+        except (OSError, TimeoutError):
+            pass
+        writer.close()
+
+
+async def _flood(host: str, port: int, sources: list[str], per_source: int,
+                 seconds: float) -> int:
+    deadline = asyncio.get_running_loop().time() + seconds
+    opened = [0]
+    await asyncio.gather(*(_hold(host, port, source, deadline, opened)
+                           for source in sources for _ in range(per_source)))
+    return opened[0]
+
+
+def _flood_process(host: str, port: int, sources: list[str], per_source: int, seconds: float,
+                   out: multiprocessing.Queue) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = len(sources) * per_source + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    try:
+        import uvloop
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        opened = runner.run(_flood(host, port, sources, per_source, seconds))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out.put((opened, usage.ru_utime + usage.ru_stime))
+
+
+def probe(host: str, port: int, source: str, timeout_s: float = PROBE_TIMEOUT_S
+          ) -> float | None:
+    """Seconds a new connection from ``source`` took to get ``/healthz`` answered 200; None if
+    not within ``timeout_s``."""
+    import socket
+
+    t0 = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s,
+                                      source_address=(source, 0)) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            raw = b""
+            while time.monotonic() - t0 < timeout_s:
+                sock.settimeout(max(0.01, timeout_s - (time.monotonic() - t0)))
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                raw += chunk
+    except OSError:
+        return None
+    elapsed = time.monotonic() - t0
+    return elapsed if raw.startswith(b"HTTP/1.1 200") and elapsed <= timeout_s else None
+
+
+def run_flood(url: str, layout: str | None, *, probes: int = 30, ramp_s: float = 5.0,
+              per_source: int = PER_SOURCE, beside: Callable[[], None] | None = None
+              ) -> FloodResult:
+    """Flood the gateway at ``url`` with ``layout``'s connections (None: no flood, the
+    reference); after ``ramp_s`` (the flood in place), send ``probes`` probes, one a second,
+    and run ``beside`` (the caller's device load) in a thread alongside them."""
+    import threading
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    seconds = ramp_s + probes + PROBE_TIMEOUT_S + 1
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = context.Queue()
+    flood = None
+    if layout is not None:
+        flood = context.Process(target=_flood_process, args=(
+            host, int(port), LAYOUTS[layout], per_source, seconds, results))
+        flood.start()
+    load = threading.Thread(target=beside) if beside is not None else None
+    try:
+        if flood is not None:
+            time.sleep(ramp_s)
+        if load is not None:
+            load.start()
+        times = []
+        start = time.monotonic()
+        for i in range(probes):
+            times.append(probe(host, int(port), f"127.0.8.{i % 250 + 1}"))
+            time.sleep(max(0.0, start + i + 1 - time.monotonic()))
+        if load is not None:
+            load.join()
+        opened, flood_cpu_s = results.get(timeout=seconds + 60) if flood is not None else (0, 0.0)
+    finally:
+        if flood is not None:
+            flood.join(timeout=seconds + 60)
+            if flood.is_alive():
+                flood.kill()
+                flood.join()
+    answered = [t for t in times if t is not None]
+    return FloodResult(layout or "none", probes, len(answered),
+                       max(answered) if answered else None, opened, flood_cpu_s)
+
+
+STUDY_ID = "bench-flood-connections"
+
+
+def measure(*, probes: int = 30, device_seconds: float = 15, connections: int = 64,
+            threads: int = 2) -> list[dict]:
+    """One row per flood layout (and one without a flood): probes answered, device rate."""
+    rows: list[dict] = []
+    with EmbeddedRuntime() as rt, tempfile.TemporaryDirectory() as tmp:
+        kafka = rt.kafka_settings()
+        topics = TopicSettings(records="bench.flood.records", models="bench.flood.models",
+                               dead_letter="bench.flood.dlq", studies="bench.flood.studies")
+        ensure_topics(kafka, topics)
+        study = Study(study_id=STUDY_ID, d=D, n=10**8, epsilon=1.0, delta=0.01)
+        producer = kafka_producer(kafka)
+        state.create_study(redis_client(rt.redis_settings()), producer, topics, study)
+        producer.close()
+        script = Path(tmp) / "device.lua"
+        script.write_text(wrk_script(study))
+        env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
+               "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
+               "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter,
+               "IPDP_TOPIC_STUDIES": topics.studies, "IPDP_GATEWAY_RATE_LIMIT_PER_S": "1e9",
+               "IPDP_GATEWAY_RATE_LIMIT_BURST": "1000000000",
+               "IPDP_GATEWAY_RECORD_LIMIT_PER_S": "1e9",
+               "IPDP_GATEWAY_RECORD_LIMIT_BURST": "1000000000"}
+        gateway, url = start_server("gateway", env)
+        try:
+            for layout in (None, *LAYOUTS):
+                device: dict = {}
+
+                def load(device: dict = device) -> None:
+                    device.update(_wrk(f"{url}/studies/{STUDY_ID}/records", script,
+                                       min(device_seconds, probes), connections, threads))
+
+                cpu, t0 = cpu_seconds(gateway.pid), time.monotonic()
+                result = run_flood(url, layout, probes=probes, beside=load)
+                gateway_cpu = (cpu_seconds(gateway.pid) - cpu) / (time.monotonic() - t0)
+                rows.append({"attack": "connections", "layout": result.layout,
+                             "probes": result.probes, "answered": result.answered,
+                             "slowest_probe_s": result.slowest_s,
+                             "opened": result.opened,
+                             "flood_cpu_s": result.flood_cpu_s, "gateway_cpu": gateway_cpu,
+                             "device_rps": device["accepted"] / (device["duration_us"] / 1e6),
+                             "device_p99_ms": device["p99_us"] / 1000})
+        finally:
+            _stop(gateway)
+    for row in rows:
+        row["device_vs_unflooded"] = row["device_rps"] / rows[0]["device_rps"]
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    out = sys.stderr
+    print("| attack | flood from | probes answered ≤ 2 s | slowest probe | flood connections "
+          "opened | flood CPU s | gateway CPU (cores) | device 202/s | × unflooded | "
+          "device p99 |", file=out)
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|", file=out)
+    for r in rows:
+        slowest = "—" if r["slowest_probe_s"] is None else f"{r['slowest_probe_s']:.2f} s"
+        print(f"| {r['attack']} | {r['layout']} | {r['answered']}/{r['probes']} | {slowest} | "
+              f"{r['opened']:,} | {r['flood_cpu_s']:.1f} | {r['gateway_cpu']:.2f} | "
+              f"{r['device_rps']:,.0f} | {r['device_vs_unflooded']:.2f} | "
+              f"{r['device_p99_ms']:.1f} ms |", file=out)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--probes", type=int, default=30,
+                   help="Connection flood: health probes per layout, one a second "
+                   "(default 30).")
+    p.add_argument("--device-seconds", dest="device_seconds", type=float, default=15,
+                   help="Connection flood: wrk's duration beside the probes (default 15; at "
+                   "most --probes).")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The connection flood's part of `ipdp bench flood`: its table (0: every probe answered
+    within 2 s under every flood)."""
+    rows = measure(probes=args.probes, device_seconds=args.device_seconds)
+    print_table(rows)
+    if args.json:
+        print(json.dumps(rows, sort_keys=True))
+    return 0 if all(r["answered"] == r["probes"] for r in rows) else 1
