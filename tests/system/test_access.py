@@ -143,7 +143,8 @@ class _Future:
 
 
 class _FakeKafka:
-    """Stands in for kafka-python's producer and consumer; records how it was built."""
+    """Stands in for kafka-python's producer, consumer and admin client; records how it was
+    built."""
 
     built: ClassVar[list[tuple[str, dict]]] = []
 
@@ -197,12 +198,17 @@ class FakeConsumer(_FakeKafka):
     pass
 
 
+class FakeAdmin(_FakeKafka):
+    """The admin client a command builds to check that Kafka answers before it runs."""
+
+
 def test_every_command_builds_its_kafka_clients_from_the_sasl_and_tls_settings(
         auth_redis, monkeypatch, capsys):
     """Each command runs to completion against fakes; every client it built got the settings,
     and every command reached the password-protected Redis as the ACL user from the env."""
     monkeypatch.setattr(kafka_io, "KafkaProducer", FakeProducer)
     monkeypatch.setattr(kafka_io, "KafkaConsumer", FakeConsumer)
+    monkeypatch.setattr(kafka_io, "KafkaAdminClient", FakeAdmin)
     for name in TopicSettings.model_fields:
         monkeypatch.delenv(f"IPDP_TOPIC_{name.upper()}", raising=False)
     # The fake consumer has no kafka-python fetcher for the columnar fetch to replace.
@@ -211,15 +217,16 @@ def test_every_command_builds_its_kafka_clients_from_the_sasl_and_tls_settings(
                        "IPDP_AGGREGATOR_COLUMNAR_FETCH": "false"}.items():
         monkeypatch.setenv(key, value)
     study = ["--study-id", "sasl", "--n", "1000", "--d", "3", "--epsilon", "1", "--delta", "0.01"]
+    # Every command first checks that Kafka answers, with an admin client (FakeAdmin).
     commands = {
-        "study create": (["study", "create", *study], {"FakeProducer"}),
+        "study create": (["study", "create", *study], {"FakeAdmin", "FakeProducer"}),
         "aggregator run": (["aggregator", "run", "--idle-exit", "0.2"],
-                           {"FakeProducer", "FakeConsumer"}),
-        "trainer run": (["trainer", "run", "--idle-exit", "0.2"], {"FakeProducer"}),
+                           {"FakeAdmin", "FakeProducer", "FakeConsumer"}),
+        "trainer run": (["trainer", "run", "--idle-exit", "0.2"], {"FakeAdmin", "FakeProducer"}),
         "loadgen": (["loadgen", "--study", "sasl", "--devices", "3", "--no-progress",
-                     "--redis-url", auth_redis.url], {"FakeProducer", "FakeConsumer"}),
-        "models": (["models"], {"FakeConsumer"}),
-        "study close": (["study", "close", "sasl"], {"FakeProducer"}),
+                     "--redis-url", auth_redis.url], {"FakeAdmin", "FakeProducer", "FakeConsumer"}),
+        "models": (["models"], {"FakeAdmin", "FakeConsumer"}),
+        "study close": (["study", "close", "sasl"], {"FakeAdmin", "FakeProducer"}),
     }
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
