@@ -316,9 +316,17 @@ class HttpConnection(asyncio.Protocol):
             self.transport.close()
 
     def evict(self) -> None:
-        """Closed to make room for a newer connection (gateway.connections)."""
+        """Make room for a newer connection (gateway.connections). One that never completed
+        its request head is held unread until its head deadline, as a refused one is (so a
+        flood does not learn of it and re-open it at once, evicting another); an idle one is
+        closed."""
         GATEWAY_CONNECTIONS_EVICTED.inc()
-        self.transport.close()
+        self.server.left(self)
+        self.admitted = False
+        if (self.in_head or not self.received) and self.server.hold(self):
+            self.transport.pause_reading()
+        else:
+            self.transport.close()
 
     def timed_out(self) -> None:
         kind, self.due = self.due_kind, None

@@ -128,8 +128,12 @@ class HttpServer:
             self._sweep = loop.call_later(self._period, self._sweep_now, loop)
 
     def closed(self, connection: HttpConnection) -> None:
-        GATEWAY_CONNECTIONS.dec()
+        self.left(connection)
         self.table.close(connection)
+
+    def left(self, connection: HttpConnection) -> None:
+        """A connection is no longer served (closed, or evicted: the table forgot it)."""
+        GATEWAY_CONNECTIONS.dec()
         self.connections.discard(connection)
 
     def _sweep_now(self, loop: asyncio.AbstractEventLoop) -> None:
