@@ -302,6 +302,7 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
         agg.wait(timeout=60)
         trainer.terminate()
         trainer.wait(timeout=30)
+        producer.close()  # before the broker stops under it, which its IO thread logs as errors
     rows = [
         ["produce (load generator path, 1 producer)", f"{out['produce_rate']:,.0f}", ""],
         ["bare kafka-python consumer, same topic", f"{out['bare_rate']:,.0f}",
