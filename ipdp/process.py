@@ -10,8 +10,6 @@ import signal
 import threading
 from dataclasses import dataclass
 
-from ipdp import metrics
-
 log = logging.getLogger(__name__)
 
 
@@ -73,6 +71,8 @@ def pause_after_failure(backoff: Backoff, stop_event: threading.Event, backend: 
                         operation: str, exc: Exception) -> None:
     """Count a failed Kafka or Redis call and its retry, log it, then wait out the next delay
     (returning early if the process is asked to stop)."""
+    from ipdp import metrics  # here: every command imports this module for setup_logging
+
     metrics.BACKEND_ERRORS.labels(backend, operation).inc()
     metrics.BACKEND_RETRIES.labels(backend).inc()
     delay = backoff.next()

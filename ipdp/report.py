@@ -80,7 +80,7 @@ def sample_size_rows(size: SampleSize, n: int) -> list[tuple[str, str]]:
     least = ("none up to 2^40" if size.least_useful_n is None
              else f"{size.least_useful_n:,}")
     against = f"{name} is {100 * size.relative_error:.3g} % of the zero model's ({zero})"
-    useful = (f"{least}  — the least n whose predicted error is at most "
+    useful = (f"{least}  — the least n (to 1 %) whose predicted error is at most "
               f"{100 * (1 - size.margin):.3g} % of the zero model's (public parameters only; "
               f"n = {n:,} is {'above' if size.useful else 'BELOW'} it)")
     return [("predicted error against w = 0", against),

@@ -59,7 +59,6 @@ import redis
 from pydantic import ValidationError
 
 from ipdp.errors import ConfigurationError, SignatureError, StudyExists, UnknownStudy
-from ipdp.kafka_io import send_and_wait
 from ipdp.settings import TopicSettings
 from ipdp.signing import SigningKey, TrustedKeys, warn_once
 from ipdp.study import Study, StudyStatus, parse_study_message, study_message
@@ -182,6 +181,9 @@ def _stored(study_id: str, raw_json: bytes, envelope: bytes | None) -> Study:
 
 def _publish(producer: KafkaProducer, topics: TopicSettings, study_id: str, envelope: bytes,
              timeout_s: float = 30.0) -> None:
+    # Imported here: reading studies from Redis (`ipdp study list`) needs no Kafka client.
+    from ipdp.kafka_io import send_and_wait
+
     send_and_wait(producer, topics.studies, study_id.encode("utf-8"), envelope, timeout_s)
 
 

@@ -22,7 +22,6 @@ import math
 from pydantic import ValidationError
 
 from ipdp.errors import MalformedValue
-from ipdp.metrics import TOPIC_VALUES_MALFORMED
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +89,9 @@ def invalid_fields(what: str, exc: ValidationError) -> MalformedValue:
 def skip_malformed(topic: str, reader: str, message, exc: BaseException) -> None:
     """Count and log (with topic, partition and offset) a value the reader skips."""
     reason = exc.reason if isinstance(exc, MalformedValue) else "unexpected"
+    # Imported here: ipdp.study parses with this module, and `ipdp calibrate` needs no metrics.
+    from ipdp.metrics import TOPIC_VALUES_MALFORMED
+
     TOPIC_VALUES_MALFORMED.labels(topic, reader, reason).inc()
     detail = str(exc) if isinstance(exc, MalformedValue) else type(exc).__name__
     log.warning("%s: skipping malformed value of %s[%s] at offset %s: %s", reader,

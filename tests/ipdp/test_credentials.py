@@ -59,10 +59,14 @@ ISSUERS = pytest.mark.parametrize("issue", [issue_credential, issue_in_batch], i
 def test_a_study_without_credentials_keeps_its_canonical_text_and_hash():
     # The canonical text of this study before credentials existed, byte for byte: a study created
     # then must keep verifying (its hash is on every record and its signature covers the text).
-    study = Study(study_id="old", **PARAMS)
+    # Its text carries the noise chosen then, for the whole δ (before the norm check's share came
+    # out of δ), as a study read from its text does.
+    noise = {"std_q": 0.08344676065036494, "std_p": 0.31339362884569694}
+    study = Study(study_id="old", noise=noise, **PARAMS)
     # Hashes computed by the code without credentials (main at 7277b0e, before they merged).
     assert study.hash.hex() == "a7551dca5ce1c9dbfa325e14425f453d"
-    budgeted = Study(study_id="old", budget_epsilon=2.0, budget_delta=0.02, max_rounds=3, **PARAMS)
+    budgeted = Study(study_id="old", budget_epsilon=2.0, budget_delta=0.02, max_rounds=3,
+                     noise=noise, **PARAMS)
     assert budgeted.hash.hex() == "c2fb9ca841ef02748d48094b97da0957"
     assert "require_credentials" not in study.canonical_text
     assert "records_per_device" not in study.canonical_text
@@ -70,10 +74,11 @@ def test_a_study_without_credentials_keeps_its_canonical_text_and_hash():
     legacy = ('{"d":4,"delta":0.01,"delta_in":null,"epsilon":1.0,"eta":1.0,"lam":1.0,'
               '"loss":"squared","max_rounds":null,"mode":"rigorous","n":1000,"noise":')
     assert study.canonical_text.startswith(legacy)
-    required = Study(study_id="old", require_credentials=True, **PARAMS)
+    required = Study(study_id="old", require_credentials=True, noise=noise, **PARAMS)
     assert required.hash != study.hash
     assert '"require_credentials":true' in required.canonical_text
-    three = Study(study_id="old", require_credentials=True, records_per_device=3, **PARAMS)
+    three = Study(study_id="old", require_credentials=True, records_per_device=3, noise=noise,
+                  **PARAMS)
     assert '"records_per_device":3' in three.canonical_text and three.hash != required.hash
 
 

@@ -22,7 +22,7 @@ def ipdp(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def modules_imported_by(*argv: str) -> set[str]:
+def modules_imported_by(*argv: str, env: dict[str, str] | None = None) -> set[str]:
     """Top-level packages in sys.modules after `ipdp ARGV` ran in a fresh interpreter."""
     code = ("import json, sys\n"
             "from ipdp.cli.main import main\n"
@@ -32,7 +32,7 @@ def modules_imported_by(*argv: str) -> set[str]:
             "    pass\n"
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
+                          timeout=60, check=False, env=env)
     return set(json.loads(done.stderr.strip().splitlines()[-1]))
 
 
@@ -46,12 +46,22 @@ def test_help_imports_no_role_dependency():
 
 @pytest.mark.parametrize(("argv", "leaves_out"), [
     (["study", "--help"], HEAVY),
-    (["calibrate", "--help"], ("kafka", "starlette", "uvicorn", "matplotlib")),
+    (["calibrate", "--epsilon", "1", "--delta", "0.01", "--n", "10000", "--d", "14"],
+     (*HEAVY, "redis", "prometheus_client")),
     (["bench", "throughput", "--help"], ("matplotlib", "dp_accounting")),
 ])
 def test_a_command_imports_only_what_it_uses(argv, leaves_out):
     imported = modules_imported_by(*argv)
+    assert "numpy" in imported or argv[-1] == "--help"  # the probe saw the command run
     assert not imported & set(leaves_out), imported & set(leaves_out)
+
+
+@pytest.mark.integration
+def test_study_list_imports_no_kafka_client(runtime):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IPDP_")}
+    imported = modules_imported_by("study", "list", env={**env, **runtime.env()})
+    assert "redis" in imported  # it did talk to Redis
+    assert not imported & {*HEAVY, "prometheus_client"}, imported & {*HEAVY, "prometheus_client"}
 
 
 @pytest.mark.parametrize(("argv", "usage", "message"), [

@@ -82,3 +82,14 @@ def test_loadgen_names_the_schema_columns_a_csv_lacks(kafka_settings, redis_sett
     assert main(["loadgen", "--study", "short", "--devices", "1", "--no-progress",
                  "--dataset", f"csv:{data}"]) == 2
     assert "no column(s) debt that the study's schema names" in capsys.readouterr().err
+
+
+def test_models_export_needs_one_study_and_no_follow(kafka_settings, env_topics, tmp_path,
+                                                     capsys):
+    for flags in ([], ["--study", "s", "--follow"]):
+        assert main(["models", "--export", str(tmp_path / "m.json"), *flags]) == 2
+        assert "--export writes one study's newest model: it needs --study" in \
+            capsys.readouterr().err
+    assert main(["models", "--study", "nothing-yet", "--export", str(tmp_path / "m.json")]) == 2
+    assert "study 'nothing-yet' has no published model to export" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
