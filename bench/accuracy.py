@@ -1055,7 +1055,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m bench.accuracy`."""
-    parser = argparse.ArgumentParser(prog="python -m bench.accuracy",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench.accuracy",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

@@ -465,7 +465,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m bench.audit`."""
-    parser = argparse.ArgumentParser(prog="python -m bench.audit",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench.audit",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

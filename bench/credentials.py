@@ -318,7 +318,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
         # "Device credentials"), so no run reuses one: a reused credential would be
         # dead-lettered, not folded, and its 202 would not be a device's.
         tokens = {f"cred{v}": issue(key, study, int(seconds * per_s) * repeat, v)
-                  for v, per_s in ((1, 8_000), (2, 25_000))}
+                  for v, per_s in ((1, 16_000), (2, 40_000))}
         scripts = {name: Path(tmp) / f"{name}.lua" for name in ("plain", "cred1", "cred2")}
         scripts["plain"].write_text(wrk_script(plain))
         env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
@@ -431,7 +431,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args())
 

@@ -432,7 +432,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.devices", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench.devices",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))

@@ -264,7 +264,8 @@ def print_tables(e2e: dict, hot: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gateway_load", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench.gateway_load",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=int, default=200_000)
     p.add_argument("--connections", type=int, default=8)

@@ -164,8 +164,8 @@ def table(study: Study, rows: list[Row], seeds: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.influence", description=__doc__.split(
-        "\n", 1)[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench.influence",
+                                     description=__doc__.split("\n", 1)[0])
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--d", type=int, default=14)
     parser.add_argument("--epsilon", type=float, default=1.0)

@@ -144,7 +144,7 @@ def least_predicted(task, e: float, d: int, margin: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.predicted",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench.predicted",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10, help="Trials per point (default 10).")
     parser.add_argument("--quick", action="store_true",

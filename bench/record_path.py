@@ -60,7 +60,7 @@ def _where(code) -> str | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="Also name every function, per file.")
     args = ap.parse_args()
     seen: dict[str, set[str]] = collections.defaultdict(set)

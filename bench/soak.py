@@ -263,7 +263,7 @@ def _open_round(r, study: Study) -> tuple[np.ndarray, np.ndarray, int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the flags and run the soak."""
-    p = argparse.ArgumentParser(prog="ipdp soak", description=__doc__,
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="ipdp soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))

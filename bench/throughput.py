@@ -31,6 +31,7 @@ from aggregator.replay import ReplayIds
 from bench.markdown import replace_block
 from ipdp import state
 from ipdp.embedded import EmbeddedRedis, EmbeddedRuntime
+from ipdp.embedded.children import spawn
 from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
 from ipdp.settings import TopicSettings
@@ -266,7 +267,8 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
                "IPDP_LOG_LEVEL": "WARNING"}
         # First with kafka-python's own record parser, then (a fresh Redis state, the same
         # topic) with the columnar fetch, which is the default and goes on to the model.
-        agg = _aggregator(env, {"IPDP_AGGREGATOR_COLUMNAR_FETCH": "false"})
+        logs = Path(rt.directory)
+        agg = _aggregator(env, {"IPDP_AGGREGATOR_COLUMNAR_FETCH": "false"}, logs)
         out["lib_rate"], out["lib_cpu_us"] = _time_folds(agg, r, study, k)
         agg.terminate()
         agg.wait(timeout=60)
@@ -274,14 +276,14 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
         state.register_study(r, study)
         # The trainer is up (its group on the rounds stream exists) before the aggregator
         # starts, so the latency below is the trainer's work, not its start-up.
-        trainer = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "trainer", "run",
-                                    "--idle-exit", "60"], env=env)
+        trainer = spawn([sys.executable, "-m", "ipdp.cli", "trainer", "run", "--idle-exit", "60"],
+                        logs / "trainer.log", env)
         deadline = time.monotonic() + 60
         while not r.exists(state.ROUNDS_STREAM) or not r.xinfo_groups(state.ROUNDS_STREAM):
             if trainer.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the trainer did not start")
             time.sleep(0.05)
-        agg = _aggregator(env, {})
+        agg = _aggregator(env, {}, logs)
         out["agg_rate"], out["agg_cpu_us"] = _time_folds(agg, r, study, k)
         last = _records(study, 1, seed=2)[0]
         t_last = time.perf_counter()
@@ -300,6 +302,7 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
         agg.wait(timeout=60)
         trainer.terminate()
         trainer.wait(timeout=30)
+        producer.close()  # before the broker stops under it, which its IO thread logs as errors
     rows = [
         ["produce (load generator path, 1 producer)", f"{out['produce_rate']:,.0f}", ""],
         ["bare kafka-python consumer, same topic", f"{out['bare_rate']:,.0f}",
@@ -318,9 +321,10 @@ def end_to_end(k: int) -> tuple[list[list[str]], dict]:
 LIBRARY_PARSER = "ipdp aggregator, kafka-python's record parser (IPDP_AGGREGATOR_COLUMNAR_FETCH=false)"
 
 
-def _aggregator(env: dict, extra: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run",
-                             "--idle-exit", "3"], env={**env, **extra})
+def _aggregator(env: dict, extra: dict, logs: Path) -> subprocess.Popen:
+    # spawn(): a child that dies with the benchmark, which may stop at any step.
+    return spawn([sys.executable, "-m", "ipdp.cli", "aggregator", "run", "--idle-exit", "3"],
+                 logs / "aggregator.log", {**env, **extra})
 
 
 def _time_folds(agg: subprocess.Popen, r, study: Study, k: int) -> tuple[float, float]:
@@ -485,7 +489,8 @@ def memory(quick: bool, figures: dict | None = None) -> list[list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run every section and print the tables."""
-    p = argparse.ArgumentParser(prog="ipdp bench throughput", description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="ipdp bench throughput",
+                                description=__doc__)
     add_arguments(p)
     return run(p.parse_args(argv))
 

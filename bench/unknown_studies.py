@@ -47,7 +47,7 @@ def _rate(r, values: list[bytes], group: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=50_000, help="Records per row (50000).")
     k = ap.parse_args().records
     study = Study(study_id="valid", d=14, n=10**9, epsilon=1.0, delta=0.01)

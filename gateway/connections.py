@@ -10,7 +10,8 @@ least, in this order,
 3. *idle*: has completed requests and now waits between two (the fewest bytes first).
 
 A connection whose request is being read or answered is never evicted; with every connection
-busy, the newcomer is refused. So connections opened to be held cost their holder a turn
+busy, the newcomer is refused. (What becomes of an evicted or refused connection is the
+server's: gateway.server.HttpServer.hold.) So connections opened to be held cost their holder a turn
 each, while a device that sends its request at once is served (docs/security.md).
 """
 

@@ -110,7 +110,11 @@ class HttpConnection(asyncio.Protocol):
         self.peer = peer[:2] if isinstance(peer, tuple) else ("", 0)
         self.client = self.peer[0]
         if not self.server.opened(self):
-            transport.abort()
+            if self.server.hold(self):
+                transport.pause_reading()
+                self._arm(self.settings.header_timeout_s, _HEAD)
+            else:
+                transport.abort()
             return
         self.admitted = True
         self.parser = httptools.HttpRequestParser(self)
@@ -119,6 +123,8 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.admitted:
             self.server.closed(self)
+        else:
+            self.server.held.discard(self)
         self.due, self.answering = None, None
         self.waiting.clear()
         if self._disconnected is not None and not self._disconnected.done():
@@ -310,9 +316,17 @@ class HttpConnection(asyncio.Protocol):
             self.transport.close()
 
     def evict(self) -> None:
-        """Closed to make room for a newer connection (gateway.connections)."""
+        """Make room for a newer connection (gateway.connections). One that never completed
+        its request head is held unread until its head deadline, as a refused one is (so a
+        flood does not learn of it and re-open it at once, evicting another); an idle one is
+        closed."""
         GATEWAY_CONNECTIONS_EVICTED.inc()
-        self.transport.close()
+        self.server.left(self)
+        self.admitted = False
+        if (self.in_head or not self.received) and self.server.hold(self):
+            self.transport.pause_reading()
+        else:
+            self.transport.close()
 
     def timed_out(self) -> None:
         kind, self.due = self.due_kind, None

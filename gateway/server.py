@@ -51,6 +51,8 @@ class HttpServer:
             settings.max_connections_per_prefix, settings.ipv4_prefix_bits,
             settings.ipv6_prefix_bits)
         self.connections: set[HttpConnection] = set()
+        #: Refused connections left open, unread, until their head deadline (see :meth:`hold`).
+        self.held: set[HttpConnection] = set()
         self.proxies = trusted_proxies(settings.trusted_proxies or "")
         self.lifespan = Lifespan(app.asgi)
         self.draining = False
@@ -82,6 +84,8 @@ class HttpServer:
         self.draining = True
         for server in self._servers:
             server.close()
+        for connection in list(self.held):
+            connection.transport.abort()
         for connection in list(self.connections):
             connection.close_when_idle()
         deadline = time.monotonic() + self.settings.kafka_timeout_s
@@ -101,21 +105,42 @@ class HttpServer:
             return False
         GATEWAY_CONNECTIONS.inc()
         self.connections.add(connection)
-        if self._sweep is None:
-            self._sweep = connection.loop.call_later(self._period, self._sweep_now,
-                                                     connection.loop)
+        self._sweep_later(connection.loop)
         return True
 
+    def hold(self, connection: HttpConnection) -> bool:
+        """Whether a refused connection is held rather than closed at once.
+
+        A flood re-opens a closed connection at once, so closing the refused ones at once would
+        cost the gateway an accept and a close per re-opening, as fast as the flood can go.
+        Held unread until the head deadline (as many as ``max_connections``; above that they
+        are closed at once), a refused connection costs its holder a turn, as an admitted
+        silent one does, and the gateway one descriptor, no work.
+        """
+        if self.draining or len(self.held) >= self.settings.max_connections:
+            return False
+        self.held.add(connection)
+        self._sweep_later(connection.loop)
+        return True
+
+    def _sweep_later(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._sweep is None:
+            self._sweep = loop.call_later(self._period, self._sweep_now, loop)
+
     def closed(self, connection: HttpConnection) -> None:
-        GATEWAY_CONNECTIONS.dec()
+        self.left(connection)
         self.table.close(connection)
+
+    def left(self, connection: HttpConnection) -> None:
+        """A connection is no longer served (closed, or evicted: the table forgot it)."""
+        GATEWAY_CONNECTIONS.dec()
         self.connections.discard(connection)
 
     def _sweep_now(self, loop: asyncio.AbstractEventLoop) -> None:
         """Time out the connections past their deadline; again later while any is open."""
         now = loop.time()
-        for connection in list(self.connections):
+        for connection in [*self.connections, *self.held]:
             if connection.due is not None and connection.due <= now:
                 connection.timed_out()
         self._sweep = (loop.call_later(self._period, self._sweep_now, loop)
-                       if self.connections else None)
+                       if self.connections or self.held else None)

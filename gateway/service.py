@@ -113,17 +113,18 @@ def _supervise(settings: GatewaySettings, sock: socket.socket) -> None:
 
 
 def _raise_fd_limit(settings: GatewaySettings) -> None:
-    """Lift the soft file-descriptor limit toward the hard one so ``max_connections`` fit."""
+    """Lift the soft file-descriptor limit toward the hard one so ``max_connections`` fit,
+    twice: the connections, and as many refused ones held until their head deadline."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = settings.max_connections + _SPARE_FDS
+    needed = 2 * settings.max_connections + _SPARE_FDS
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         if target < needed:
-            log.warning("gateway: ulimit -n is %d, below IPDP_GATEWAY_MAX_CONNECTIONS + %d; "
-                        "lower the setting or raise the limit", target, _SPARE_FDS)
+            log.warning("gateway: ulimit -n is %d, below 2 × IPDP_GATEWAY_MAX_CONNECTIONS + "
+                        "%d; lower the setting or raise the limit", target, _SPARE_FDS)
 
 
 def serve(settings: GatewaySettings) -> None:

@@ -83,16 +83,19 @@ class GatewaySettings(BaseSettings):
         4096, ge=1,
         description="Open connections per worker; when they are all open, a new connection "
         "evicts the one that has sent the least (one without a complete request head first). "
-        "Keep it below the process's file descriptor limit (ulimit -n).")
+        "Keep twice it below the process's file descriptor limit (ulimit -n): as many refused "
+        "connections are held until their head deadline.")
     max_connections_per_client: int = Field(
         256, ge=1,
         description="Open connections per client address and worker; a connection above it is "
-        "closed at once, so one client cannot take every connection. A trusted proxy's "
+        "never read and is closed at the head deadline, so one client cannot take every "
+        "connection. A trusted proxy's "
         "connections count against max_connections only (the proxy caps its clients').")
     max_connections_per_prefix: int = Field(
         1024, ge=1,
         description="Open connections per network prefix (ipv4_prefix_bits, ipv6_prefix_bits) "
-        "and worker; a connection above it is closed at once, so one site or one IPv6 host "
+        "and worker; a connection above it is never read and is closed at the head deadline, "
+        "so one site or one IPv6 host "
         "(which holds a /64 of addresses) cannot take every connection. A trusted proxy's "
         "connections count against max_connections only.")
     ipv4_prefix_bits: int = Field(

@@ -119,7 +119,8 @@ GATEWAY_CONNECTIONS = _gauge(
     "ipdp_gateway_connections", "Open client connections of this gateway worker.")
 GATEWAY_CONNECTIONS_REFUSED = _counter(
     "ipdp_gateway_connections_refused_total",
-    "Connections closed as soon as accepted, by the cap they were above "
+    "Connections refused (never read, closed at the head deadline or at once), by the cap "
+    "they were above "
     "(max_connections with every connection busy, max_connections_per_client, "
     "max_connections_per_prefix).", ["cap"])
 GATEWAY_CONNECTIONS_EVICTED = _counter(

@@ -197,7 +197,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="compare with docs/operations.md instead of printing")
     args = parser.parse_args(argv)

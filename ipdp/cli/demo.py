@@ -10,6 +10,9 @@ With --web there is no simulator: the study is signed by a fresh owner key, the 
 serves the browser contributor's page (producer/web), and the command prints the page's URL, with
 the study id and the pinned public key in its query string, then reports each model as it is
 published until Ctrl-C.
+
+SIGTERM, SIGINT (Ctrl-C) or a second Ctrl-C, at any step, stops every process the demo started
+and removes the runtime directory, the owner's private key with it (stop_on_signals).
 """
 
 from __future__ import annotations

@@ -89,6 +89,7 @@ def test_a_flag_typo_shows_the_usage_of_the_command_it_was_given_to(argv, usage,
     (["credentials", "issue", "s1", "--key", "owner.key"], "Redis"),
     (["gateway"], "Kafka"),
     (["models"], "Kafka"),
+    (["dead-letters"], "Kafka"),
     (["loadgen", "--study", "s1", "--devices", "10"], "Kafka"),
 ])
 def test_an_unreachable_backend_is_one_line_naming_it_and_how_to_start_one(argv, backend):

@@ -16,11 +16,11 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import _require_binaries
+from tests.tooling import kill_processes_with, processes_with
 
 #: What a stopped command may take before the test calls it hung (a guard, not a measurement).
 EXIT_GUARD_S = 60
@@ -55,23 +55,6 @@ CASES = [
     (["up"], "up-ready", "SIGTERM"),
     (["up"], "up-ready", "SIGINT"),
 ]
-
-
-def processes_with(marker: bytes) -> list[str]:
-    """Command lines of live (not zombie) processes whose environment holds `marker`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if marker not in (proc / "environ").read_bytes():
-                continue
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:
-            continue
-    return found
 
 
 class Lines:
@@ -148,13 +131,7 @@ def test_a_signal_stops_every_child_and_removes_the_runtime_directory(
     # to the system's), ends the process by that signal.
     expected = (0, 130, -signal.SIGINT) if signals == "SIGINT twice" else (0, 130)
     assert status in expected, (status, stderr[-3000:])
-    left = processes_with(marker.encode())
-    for pid_dir in Path("/proc").iterdir():  # never leave them to the next test
-        if pid_dir.name.isdigit():
-            try:
-                if marker.encode() in (pid_dir / "environ").read_bytes():
-                    os.kill(int(pid_dir.name), signal.SIGKILL)
-            except OSError:
-                continue
-    assert left == [], "processes left behind"
+    left = processes_with(marker)
+    kill_processes_with(marker)
+    assert left == {}, "processes left behind"
     assert list(tmp.iterdir()) == [], "the runtime directory was left behind"

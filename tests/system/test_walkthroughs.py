@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import _require_binaries
+from tests.tooling import kill_processes_with, processes_with
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE_TIMEOUT_S = 420
@@ -56,20 +57,6 @@ def page_script(page: Path, workdir: Path) -> str:
     return "".join(shell)
 
 
-def processes_with(marker: str) -> list[str]:
-    """Command lines of live processes whose environment holds `marker`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (proc / "environ").read_bytes():
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:
-            continue
-    return found
-
-
 def run_page(page: Path, tmp_path: Path) -> str:
     _require_binaries()
     script = page_script(page, tmp_path)
@@ -89,14 +76,8 @@ def run_page(page: Path, tmp_path: Path) -> str:
         deadline = time.monotonic() + 15
         while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = processes_with(marker)
-        for pid_dir in Path("/proc").iterdir():  # never leave them to the next test
-            if pid_dir.name.isdigit():
-                try:
-                    if marker.encode() in (pid_dir / "environ").read_bytes():
-                        os.kill(int(pid_dir.name), 9)
-                except OSError:
-                    continue
+        left = list(processes_with(marker).values())
+        kill_processes_with(marker)
     done.stdout = out_path.read_text(encoding="utf-8", errors="replace")
     done.stderr = err_path.read_text(encoding="utf-8", errors="replace")
     assert done.returncode == 0, (f"{page.name} failed (exit {done.returncode})\n--- stdout\n"
