@@ -22,7 +22,10 @@ from collections import Counter
 from functools import lru_cache
 from typing import Protocol
 
-__all__ = ["ConnectionTable", "Holder", "prefix_of"]
+__all__ = ["CAPS", "ConnectionTable", "Holder", "prefix_of"]
+
+#: The caps :meth:`ConnectionTable.open` may refuse a connection by, as it names them.
+CAPS = ("max_connections_per_client", "max_connections_per_prefix", "max_connections")
 
 
 class Holder(Protocol):

@@ -30,7 +30,7 @@ import time
 
 from gateway.asgi import Lifespan
 from gateway.client_address import trusted_proxies
-from gateway.connections import ConnectionTable
+from gateway.connections import CAPS, ConnectionTable
 from gateway.http_connection import HttpConnection
 from gateway.settings import GatewaySettings
 from ipdp.metrics import GATEWAY_CONNECTIONS, GATEWAY_CONNECTIONS_REFUSED
@@ -50,6 +50,10 @@ class HttpServer:
             settings.max_connections, settings.max_connections_per_client,
             settings.max_connections_per_prefix, settings.ipv4_prefix_bits,
             settings.ipv6_prefix_bits)
+        # Each cap's refusal count is served from the start (at 0), so a rate of refusals reads
+        # 0, not "no data", until a connection is first refused.
+        for cap in CAPS:
+            GATEWAY_CONNECTIONS_REFUSED.labels(cap)
         self.connections: set[HttpConnection] = set()
         #: Refused connections left open, unread, until their head deadline (see :meth:`hold`).
         self.held: set[HttpConnection] = set()
