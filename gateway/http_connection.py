@@ -12,17 +12,16 @@ from collections import deque
 from email.utils import formatdate
 from functools import cache
 from http import HTTPStatus
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import httptools
 
-from gateway.asgi import call_app
+from gateway.asgi import Lifespan, call_app
 from gateway.checks import HTTP_STATUS
+from gateway.connections import ConnectionTable
+from gateway.settings import GatewaySettings
 from ipdp.metrics import GATEWAY_CONNECTIONS_EVICTED
 from ipdp.wire import RejectReason
-
-if TYPE_CHECKING:
-    from gateway.server import HttpServer
 
 __all__ = ["DeviceRequest", "HttpConnection"]
 
@@ -45,6 +44,21 @@ class DeviceRequest(NamedTuple):
     body: bytes
     #: False when the body exceeded ``max_body_bytes`` and was not read (the handler refuses it).
     whole: bool
+
+
+class ConnectionOwner(Protocol):
+    """What a connection needs of the server that accepted it (gateway.server.HttpServer)."""
+
+    settings: GatewaySettings
+    app: Any
+    table: ConnectionTable
+    held: set[HttpConnection]
+    lifespan: Lifespan
+
+    def opened(self, connection: HttpConnection) -> bool: ...
+    def hold(self, connection: HttpConnection) -> bool: ...
+    def closed(self, connection: HttpConnection) -> None: ...
+    def left(self, connection: HttpConnection) -> None: ...
 
 
 class _Request:
@@ -79,7 +93,7 @@ def _date_line() -> bytes:
 class HttpConnection(asyncio.Protocol):
     """One client connection: parses its requests, answers them in order, keeps its deadline."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: ConnectionOwner) -> None:
         self.server, self.settings, self.app = server, server.settings, server.app
         self.loop = asyncio.get_running_loop()
         #: Made once the connection is admitted (a refused one costs no parser).
