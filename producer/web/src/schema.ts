@@ -11,7 +11,9 @@
  */
 
 import { IpdpError } from "./errors.js";
-import type { Loss } from "./study.js";
+
+/** The loss a study trains with (a study's `loss`, re-exported by study.ts). */
+export type Loss = "squared" | "logistic";
 
 export interface SchemaFeature {
   readonly name: string;

@@ -10,12 +10,12 @@
 
 import { fromBase64, toHex, utf8 } from "./bytes.js";
 import { IpdpError } from "./errors.js";
-import { parseSchema, type Schema } from "./schema.js";
+import { type Loss, parseSchema, type Schema } from "./schema.js";
 
 export const ENVELOPE_FORMAT = 2;
 export const SIGNATURE_CONTEXT = "ipdp-study-v2";
 
-export type Loss = "squared" | "logistic";
+export type { Loss };
 export type StudyStatus = "open" | "closed";
 
 /** The public parameters a device uses, read from the signed study text. */
