@@ -221,12 +221,22 @@ class Aggregator:
     def _fold(self, messages: Polled) -> FoldResult:
         """On the fold thread: fold one batch, retrying until Redis lets it through."""
         started = time.perf_counter()
-        result = self._with_retry(self.folder.fold, messages, self._dead_letter)
+        result = self._with_retry(self.folder.fold, messages, self._dead_letter,
+                                  before_retry=self._announce_left_rounds)
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
         metrics.FOLD_BATCH_RECORDS.observe(len(messages))
         if result.conflicts:
             metrics.FOLD_CONFLICTS.inc(result.conflicts)
         return result
+
+    def _announce_left_rounds(self) -> None:
+        """A Redis failure can strike after a study's transaction committed (its reply lost, or
+        the announcement that follows it): the retried fold then finds its batch folded and
+        closes nothing, so the rounds that transaction closed are announced here."""
+        announced = self.folder.announce_pending()
+        if announced:
+            log.warning("announced %d closed rounds a Redis failure had left off the trainer's "
+                        "stream", announced)
 
     def _finish(self) -> dict[int, int]:
         """On the loop's thread: wait for the fold in flight, then seek, account and commit to
@@ -291,18 +301,25 @@ class Aggregator:
         log.info("dead-lettered %d records in %d messages (%s)", len(refused), len(futures),
                  ", ".join(sorted(reason.value for reason in refused.counts())))
 
-    def _with_retry(self, fn: Callable, *args):
-        """Run `fn(*args)` until Redis and the dead-letter producer let it through; nothing it did before
-        failing was committed (the fold is one MULTI/EXEC, after the dead letters are delivered)."""
+    def _with_retry(self, fn: Callable, *args, before_retry: Callable[[], None] | None = None):
+        """Run `fn(*args)` until Redis and the dead-letter producer let it through. A failed try
+        may still have committed (a transaction whose reply was lost); a retry never redoes it,
+        as each transaction checks the offsets it moves. `before_retry`, if given, runs before
+        each retry, inside the same retry loop."""
         backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
+        failed = False
         while True:
             try:
+                if failed and before_retry is not None:
+                    before_retry()
                 return fn(*args)
             except REDIS_TRANSIENT as exc:
+                failed = True
                 if self.stop_event.is_set():
                     raise
                 pause_after_failure(backoff, self.stop_event, "redis", "fold", exc)
             except KafkaError as exc:
+                failed = True
                 if self.stop_event.is_set():
                     raise
                 pause_after_failure(backoff, self.stop_event, "kafka", "dead_letter", exc)
