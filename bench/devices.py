@@ -42,12 +42,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bench.gateway_load import cpu_seconds
+from bench.runtime import register_studies, service_env
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
-from ipdp.kafka_io import ensure_topics, kafka_consumer, kafka_producer
+from ipdp.kafka_io import kafka_consumer, kafka_producer
 from ipdp.redis_io import redis_client
-from ipdp.settings import TopicSettings
 from ipdp.study import Study
 from ipdp.wire import (
     CONTAINER_VERSION,
@@ -116,6 +116,13 @@ end
 
 def _lua_bytes(raw: bytes) -> str:
     return "".join(f"\\{b}" for b in raw)
+
+
+#: One address plays every device: its limits are raised out of the way, not turned off, so
+#: their cost per request stays in the measurement.
+DEVICE_LIMITS_RAISED = {
+    "IPDP_GATEWAY_RATE_LIMIT_PER_S": "1e9", "IPDP_GATEWAY_RATE_LIMIT_BURST": "1000000000",
+    "IPDP_GATEWAY_RECORD_LIMIT_PER_S": "1e9", "IPDP_GATEWAY_RECORD_LIMIT_BURST": "1000000000"}
 
 
 def wrk_script(study: Study, seed: int = 0) -> str:
@@ -233,28 +240,15 @@ def measure(*, seconds: float = 15, connections: int = 64, threads: int = 2,
     runs: list[dict] = []
     with EmbeddedRuntime() as rt, tempfile.TemporaryDirectory() as tmp:
         kafka = rt.kafka_settings()
-        topics = TopicSettings(records="bench.dev.records", models="bench.dev.models",
-                               dead_letter="bench.dev.dlq", studies="bench.dev.studies")
-        ensure_topics(kafka, topics)
         study = Study(study_id=STUDY_ID, d=D, n=10**8, epsilon=1.0, delta=0.01)
+        topics = register_studies(rt, "bench.dev", [study])
         r = redis_client(rt.redis_settings())
-        producer = kafka_producer(kafka)
-        state.create_study(r, producer, topics, study)
-        producer.close()
         script = Path(tmp) / "device.lua"
         script.write_text(wrk_script(study))
         refused_script = Path(tmp) / "refused.lua"
         refused_script.write_text(wrk_script(Study(study_id=OTHER_STUDY_ID, d=D, n=10**8,
                                                    epsilon=1.0, delta=0.01)))
-        env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
-               "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
-               "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter,
-               "IPDP_TOPIC_STUDIES": topics.studies,
-               # One address plays every device: its limits are raised out of the way, not
-               # turned off, so their cost per request stays in the measurement.
-               "IPDP_GATEWAY_RATE_LIMIT_PER_S": "1e9", "IPDP_GATEWAY_RATE_LIMIT_BURST": "1000000000",
-               "IPDP_GATEWAY_RECORD_LIMIT_PER_S": "1e9",
-               "IPDP_GATEWAY_RECORD_LIMIT_BURST": "1000000000"}
+        env = service_env(rt, topics, **DEVICE_LIMITS_RAISED)
         aggregator = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"],
                                       env=env)
         key = state.StudyKeys(STUDY_ID).counts

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -48,12 +47,11 @@ import numpy as np
 
 from bench import flood_connections
 from bench.gateway_load import cpu_seconds, post_all, request_bodies
+from bench.runtime import register_studies, service_env
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
-from ipdp.kafka_io import ensure_topics, kafka_producer
 from ipdp.redis_io import redis_client
-from ipdp.settings import TopicSettings
 from ipdp.study import Study
 from producer.contributor import perturb_records
 from producer.gateway_client import GatewayClient
@@ -181,21 +179,11 @@ def measure_resend(records: int = 100_000, *, per_request: int = 1000, connectio
     flood, probe, steady = (_study("flood", 10 * records * repeat),
                             _study("honest-probe", 10**6), _study("honest-steady", 10**6))
     with EmbeddedRuntime() as rt:
-        kafka = rt.kafka_settings()
-        topics = TopicSettings(records="bench.flood.records", models="bench.flood.models",
-                               dead_letter="bench.flood.dlq", studies="bench.flood.studies",
-                               records_partitions=2)
-        ensure_topics(kafka, topics)
+        topics = register_studies(rt, "bench.flood", (flood, probe, steady), records_partitions=2)
         r = redis_client(rt.redis_settings())
-        producer = kafka_producer(kafka)
-        for s in (flood, probe, steady):
-            state.create_study(r, producer, topics, s)
-        producer.close()
         port = free_port()
-        env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
-               "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
-               "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter, "IPDP_TOPIC_STUDIES": topics.studies,
-               "IPDP_GATEWAY_HOST": "127.0.0.1", "IPDP_GATEWAY_PORT": str(port), **GATEWAY_ENV}
+        env = service_env(rt, topics, IPDP_GATEWAY_HOST="127.0.0.1",
+                          IPDP_GATEWAY_PORT=str(port), **GATEWAY_ENV)
         gw = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway"], env=env)
         agg = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "aggregator", "run"], env=env)
 

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import resource
 import sys
 import tempfile
@@ -30,13 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.devices import D, _stop, _wrk, start_server, wrk_script
+from bench.devices import DEVICE_LIMITS_RAISED, D, _stop, _wrk, start_server, wrk_script
 from bench.gateway_load import cpu_seconds
-from ipdp import state
+from bench.runtime import register_studies, service_env
 from ipdp.embedded import EmbeddedRuntime
-from ipdp.kafka_io import ensure_topics, kafka_producer
-from ipdp.redis_io import redis_client
-from ipdp.settings import TopicSettings
 from ipdp.study import Study
 
 __all__ = ["LAYOUTS", "FloodResult", "add_arguments", "measure", "probe", "run", "run_flood"]
@@ -190,23 +186,11 @@ def measure(*, probes: int = 30, device_seconds: float = 15, connections: int = 
     """One row per flood layout (and one without a flood): probes answered, device rate."""
     rows: list[dict] = []
     with EmbeddedRuntime() as rt, tempfile.TemporaryDirectory() as tmp:
-        kafka = rt.kafka_settings()
-        topics = TopicSettings(records="bench.flood.records", models="bench.flood.models",
-                               dead_letter="bench.flood.dlq", studies="bench.flood.studies")
-        ensure_topics(kafka, topics)
         study = Study(study_id=STUDY_ID, d=D, n=10**8, epsilon=1.0, delta=0.01)
-        producer = kafka_producer(kafka)
-        state.create_study(redis_client(rt.redis_settings()), producer, topics, study)
-        producer.close()
+        topics = register_studies(rt, "bench.flood", [study])
         script = Path(tmp) / "device.lua"
         script.write_text(wrk_script(study))
-        env = {**os.environ, **rt.env(), "IPDP_METRICS_PORT": "0", "IPDP_LOG_LEVEL": "WARNING",
-               "IPDP_TOPIC_RECORDS": topics.records, "IPDP_TOPIC_MODELS": topics.models,
-               "IPDP_TOPIC_DEAD_LETTER": topics.dead_letter,
-               "IPDP_TOPIC_STUDIES": topics.studies, "IPDP_GATEWAY_RATE_LIMIT_PER_S": "1e9",
-               "IPDP_GATEWAY_RATE_LIMIT_BURST": "1000000000",
-               "IPDP_GATEWAY_RECORD_LIMIT_PER_S": "1e9",
-               "IPDP_GATEWAY_RECORD_LIMIT_BURST": "1000000000"}
+        env = service_env(rt, topics, **DEVICE_LIMITS_RAISED)
         gateway, url = start_server("gateway", env)
         try:
             for layout in (None, *LAYOUTS):
