@@ -17,7 +17,7 @@ statistics and fit, the trainer's solver) and NP, and checks the promise on the 
 table says how often it held at the advised n, and at a quarter of it (how much the advice
 asks beyond need). Where the advised n is more than the table's rows, it says so and runs nothing.
 
-Usage: python -m bench.predicted [--trials 10] [--quick] [--seed 0] [--json]
+Usage: python -m bench.predicted [--trials 20] [--quick] [--seed 0] [--json]
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def report(rows: list[Row], command: str, wall: float) -> str:
                      f"{held_text(r.held, r.trials)} | {held_text(r.held_at_quarter, r.trials)} |")
     ran = [r for r in rows if r.passed is not None]
     failed = [r for r in ran if not r.passed]
-    lines += ["", f"At the advised n the promise held in ≥ {HOLDS:.0%} of the trials on "
+    lines += ["", f"At the advised n the promise held in ≥ {100 * HOLDS:.0f} % of the trials on "
               f"{len(ran) - len(failed)} of {len(ran)} rows that ran"
               + (f"; FAILED on {', '.join(f'{r.table} {r.loss} ε={r.epsilon:g}' for r in failed)}"
                  if failed else "") + f"; {len(rows) - len(ran)} row(s) need more rows than "
@@ -222,7 +222,7 @@ def plan(data, quick: bool, seed: int):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench.predicted",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=10, help="Trials per row (default 10).")
+    parser.add_argument("--trials", type=int, default=20, help="Trials per row (default 20).")
     parser.add_argument("--quick", action="store_true",
                         help="Synthetic data, ε = 1, the worst-case spread only.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of every generator.")
