@@ -76,7 +76,7 @@ def local_protection(local_epsilon: float | None) -> str:
 def _amount(size: SampleSize, value: float) -> str:
     """A promise's amount: τ in the target's units, or accuracy points for a classifier."""
     if size.loss == "logistic":
-        return f"{100 * value:.2g} accuracy points"
+        return f"{100 * value:.2g} points"
     return f"τ = {fmt(value, 3)}" + ("" if size.target_name == "y" else f" {size.target_name}")
 
 
@@ -94,7 +94,7 @@ def sample_size_rows(size: SampleSize, n: int) -> list[tuple[str, str]]:
     if size.loss == "logistic":
         bound = (f"at most {_amount(size, size.bought)} below" if size.bought < 0.5
                  else "no bound on what it loses against")
-        buys = (f"test accuracy {bound} NP's (the non-private fit of the same rows); "
+        buys = (f"test accuracy {bound} NP's, the non-private fit of the same rows; "
                 f"{_asked(size)}")
         assuming = ("a classifier whose scores crowd the boundary no more than the benchmark "
                     "tables' (docs/benchmarks.md)")
@@ -115,9 +115,12 @@ def sample_size_warning(size: SampleSize, n: int) -> str | None:
     """What `study create` says when the study's n does not meet the margin, else None."""
     if size.enough:
         return None
-    promise = ("no bound on the accuracy lost" if size.loss == "logistic" and size.bought >= 0.5
-               else _amount(size, size.bought))
-    return (f"WARNING: n = {n:,} promises {promise} against the non-private model; "
+    if size.loss == "logistic":
+        promise = ("no bound on the accuracy lost" if size.bought >= 0.5
+                   else f"at most {_amount(size, size.bought)} of accuracy lost")
+    else:
+        promise = _amount(size, size.bought)
+    return (f"WARNING: at n = {n:,} the promise against the non-private model is {promise}; "
             f"{_asked(size)} (docs/privacy.md, \"The n a study needs\")")
 
 

@@ -11,6 +11,7 @@ import pytest
 from ipdp.calibration import CalibrationError, calibrate
 from ipdp.sample_size import (
     LOGISTIC_ACCURACY_PER_EXCESS,
+    MODEL_SPREAD,
     eta_advice,
     excess_bound,
     for_study,
@@ -31,7 +32,7 @@ RENTS = {"features": [{"name": "area", "min": 20, "max": 150},
 def bought(n: int, epsilon: float, loss: str = "squared") -> float:
     """What n records promise, in encoded units: τ (squared) or accuracy lost (logistic)."""
     b = excess_bound(calibrate(n=n, epsilon=epsilon, loss=loss, **PARAMS))
-    return LOGISTIC_ACCURACY_PER_EXCESS * b if loss == "logistic" else math.sqrt(b)
+    return LOGISTIC_ACCURACY_PER_EXCESS * b if loss == "logistic" else math.sqrt(MODEL_SPREAD * b)
 
 
 @pytest.mark.parametrize(("epsilon", "loss", "margin", "target_sd"), [
@@ -95,7 +96,8 @@ def test_a_schema_studys_promise_is_in_the_targets_units_and_eta_defaults_to_roo
     assert size.target_name == "rent" and size.target_range == (0.0, 2500.0)
     assert size.target_unit == 1250.0 and size.target_sd == 1250.0  # half the range
     assert size.tolerance == pytest.approx(0.3 * 1250.0)
-    assert size.bought == pytest.approx(math.sqrt(excess_bound(study.calibration)) * 1250.0)
+    assert size.bought == pytest.approx(
+        math.sqrt(MODEL_SPREAD * excess_bound(study.calibration)) * 1250.0)
     assert "√d = 2" in eta_advice(study) and "default" in eta_advice(study)
     # A given η is kept, and said to bind below the rule.
     small = Study(study_id="rents", schema=RENTS, n=5_000, epsilon=1.0, delta=1e-5, eta=1.0)

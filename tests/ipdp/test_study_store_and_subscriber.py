@@ -408,7 +408,8 @@ def test_study_create_prints_what_n_buys_and_warns_below_the_advised_n(env_topic
     captured = capsys.readouterr()
     assert "n = 2,000 buys" in captured.out and "BELOW" in captured.out
     assert "the largest standard deviation y's range [-1, 1] allows" in captured.out
-    assert re.search(r"WARNING: n = 2,000 promises τ = [0-9.]+ against the non-private model; "
+    assert re.search(r"WARNING: at n = 2,000 the promise against the non-private model is "
+                     r"τ = [0-9.]+; "
                      r"0\.3·s = 0\.3 needs n ≥ [0-9,]+", captured.err)
     assert load_study(r, "small-1")[1] == OPEN  # a warning, not a refusal
     assert _run(["study", "create", "--study-id", "big-1", "--d", "14", "--n", "10000",
