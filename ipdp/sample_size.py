@@ -236,11 +236,15 @@ def for_study(study, margin: float | None = None, target_sd: float | None = None
 
 
 def eta_advice(study) -> str | None:
-    """How a squared-loss schema study's η relates to the schema's rule (`schema_eta`), in one
-    line; None for a study without a numeric schema target."""
+    """How a schema study's η was chosen, in one line: against the schema's rule (`schema_eta`)
+    for a numeric target; None for a study without a schema."""
     schema = study.schema_
-    if schema is None or schema.target.is_class:
+    if schema is None:
         return None
+    if schema.target.is_class:
+        # The constrained solution is (H + νI)⁻¹b for some ν ≥ 0: a binding bound is a ridge.
+        return (f"{study.eta:g}: a classifier predicts with the sign of xᵀw, and a binding "
+                "‖w‖ ≤ η acts on w as a ridge, not a cap on its predictions")
     rule = schema_eta(study.d)
     why = (f"√d = {rule:.3g}, the least η that leaves unconstrained every linear model whose "
            f"predictions stay within {schema.target.name}'s range over the features' ranges")

@@ -108,7 +108,8 @@ def test_a_schema_studys_promise_is_in_the_targets_units_and_eta_defaults_to_roo
     loans = Study(study_id="loans", loss="logistic", n=5_000, epsilon=1.0, delta=1e-5,
                   schema={"features": RENTS["features"],
                           "target": {"name": "late", "classes": ["no", "yes"]}})
-    assert loans.eta == 1.0 and eta_advice(loans) is None
+    assert loans.eta == 1.0 and eta_advice(loans).startswith("1: a classifier")
+    assert eta_advice(Study(study_id="plain", d=4, n=5_000, epsilon=1.0, delta=1e-5)) is None
     assert for_study(loans).target_sd is None
 
 
