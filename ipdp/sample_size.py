@@ -24,9 +24,10 @@ expression at the one curvature μ = λ/d; real tables have less, where R is opt
 - logistic loss: the private classifier's test accuracy is at most LOGISTIC_ACCURACY_PER_EXCESS·B
   below the non-private one's; margin is that loss (0.02: two points).
 
-B is an expectation and the promise is per trained model, hence MODEL_SPREAD: the excess is a
-Gaussian quadratic form, whose 80 % quantile is at most that of χ²₁ over its mean (1.64), reached
-when the error lies in one direction. `python -m bench.predicted` measures
+B is an expectation and the promise is per trained model, hence MODEL_SPREAD: a centred
+Gaussian quadratic form exceeds 1.64 times its mean with probability at most 0.2, as χ²₁ does
+(Székely & Bakirov 2003); the bias makes the excess's form not centred, so this is a margin, not
+a proof. `python -m bench.predicted` measures
 how often it holds at the advised n on the accuracy benchmark's tables (docs/benchmarks.md,
 "Predicted against measured error"; at least 80 % of trials is the bar). The accuracy factor is
 an empirical one, calibrated there: classifiers whose scores crowd the boundary more than those
