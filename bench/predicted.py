@@ -77,7 +77,8 @@ class Row:
     held: int | None
     """Trials whose promise held at the advised n; None where the table lacks the rows."""
     held_at_quarter: int | None
-    """The same promise at a quarter of the advised n (None where no calibration exists)."""
+    """The same promise at a quarter of the advised n (a trial whose calibration refuses that n
+    counts as not held); None where the table lacks the rows."""
 
     @property
     def more_than_table(self) -> bool:
@@ -147,9 +148,8 @@ def run_row(source, task, e: float, assumption: str, sd: float | None, margin: f
     quarter = max(n // 4, 2)
     held, held_quarter = 0, 0
     for trial in range(trials):
-        data_rng, test_rng, noise_rng, mech_rng, _ = rngs(seed, source.name, task.loss,
-                                                          TRIAL_KIND, trial)
-        peer_rng = np.random.default_rng([seed, trial, 7])
+        data_rng, test_rng, noise_rng, mech_rng, peer_rng = rngs(seed, source.name, task.loss,
+                                                                 TRIAL_KIND, trial)
         stats = collect_stats(source.train_chunks(data_rng, pieces([quarter, n])), task,
                               noise_rng, [quarter, n], source.coord_bound)
         x, y = source.test_rows(test_rng, max(n // 4, TEST_ROWS_MIN))
