@@ -73,29 +73,55 @@ def local_protection(local_epsilon: float | None) -> str:
             "and Redis like raw data; the central guarantee is the one to quote")
 
 
+def _amount(size: SampleSize, value: float) -> str:
+    """A promise's amount: τ in the target's units, or accuracy points for a classifier."""
+    if size.loss == "logistic":
+        return f"{100 * value:.2g} points"
+    return f"τ = {fmt(value, 3)}" + ("" if size.target_name == "y" else f" {size.target_name}")
+
+
+def _asked(size: SampleSize) -> str:
+    """The margin asked, with the n it needs."""
+    need = ("no n up to 2^40" if size.advised_n is None else f"n ≥ {size.advised_n:,}")
+    if size.loss == "logistic":
+        return f"{100 * size.margin:.2g} points needs {need}"
+    return f"{fmt(size.margin, 3)}·s = {fmt(size.tolerance, 4)} needs {need}"
+
+
 def sample_size_rows(size: SampleSize, n: int) -> list[tuple[str, str]]:
-    """The model's predicted error against the zero model's, and the least n predicted useful."""
-    name, zero = (("D", "1") if size.loss == "logistic"
-                  else ("R", f"μη² = {fmt(size.zero_model_error, 4)}"))
-    least = ("none up to 2^40" if size.least_useful_n is None
-             else f"{size.least_useful_n:,}")
-    against = f"{name} is {100 * size.relative_error:.3g} % of the zero model's ({zero})"
-    useful = (f"{least}  — the least n (to 1 %) whose predicted error is at most "
-              f"{100 * (1 - size.margin):.3g} % of the zero model's (public parameters only; "
-              f"n = {n:,} is {'above' if size.useful else 'BELOW'} it)")
-    return [("predicted error against w = 0", against),
-            (f"least useful n (margin {fmt(size.margin, 3)})", useful)]
+    """What n buys against the non-private model, the n the margin needs, and the assumption
+    (docs/privacy.md, "The n a study needs")."""
+    if size.loss == "logistic":
+        bound = (f"at most {_amount(size, size.bought)} below" if size.bought < 0.5
+                 else "no bound on what it loses against")
+        buys = (f"test accuracy {bound} NP's, the non-private fit of the same rows; "
+                f"{_asked(size)}")
+        assuming = ("a classifier whose scores crowd the boundary no more than the benchmark "
+                    "tables' (docs/benchmarks.md)")
+    else:
+        buys = (f"test RMSE ≤ √(RMSE_NP² + τ²) with {_amount(size, size.bought)}, NP the "
+                f"non-private fit of the same rows; {_asked(size)}")
+        lo, hi = size.target_range
+        assuming = (f"s = {fmt(size.target_sd, 4)}, the target's standard deviation as given"
+                    if size.target_sd_given else
+                    f"s = {fmt(size.target_sd, 4)}, the largest standard deviation "
+                    f"{size.target_name}'s range [{fmt(lo, 4)}, {fmt(hi, 4)}] allows "
+                    "(--target-sd S: your data's)")
+    return [(f"n = {n:,} buys", buys + ("" if size.enough else "  — n is BELOW it")),
+            ("assuming", assuming)]
 
 
 def sample_size_warning(size: SampleSize, n: int) -> str | None:
-    """What `study create` says when the study's n is predicted too small, else None."""
-    if size.useful:
+    """What `study create` says when the study's n does not meet the margin, else None."""
+    if size.enough:
         return None
-    need = ("no n up to 2^40" if size.least_useful_n is None
-            else f"n ≥ {size.least_useful_n:,}")
-    return (f"WARNING: at n = {n:,} the model's predicted error is {100 * size.relative_error:.3g} % "
-            f"of the zero model's (w = 0); beating it by the margin {fmt(size.margin, 3)} needs "
-            f"{need} (docs/privacy.md, \"The n a study needs\")")
+    if size.loss == "logistic":
+        promise = ("no bound on the accuracy lost" if size.bought >= 0.5
+                   else f"at most {_amount(size, size.bought)} of accuracy lost")
+    else:
+        promise = _amount(size, size.bought)
+    return (f"WARNING: at n = {n:,} the promise against the non-private model is {promise}; "
+            f"{_asked(size)} (docs/privacy.md, \"The n a study needs\")")
 
 
 def _split(parts: dict[str, float]) -> str:

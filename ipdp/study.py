@@ -37,6 +37,7 @@ from pydantic import (
 
 from ipdp.calibration import Calibration, Mode, RecordNormBounds, calibrate, record_norm_bounds
 from ipdp.errors import CalibrationError, ConfigurationError, MalformedValue
+from ipdp.sample_size import schema_eta
 from ipdp.schema import Schema
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
@@ -113,7 +114,8 @@ class Study(BaseModel):
     n: int = Field(ge=2, description="Records per round.")
     epsilon: float = Field(description="Central ε of each published model.")
     delta: float = Field(description="Central δ of each published model.")
-    eta: float = Field(1.0, description="η: the model is constrained to ‖w‖ ≤ η.")
+    eta: float = Field(1.0, description="η: the model is constrained to ‖w‖ ≤ η (default 1; "
+                       "√d for a squared-loss schema study: ipdp.sample_size.schema_eta).")
     lam: float = Field(None, description="λ: contributors clip ‖q‖² ≤ λ (default 1, or from "
                                          "x_bound).")
     p_bound: float = Field(None, description="P: contributors clip ‖p‖ ≤ P (default 1, or from "
@@ -296,6 +298,8 @@ def _resolve_schema(data: dict, loss: str) -> dict:
         if given is not None and given != value:
             raise ValueError(f"{name}={given} contradicts the schema, which gives {name}={value:g}"
                              " (its encoding; docs/privacy.md): leave it out")
+    if loss != "logistic" and data.get("eta") is None:
+        derived["eta"] = schema_eta(schema.d)
     return data | derived | {"schema": schema}
 
 

@@ -74,19 +74,33 @@ def add_margin_flag(p: argparse.ArgumentParser) -> None:
     # No default here: ipdp.sample_size imports the calibration, which building the parser
     # must not (`ipdp --help` would import numpy).
     p.add_argument("--margin", type=float, default=None, metavar="M",
-                   help="A useful model is predicted to have at most 1 − M of the zero model's "
-                   "error; the least n that gives it is printed (default: "
-                   "ipdp.sample_size.DEFAULT_MARGIN, 0.5).")
+                   help="The promise the advised n must meet: test RMSE within τ = M·s of the "
+                   "non-private model's, in quadrature (squared loss, default 0.3), or test "
+                   "accuracy at most M below it (logistic, default 0.02) "
+                   "(docs/privacy.md, \"The n a study needs\").")
+    p.add_argument("--target-sd", dest="target_sd", type=float, default=None, metavar="S",
+                   help="The target's standard deviation s in its units (squared loss): the "
+                   "scale of the promise (default: the largest the target's range allows, half "
+                   "of it).")
 
 
-def _sample_size(study, margin: float | None):
+def _sample_size(study, args: argparse.Namespace):
     from ipdp.errors import CalibrationError
-    from ipdp.sample_size import DEFAULT_MARGIN, for_study
+    from ipdp.sample_size import for_study
 
     try:
-        return for_study(study, DEFAULT_MARGIN if margin is None else margin)
+        return for_study(study, args.margin, args.target_sd)
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _advice_rows(study, size) -> list[tuple[str, str]]:
+    """The n advice's lines, and how a schema study's η was chosen."""
+    from ipdp.report import sample_size_rows
+    from ipdp.sample_size import eta_advice
+
+    eta = eta_advice(study)
+    return sample_size_rows(size, study.n) + ([("η", eta)] if eta else [])
 
 
 def add_signing_flag(p: argparse.ArgumentParser) -> None:
@@ -106,24 +120,24 @@ def _signing_key(args: argparse.Namespace):
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from ipdp.report import calibration_table, sample_size_rows
+    from ipdp.report import calibration_table
 
     args.study_id = "calibrate"
     study = study_from_args(args)
     cal = study.calibration
-    size = _sample_size(study, args.margin)
+    size = _sample_size(study, args)
     if args.json:
         # "delta" is the published models', the norm check's share included (docs/privacy.md).
         print(json.dumps(cal.model_dump() | {"sample_size": asdict(size)}, sort_keys=True))
     else:
-        print(calibration_table(cal, sample_size_rows(size, study.n)))
+        print(calibration_table(cal, _advice_rows(study, size)))
     return 0
 
 
 def cmd_study_create(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from ipdp.report import calibration_table, sample_size_rows, sample_size_warning
+    from ipdp.report import calibration_table, sample_size_warning
     from ipdp.state import create_study
 
     base = load_study_file(args.file) if args.file else None
@@ -133,7 +147,7 @@ def cmd_study_create(args: argparse.Namespace) -> int:
             f"mode {study.mode!r} has no proven guarantee (docs/privacy.md, the erratum): a live "
             "study needs the default rigorous mode, or --allow-unproven-paper-calibration to "
             "reproduce the paper knowingly")
-    size = _sample_size(study, args.margin)
+    size = _sample_size(study, args)
     key = _signing_key(args)
     with redis_connection(args) as r, kafka_producer_for(args) as producer:
         created = create_study(r, producer, topic_settings(), study, key)
@@ -148,7 +162,7 @@ def cmd_study_create(args: argparse.Namespace) -> int:
         print(f"study {study.study_id} already exists with these parameters; nothing changed")
     print(f"signed by key {key.key_id}" if key else
           "UNSIGNED: devices and aggregators that pin a study key refuse it (docs/security.md)")
-    print(calibration_table(study.calibration, sample_size_rows(size, study.n)))
+    print(calibration_table(study.calibration, _advice_rows(study, size)))
     warning = sample_size_warning(size, study.n)
     if warning:
         print(warning, file=sys.stderr)

@@ -4,6 +4,7 @@ subscriber's de-duplication, and the operator CLI (`study ...`, `models`)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -401,15 +402,19 @@ def test_a_study_stored_before_the_error_rule_keeps_its_hash_and_noise_in_redis(
     assert load_study(r, sid)[0].hash == old_hash
 
 
-def test_study_create_prints_the_least_useful_n_and_warns_below_it(env_topics, r, capsys):
+def test_study_create_prints_what_n_buys_and_warns_below_the_advised_n(env_topics, r, capsys):
     assert _run(["study", "create", "--study-id", "small-1", "--d", "14", "--n", "2000",
                  "--epsilon", "0.1", "--delta", "0.01"]) == 0
     captured = capsys.readouterr()
-    assert "least useful n (margin 0.5)" in captured.out and "BELOW" in captured.out
-    assert "WARNING: at n = 2,000 the model's predicted error is 172 %" in captured.err
+    assert "n = 2,000 buys" in captured.out and "BELOW" in captured.out
+    assert "the largest standard deviation y's range [-1, 1] allows" in captured.out
+    assert re.search(r"WARNING: at n = 2,000 the promise against the non-private model is "
+                     r"τ = [0-9.]+; "
+                     r"0\.3·s = 0\.3 needs n ≥ [0-9,]+", captured.err)
     assert load_study(r, "small-1")[1] == OPEN  # a warning, not a refusal
     assert _run(["study", "create", "--study-id", "big-1", "--d", "14", "--n", "10000",
-                 "--epsilon", "1", "--delta", "0.01", "--margin", "0.9"]) == 0
+                 "--epsilon", "1", "--delta", "0.01", "--margin", "0.5", "--target-sd", "0.5"]) == 0
     captured = capsys.readouterr()
-    assert "least useful n (margin 0.9)" in captured.out and "above" in captured.out
+    assert "0.5·s = 0.25 needs n ≥" in captured.out and "BELOW" not in captured.out
+    assert "s = 0.5, the target's standard deviation as given" in captured.out
     assert "WARNING" not in captured.err
