@@ -129,7 +129,7 @@ def gateway_rows(requests: int) -> list[tuple[str, float]]:
 
     def admit(check: DeviceCredentials, version: int) -> None:
         for header, body in zip(headers[version], bodies[version], strict=True):
-            _token, cred = check.admit(header, study)
+            _token, cred = check.verify(header, study)
             check.check_slots(body, study, cred)
 
     headers = {v: [f"{AUTH_SCHEME} {token_text(t)}".encode() for t in tokens[v]] for v in (1, 2)}

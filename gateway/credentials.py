@@ -1,7 +1,7 @@
 """The gateway's per-request credential check, for studies that require credentials.
 
 A device sends its credential as ``Authorization: IPDP-Credential <token>`` (ipdp.credentials).
-Admission verifies it before the body is read (ipdp.credentials.CredentialVerifier: a version-1
+Admission (gateway.ingest) verifies it before the body is read (ipdp.credentials.CredentialVerifier: a version-1
 token's signature once per token and process, a version-2 batch's once for all its devices,
 then a few hashes per device); the records' ids must then be slots of that credential, each
 once in the request. A credential used again in another request, another worker or after a
@@ -30,7 +30,8 @@ _SCHEME = AUTH_SCHEME.encode("ascii")
 
 
 class DeviceCredentials:
-    """Admits requests to credential-requiring studies; raises CredentialRefused otherwise."""
+    """Verifies the credentials of requests to credential-requiring studies; raises
+    CredentialRefused when one does not admit its request."""
 
     def __init__(self, trusted: TrustedKeys) -> None:
         # The aggregator enforces the not-before time (with its clock-skew allowance) and the
@@ -38,7 +39,7 @@ class DeviceCredentials:
         # malformed, unpinned, expired, another study's, slots not the credential's.
         self.verifier = CredentialVerifier(trusted, skew_ms=None)
 
-    def admit(self, authorization: bytes | None, study: Study) -> tuple[bytes, Credential]:
+    def verify(self, authorization: bytes | None, study: Study) -> tuple[bytes, Credential]:
         """The token of the request's ``Authorization`` header (its bytes, as the ASGI scope
         holds them) and its credential."""
         if not authorization:

@@ -1,25 +1,38 @@
-"""The gateway's state and the steps of a records request it holds: the studies it follows,
-what each client may still send, the device credentials, and the hand-off to Kafka.
+"""The gateway's ingest pipeline: what a records request goes through, one step per method.
 
-The request path itself (admission, the body, the checks, the answer) is gateway.app's; it
-calls these steps. A record's bytes are never logged or kept here: an error names the reason and
-the record's position, never its content.
+    admit → size → check → produce → answer
+
+:meth:`Ingest.admit` decides from the request's head alone (the client's request limit, the
+study open, the device credential, the media type and the declared length), so a refused client
+never sends its body (``Expect: 100-continue`` is answered only once the body is read);
+:func:`read_body` reads at most ``max_body_bytes``; :meth:`Ingest.check` turns the body into
+wire records and runs the record limit and the per-record checks (gateway.checks);
+:meth:`Ingest.produce` hands them to the group commit (gateway.batcher) and returns once Kafka
+acknowledged the container(s) holding them. Every step refuses with the one
+:class:`~gateway.refusals.Refusal`. gateway.app answers; this module holds the state the steps
+use: the studies followed, what each client may still send, the credentials and the producer.
+
+A record's bytes are never logged or kept here: an error names the reason and the record's
+position, never its content.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from gateway.batcher import ContainerRefused, GroupCommit
-from gateway.checks import HTTP_STATUS
-from gateway.client_address import trusted_proxies
+from gateway.checks import HTTP_STATUS, first_rejection
+from gateway.client_address import FORWARDED_FOR, trusted_proxies
 from gateway.credentials import DeviceCredentials
 from gateway.heap import settle_heap
-from gateway.limits import ClientLimits
+from gateway.json_records import encode_json
+from gateway.limits import Bucket, ClientLimits
 from gateway.producer_process import ProducerProcess
 from gateway.producer_supervisor import ProducerSupervisor
-from gateway.refusals import Refusal, credential_refusal, kafka_refusal
+from gateway.refusals import JSON_TYPE, Refusal, credential_refusal, kafka_refusal
 from gateway.settings import GatewaySettings
 from ipdp.credentials import Credential, CredentialRefused
 from ipdp.metrics import (
@@ -31,13 +44,27 @@ from ipdp.metrics import (
 from ipdp.settings import KafkaSettings, RecordWindowSettings, TopicSettings, TrustSettings
 from ipdp.studies_topic import StudiesFollower
 from ipdp.study import Study, StudyStatus
-from ipdp.wire import RejectReason
+from ipdp.wire import RejectReason, record_size
 
-__all__ = ["Gateway"]
+__all__ = ["OCTET_STREAM", "Admission", "Ingest", "read_body"]
+
+OCTET_STREAM = "application/octet-stream"
 
 
-class Gateway:
-    """The state behind the routes: settings, the studies follower and the Kafka producer."""
+class Admission(NamedTuple):
+    """A request admitted on its head: its study, media type, device credential (token and
+    credential, for a study that requires one) and its client's bucket (its records are taken
+    from it once counted)."""
+
+    study: Study
+    media: str
+    credential: tuple[bytes, Credential] | None
+    bucket: Bucket
+
+
+class Ingest:
+    """The state behind the pipeline's steps: settings, the studies follower, the client limits,
+    the credentials and the Kafka producer with its group commit."""
 
     def __init__(self, settings: GatewaySettings, kafka: KafkaSettings,
                  topics: TopicSettings, *, owns_process: bool = False) -> None:
@@ -113,6 +140,8 @@ class Gateway:
         return True, "ready"
 
     def study_for(self, study_id: str, *, open_only: bool):
+        """The studies topic's entry of ``study_id``; Refusal if it is unknown (or, with
+        ``open_only``, closed) or the topic has not been read yet."""
         if not self.studies.ready.is_set():
             raise Refusal(RejectReason.STUDIES_UNAVAILABLE, "the studies topic has not been read yet",
                           headers={"Retry-After": "1"})
@@ -124,41 +153,104 @@ class Gateway:
                           "and accepts no more records")
         return entry
 
-    def check_size(self, declared: bytes | None, whole: bool) -> None:
-        """Refusal (413) when the Content-Length header (``declared``) exceeds
-        ``max_body_bytes``, or the body did (``whole`` False: the server stopped reading it)."""
+    # The pipeline's steps.
+
+    def admit(self, study_id: str, headers, peer: str) -> Admission:
+        """Step 1, on the head alone: the client's request limit, the study open, the device
+        credential of a study that requires one, the media type and the declared length."""
+        content_type, declared, authorization, forwarded_for = b"", None, None, None
+        for name, value in headers:
+            if name == b"content-type":
+                content_type = value
+            elif name == b"content-length":
+                declared = value
+            elif name == b"authorization":
+                authorization = value
+            elif name == FORWARDED_FOR:
+                forwarded_for = value
+        bucket = self.limits.take_request(self.proxies.client(peer, forwarded_for))
+        study = self.study_for(study_id, open_only=True).study
+        credential = self._verify_credential(authorization, study)
+        media = content_type.decode("latin-1").split(";")[0].strip().lower()
+        if media not in (OCTET_STREAM, JSON_TYPE):
+            raise Refusal(RejectReason.UNSUPPORTED_MEDIA_TYPE,
+                          f"Content-Type must be {OCTET_STREAM} or {JSON_TYPE}, got {media!r}")
         limit = self.settings.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise Refusal(RejectReason.TOO_LARGE,
-                          f"body of {declared.decode()} bytes exceeds {limit}")
-        if not whole:
-            raise Refusal(RejectReason.TOO_LARGE, f"body exceeds {limit} bytes")
+            raise _too_large(f"body of {declared.decode()} bytes exceeds {limit}")
+        return Admission(study, media, credential, bucket)
 
-    def admit_credential(self, authorization: bytes | None, study: Study
-                         ) -> tuple[bytes, Credential] | None:
-        """The device credential of a request (its Authorization header) to a study that
-        requires one (None for other studies); Refusal (401/403) when it does not admit it."""
+    def check(self, admission: Admission, body: bytes) -> tuple[bytes, int]:
+        """Step 3: the body's records, wire-encoded, and their count, once the client's record
+        limit allowed them and every per-record check passed."""
+        study = admission.study
+        if admission.media == JSON_TYPE:
+            body = encode_json(body, study)
+        k = len(body) // record_size(study.d)
+        admission.bucket.take_records(k)
+        rejection = first_rejection(body, study, self.window, time.time_ns() // 1_000_000)
+        if rejection is not None:
+            raise Refusal(*rejection, records=k)
+        return body, k
+
+    async def produce(self, admission: Admission, records: bytes, k: int) -> None:
+        """Step 4: k checked records (back to back) to Kafka through the group commit; returns
+        once the container(s) holding them are acknowledged. With a credential, the records' ids
+        must be its slots, and it travels with them."""
+        token = None
+        if admission.credential is not None:
+            try:
+                self.credentials.check_slots(records, admission.study, admission.credential[1])
+            except CredentialRefused as refusal:
+                raise credential_refusal(refusal, k) from None
+            token = admission.credential[0]
+        study = admission.study
+        try:
+            waiters = self.batcher.enqueue(study.study_id, study.d, records, token)
+        except ContainerRefused as exc:
+            raise kafka_refusal(exc, k) from None
+        if len(waiters) > 1:
+            await asyncio.wait(waiters)
+        for waiter in waiters:
+            try:
+                await waiter
+            except ContainerRefused as exc:
+                raise kafka_refusal(exc, k) from None
+
+    def _verify_credential(self, authorization: bytes | None, study: Study
+                           ) -> tuple[bytes, Credential] | None:
         if not study.require_credentials:
             return None
         try:
-            return self.credentials.admit(authorization, study)
+            return self.credentials.verify(authorization, study)
         except CredentialRefused as refusal:
             raise credential_refusal(refusal) from None
 
-    def enqueue(self, records: bytes, k: int, study: Study,
-                credential: tuple[bytes, Credential] | None = None) -> list[asyncio.Future]:
-        """Hand k checked records (back to back) to the group commit: the futures that settle
-        when Kafka acknowledged (or refused) the container(s) holding them. With a
-        ``credential``, the records' ids must be its slots (Refusal 403 otherwise), and it
-        travels with them."""
-        token = None
-        if credential is not None:
-            try:
-                self.credentials.check_slots(records, study, credential[1])
-            except CredentialRefused as refusal:
-                raise credential_refusal(refusal, k) from None
-            token = credential[0]
-        try:
-            return self.batcher.enqueue(study.study_id, study.d, records, token)
-        except ContainerRefused as exc:
-            raise kafka_refusal(exc, k) from None
+
+def _too_large(detail: str) -> Refusal:
+    return Refusal(RejectReason.TOO_LARGE, detail)
+
+
+async def read_body(receive: Callable[[], Awaitable[dict]], limit: int) -> bytes | None:
+    """Step 2: the request's body, at most ``limit`` bytes (Refusal 413 as soon as it is
+    longer, the rest unread); None if the client went away first."""
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        if message["type"] == "http.disconnect":
+            return None
+        if len(body) > limit:
+            raise _too_large(f"body exceeds {limit} bytes")
+        return body
+    chunks, size = [body], len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(f"body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)

@@ -115,7 +115,7 @@ class ClientLimits:
                           settings.relay_record_limit_burst, "IPDP_GATEWAY_RELAY_RECORD_LIMIT")
         return cls(device, relay, settings.relay_networks())
 
-    def admit(self, client: str, now: float | None = None) -> Bucket:
+    def take_request(self, client: str, now: float | None = None) -> Bucket:
         """The bucket of ``client`` (its address), one request taken; Refusal (429) if it
         has none left."""
         now = time.monotonic() if now is None else now

@@ -17,7 +17,8 @@ from ipdp.credentials import AUTH_SCHEME, CredentialRefused
 from ipdp.metrics import GATEWAY_RECORDS_REJECTED, GATEWAY_REFUSALS
 from ipdp.wire import RejectReason
 
-__all__ = ["JSON_TYPE", "Refusal", "credential_refusal", "kafka_refusal", "refused"]
+__all__ = ["JSON_TYPE", "Refusal", "count_refusal", "credential_refusal", "kafka_refusal",
+           "refused"]
 
 JSON_TYPE = "application/json"
 
@@ -32,10 +33,25 @@ class Refusal(Exception):
         self.status, self.reason, self.detail = HTTP_STATUS[reason], reason, detail
         self.records, self.headers = records, headers
 
-    def response(self) -> Response:
+    def body(self) -> bytes:
+        """The JSON answer's body."""
         render = _refusal_body if len(self.detail) <= _KEPT_DETAIL else _refusal_body.__wrapped__
-        return Response(render(self.reason.value, self.detail), status_code=self.status,
-                        headers=self.headers, media_type=JSON_TYPE)
+        return render(self.reason.value, self.detail)
+
+    def asgi_headers(self) -> list[tuple[bytes, bytes]]:
+        """The answer's headers as an ASGI ``http.response.start`` message carries them."""
+        if not self.headers:
+            return _JSON_HEADERS
+        return [*_JSON_HEADERS, *((name.lower().encode("latin-1"), value.encode("latin-1"))
+                                  for name, value in self.headers.items())]
+
+    def response(self) -> Response:
+        """The answer as a Starlette response (the routes other than the records route)."""
+        return Response(self.body(), status_code=self.status, headers=self.headers,
+                        media_type=JSON_TYPE)
+
+
+_JSON_HEADERS = [(b"content-type", JSON_TYPE.encode())]
 
 
 #: Refusal bodies are kept for details up to this length (a detail can quote a client's path).
@@ -51,13 +67,17 @@ def _refusal_body(reason: str, detail: str) -> bytes:
                       separators=(",", ":")).encode("utf-8")
 
 
-def refused(refusal: Refusal) -> Response:
-    """A Refusal's JSON answer, counted by reason; its records counted as rejected (a 503
-    rejects none)."""
+def count_refusal(refusal: Refusal) -> Refusal:
+    """Count ``refusal`` by reason, and its records as rejected (a 503 rejects none)."""
     _refusals_counter(refusal.reason).inc()
     if refusal.records and refusal.status != 503:
         GATEWAY_RECORDS_REJECTED.labels(refusal.reason).inc(refusal.records)
-    return refusal.response()
+    return refusal
+
+
+def refused(refusal: Refusal) -> Response:
+    """A Refusal's JSON answer as a Starlette response, counted (:func:`count_refusal`)."""
+    return count_refusal(refusal).response()
 
 
 @cache

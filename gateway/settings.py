@@ -16,9 +16,9 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IPDP_GATEWAY_", extra="ignore")
 
     host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a container).")
-    port: int = Field(8080, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    port: int = Field(8080, ge=1, le=65535, description="TCP port.")
     workers: int = Field(1, ge=1, description="Worker processes sharing the listening socket "
-                         "(each its own producer).")
+                         "(each its own producer); one that dies is replaced.")
     max_body_bytes: int = Field(
         4 << 20, ge=64, description="Largest request body; a longer one is refused with 413.")
     max_message_bytes: int = Field(
@@ -66,44 +66,15 @@ class GatewaySettings(BaseSettings):
         description="Records a relay may send at once; keep it at least the records of the "
         "largest body (max_body_bytes over the smallest study's record size).")
     max_header_bytes: int = Field(
-        16 * 1024, ge=1024,
-        description="Largest request head (request line and headers); a longer one is answered "
-        "431 and the connection closed.")
+        16 * 1024, ge=8192,
+        description="Largest request head (request line and headers) the server reads; a "
+        "longer one is refused and the connection closed. At least 8192 (the server's least "
+        "buffer).")
     header_timeout_s: float = Field(
         10.0, gt=0,
-        description="How long a connection may take, from opening or from a request's first "
-        "byte, to send the whole request head; then it is closed.")
-    body_timeout_s: float = Field(
-        30.0, gt=0,
-        description="How long a request may take to send its body once its head is in; then "
-        "the connection is closed.")
-    keep_alive_timeout_s: float = Field(
-        5.0, gt=0, description="How long an idle keep-alive connection stays open.")
-    max_connections: int = Field(
-        4096, ge=1,
-        description="Open connections per worker; when they are all open, a new connection "
-        "evicts the one that has sent the least (one without a complete request head first). "
-        "Keep twice it below the process's file descriptor limit (ulimit -n): as many refused "
-        "connections are held until their head deadline.")
-    max_connections_per_client: int = Field(
-        256, ge=1,
-        description="Open connections per client address and worker; a connection above it is "
-        "never read and is closed at the head deadline, so one client cannot take every "
-        "connection. A trusted proxy's "
-        "connections count against max_connections only (the proxy caps its clients').")
-    max_connections_per_prefix: int = Field(
-        1024, ge=1,
-        description="Open connections per network prefix (ipv4_prefix_bits, ipv6_prefix_bits) "
-        "and worker; a connection above it is never read and is closed at the head deadline, "
-        "so one site or one IPv6 host "
-        "(which holds a /64 of addresses) cannot take every connection. A trusted proxy's "
-        "connections count against max_connections only.")
-    ipv4_prefix_bits: int = Field(
-        24, ge=0, le=32, description="Length of the IPv4 prefix max_connections_per_prefix "
-        "counts by.")
-    ipv6_prefix_bits: int = Field(
-        64, ge=0, le=128, description="Length of the IPv6 prefix max_connections_per_prefix "
-        "counts by.")
+        description="How long a connection may take, from opening or after its previous "
+        "answer, to send a whole request head; then it is closed. Slow bodies, idle and "
+        "per-address connections are the edge's to bound (docs/operations.md, \"The gateway\").")
     trusted_proxies: str | None = Field(
         None,
         description="Comma-separated addresses or networks (CIDR) of the reverse proxies in "

@@ -115,18 +115,6 @@ GATEWAY_REQUEST_SECONDS = _histogram(
     "POST records: from the request's admission to its answer (Kafka's acknowledgement "
     "included).",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10))
-GATEWAY_CONNECTIONS = _gauge(
-    "ipdp_gateway_connections", "Open client connections of this gateway worker.")
-GATEWAY_CONNECTIONS_REFUSED = _counter(
-    "ipdp_gateway_connections_refused_total",
-    "Connections refused (never read, closed at the head deadline or at once), by the cap "
-    "they were above "
-    "(max_connections with every connection busy, max_connections_per_client, "
-    "max_connections_per_prefix).", ["cap"])
-GATEWAY_CONNECTIONS_EVICTED = _counter(
-    "ipdp_gateway_connections_evicted_total",
-    "Connections closed to make room for a new one when the worker's connections were full "
-    "(the one that had sent the least).")
 GATEWAY_KAFKA_SECONDS = _histogram(
     "ipdp_gateway_kafka_produce_seconds",
     "From handing a container to the producer to Kafka's acks=all acknowledgement.",
@@ -165,8 +153,8 @@ _ROLE_METRICS: dict[str, tuple] = {
                    *_STUDIES, *_BACKENDS),
     "trainer": (MODELS_PUBLISHED, ROUNDS_REFUSED, SOLVE_SECONDS, ROUND_TO_MODEL_SECONDS,
                 *_STUDIES, *_BACKENDS),
-    "gateway": (GATEWAY_REQUESTS, GATEWAY_REFUSALS, GATEWAY_REQUEST_SECONDS, GATEWAY_CONNECTIONS,
-                GATEWAY_CONNECTIONS_REFUSED, GATEWAY_CONNECTIONS_EVICTED, GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED,
+    "gateway": (GATEWAY_REQUESTS, GATEWAY_REFUSALS, GATEWAY_REQUEST_SECONDS,
+                GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED,
                 GATEWAY_KAFKA_SECONDS, GATEWAY_CONTAINER_RECORDS, TOPIC_VALUES_MALFORMED,
                 *_STUDIES),
     "loadgen": (LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS, TOPIC_VALUES_MALFORMED, *_STUDIES),

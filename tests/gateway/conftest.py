@@ -1,4 +1,5 @@
-"""A real gateway (its own server on a free loopback port, in a thread) on the session's broker."""
+"""A real gateway (its app on granian's embeddable server, on a free loopback port, in a
+thread) on the session's broker; tests/gateway/test_process.py runs `ipdp gateway` itself."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from contextlib import contextmanager
 import pytest
 
 from gateway.app import create_app
-from gateway.service import listen, new_event_loop, serve_app
+from gateway.service import http1_settings
 from gateway.settings import GatewaySettings
 from ipdp.embedded.children import free_port
 from ipdp.settings import KafkaSettings, TopicSettings
@@ -24,14 +25,19 @@ def running_gateway(kafka: KafkaSettings, topics: TopicSettings, ready: bool = T
 
     Waits for /readyz (Kafka connected, studies topic read) unless ``ready`` is False.
     """
+    from granian.constants import HTTPModes, Interfaces
+    from granian.log import LogLevels
+    from granian.server.embed import Server
+
     # One client address plays every device here: it is a relay unless a test says otherwise.
     gs = GatewaySettings(host="127.0.0.1", port=free_port(),
                          **{"relay_addresses": "127.0.0.1", **settings})
     app = create_app(gs, kafka, topics)
-    sock = listen(gs)
-    loop = new_event_loop()
-    stop = asyncio.Event()
-    served = loop.create_task(serve_app(app, gs, sock, stop))
+    server = Server(app, address=gs.host, port=gs.port, interface=Interfaces.ASGI,
+                    http=HTTPModes.http1, http1_settings=http1_settings(gs), websockets=False,
+                    log_level=LogLevels.warning)
+    loop = asyncio.new_event_loop()
+    served = loop.create_task(server.serve())
     thread = threading.Thread(target=loop.run_until_complete, args=(served,), daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{gs.port}"
@@ -40,9 +46,8 @@ def running_gateway(kafka: KafkaSettings, topics: TopicSettings, ready: bool = T
             client.wait_ready(30, "/readyz" if ready else "/healthz")
         yield url
     finally:
-        loop.call_soon_threadsafe(stop.set)
+        loop.call_soon_threadsafe(server.stop)
         thread.join(timeout=30)
-        sock.close()
         loop.close()
 
 

@@ -1,7 +1,7 @@
-"""A device's POST through the gateway's server (gateway.server) to its one handler, over raw
-sockets, as HTTP/1.1 requires: answers in request order on a pipelined connection,
-``Connection: close`` honoured, and every shape of the request (chunked, ``Expect:
-100-continue``) given the same answers by the same handler."""
+"""A device's POST through granian to the records route's one pipeline, over raw sockets, as
+HTTP/1.1 requires: answers in request order on a pipelined connection, ``Connection: close``
+honoured, every shape of the request (chunked, ``Expect: 100-continue``) given the same answers
+by the same handler, and admission decided before the body is read."""
 
 from __future__ import annotations
 
@@ -84,15 +84,46 @@ def test_a_chunked_or_continued_post_gets_the_same_answers(device, kafka_setting
 
 
 def test_the_records_route_is_matched_as_starlette_would_and_only_post_is_allowed(device):
-    from gateway.app import GatewayApp
+    from gateway.app import records_study
 
-    assert GatewayApp.device_study("/studies/s-1/records") == "s-1"
+    assert records_study("/studies/s-1/records") == "s-1"
     for path in ["/studies/s-1", "/studies/a/b/records", "/studies//records",
                  "/studies/records", "/healthz"]:
-        assert GatewayApp.device_study(path) is None, path
+        assert records_study(path) is None, path
     url, _ = device
     sock = connect(url)
     sock.sendall(b"GET /studies/door/records HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     raw = read_until_closed(sock)
     assert b"\r\nallow: POST\r\n" in raw
     assert answers(raw) == [(405, b'{"error":"method_not_allowed","detail":"Method Not Allowed"}')]
+
+
+@pytest.mark.parametrize("refusal", ["rate_limited", "too_large", "unknown_study"])
+def test_a_client_refused_on_its_head_never_gets_100_continue_nor_sends_its_body(
+        refusal, kafka_settings, redis_settings, topics):
+    """Admission (the request limit, the study, the declared size) is decided on the head: a
+    refused ``Expect: 100-continue`` client is answered at once and never asked for its body."""
+    study = create(kafka_settings, redis_settings, topics, study_id="door", d=D, n=1000,
+                   epsilon=1.0, delta=0.01)
+    limits = {"rate_limited": {"relay_addresses": "", "rate_limit_per_s": 0.01,
+                               "rate_limit_burst": 1}}.get(refusal, {})
+    with running_gateway(kafka_settings, topics, max_body_bytes=4096, **limits) as url:
+        known(url, study.study_id)
+        record = records(study, 1, seed=31)[0]
+        body = b"x" * 5000 if refusal == "too_large" else record
+        path = b"/studies/nowhere/records" if refusal == "unknown_study" else None
+        head = post(body, b"Expect: 100-continue")[:-len(body)]
+        if path:
+            head = head.replace(b"/studies/door/records", path)
+        sock = connect(url)
+        if refusal == "rate_limited":  # the first request takes the one token
+            sock.sendall(post(record))
+            assert answers(sock.recv(65536)) == [(202, b'{"accepted":1}')]
+        sock.sendall(head)
+        sock.settimeout(10)
+        reply = sock.recv(65536)
+        assert not reply.startswith(b"HTTP/1.1 100"), reply
+        status = {"rate_limited": 429, "too_large": 413, "unknown_study": 404}[refusal]
+        assert reply.startswith(b"HTTP/1.1 %d" % status), reply
+        assert refusal.encode() in reply
+        sock.close()

@@ -55,12 +55,10 @@ def test_a_gateway_worker_settles_its_heap_and_an_embedded_app_leaves_the_collec
     # In a fresh interpreter, as an `ipdp gateway` worker is: what lives after the imports is
     # frozen out of the collector's sight and the youngest generation is collected less often.
     code = ("import gc\n"
-            "from gateway.app import create_app\n"
+            "from gateway.app import create_app, worker_app\n"
             "from gateway.heap import GC_YOUNG_THRESHOLD, settle_heap\n"
-            "from gateway.service import worker_app\n"
-            "from gateway.settings import GatewaySettings\n"
-            "assert worker_app(GatewaySettings()).state.gateway.owns_process\n"
-            "assert not create_app().state.gateway.owns_process\n"
+            "assert worker_app().ingest.owns_process\n"
+            "assert not create_app().ingest.owns_process\n"
             "before = gc.get_threshold()\n"
             "settle_heap()\n"
             "print(gc.get_freeze_count(), before[0], *gc.get_threshold(), GC_YOUNG_THRESHOLD)\n")
