@@ -10,6 +10,7 @@ from 127.0.0.1, the one trusted proxy.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import re
 import ssl
@@ -92,3 +93,85 @@ def test_the_shipped_proxy_terminates_tls_and_forwards_each_devices_address_only
             refused = re.search(rb'^ipdp_gateway_refusals_total\{reason="rate_limited"\} (\S+)$',
                                 text, re.MULTILINE)
             assert refused and float(refused[1]) >= 5
+
+
+#: The shipped caps (compose/nginx/ipdp.conf): requests in progress per address and per prefix.
+PER_ADDRESS, PER_PREFIX = 256, 1024
+
+
+async def _stall(edge: Edge, source: str, real_ip: str | None) -> tuple:
+    """A POST whose head is sent and whose body never comes, from ``source`` (through the
+    edge's realip, as ``real_ip`` when given): the open streams."""
+    reader, writer = await asyncio.open_connection(
+        edge.address, edge.port, ssl=edge.tls(), server_hostname=edge.address,
+        local_addr=(source, 0))
+    claimed = f"X-Real-IP: {real_ip}\r\n" if real_ip else ""
+    writer.write(f"POST /studies/s/records HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                 f"Content-Type: application/octet-stream\r\n{claimed}\r\n".encode() + b"\0" * 10)
+    await writer.drain()
+    return reader, writer
+
+
+async def _status(reader: asyncio.StreamReader, timeout_s: float) -> bytes | None:
+    """The status line's code if an answer came within ``timeout_s``."""
+    try:
+        line = await asyncio.wait_for(reader.readline(), timeout_s)
+    except TimeoutError:
+        return None
+    return line.split()[1] if line.startswith(b"HTTP/") else line
+
+
+async def _caps(edge: Edge, clients: dict[str, str], *, named: bool) -> None:
+    """Fill address a1 to its cap, and a1–a4's prefix to its cap; then a5 (and ``mapped``),
+    in that prefix, is refused and ``other``, in another, is not. ``named``: the clients are
+    named by X-Real-IP, else they are the connections' source addresses."""
+    held: list = []
+
+    async def hold(name: str, count: int) -> list:
+        where = (PROXY, clients[name]) if named else (clients[name], None)
+        opened = await asyncio.gather(*(_stall(edge, *where) for _ in range(count)))
+        held.extend(opened)
+        await asyncio.sleep(0.3)  # every head read before the next connection's
+        return opened
+
+    try:
+        first = await hold("a1", PER_ADDRESS)
+        answers = await asyncio.gather(*(_status(r, 0.5) for r, _ in first))
+        assert answers == [None] * PER_ADDRESS, "a stalled body was answered"
+        (over,) = await hold("a1", 1)
+        assert await _status(over[0], 5) == b"429", "the address's cap"
+        for name in ("a2", "a3", "a4"):
+            await hold(name, PER_ADDRESS)
+        for name in ("a5", "mapped"):
+            if name not in clients:
+                continue
+            (refused,) = await hold(name, 1)
+            assert await _status(refused[0], 5) == b"429", f"the prefix's cap ({name})"
+        (other,) = await hold("other", 1)
+        assert await _status(other[0], 0.5) is None, "another prefix is not capped"
+    finally:
+        for _, writer in held:
+            writer.close()
+
+
+def test_the_shipped_edge_caps_requests_in_progress_per_address_and_per_ipv4_24_and_ipv6_64(
+        kafka_settings, topics, tmp_path):
+    """256 stalled bodies from one address, a 257th refused 429; 1024 from one /24 (or /64), the
+    next from a fifth address of it refused while another prefix is served. IPv6 clients are
+    named to the edge by X-Real-IP from 127.0.0.1 (nginx's realip, added to this test's edge
+    only): loopback has one IPv6 address."""
+    require_tool("nginx", "tests/system/test_proxy.py (the edge's caps)")
+    ipv4 = {"a1": "127.0.5.1", "a2": "127.0.5.2", "a3": "127.0.5.3", "a4": "127.0.5.4",
+            "a5": "127.0.5.5", "other": "127.0.6.1"}
+    ipv6 = {"a1": "2001:db8:0:1::1", "a2": "2001:db8:0:1:ffff::2", "a3": "2001:db8:0:1::3",
+            "a4": "2001:db8:0:1::4", "a5": "2001:db8:0:1::5", "other": "2001:db8:0:2::1"}
+    # An IPv4-mapped IPv6 address counts in its IPv4 /24.
+    mapped = {"a1": "::ffff:127.0.7.1", "a2": "127.0.7.2", "a3": "::ffff:127.0.7.3",
+              "a4": "127.0.7.4", "mapped": "::ffff:127.0.7.5", "other": "::ffff:127.0.9.1"}
+    with running_gateway(kafka_settings, topics, trusted_proxies=PROXY) as url, \
+            Edge((PROXY, int(url.rsplit(":", 1)[1])), tmp_path, address=PROXY,
+                 worker_connections=4096,
+                 extra=f"set_real_ip_from {PROXY};\nreal_ip_header X-Real-IP;\n") as edge:
+        asyncio.run(_caps(edge, ipv4, named=False))
+        asyncio.run(_caps(edge, ipv6, named=True))
+        asyncio.run(_caps(edge, mapped, named=True))
