@@ -12,6 +12,8 @@ listed; a path is held to what the RFC allows, not to what nginx happens to do.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import socket
 import ssl
@@ -82,6 +84,7 @@ class Pair:
     plain: Study
     guarded: Study
     issuer: SigningKey
+    gateway_pid: int
     accepted: Counter = field(default_factory=Counter)
 
     def path(self, credential: bool = False) -> str:
@@ -474,7 +477,8 @@ def pair(runtime, tmp_path_factory) -> Iterator[Pair]:
                          f"the gateway to know {study.study_id}")
         (directory / "edge").mkdir()
         with Edge((HOST, port), directory / "edge") as edge:
-            yield Pair((HOST, port), edge, kafka, topics, plain, guarded, issuer)
+            yield Pair((HOST, port), edge, kafka, topics, plain, guarded, issuer,
+                       gateway.proc.pid)
     finally:
         stop(gateway)
 
@@ -493,6 +497,100 @@ def test_each_request_is_answered_or_refused_as_rfc_9112_allows_in_order(pair, c
     assert any(got.statuses == o.statuses and (closed or not o.closed) for o in allowed), \
         f"{path}: answered {got.statuses}, closed={closed}; allowed: {allowed}; " \
         f"first answer: {answers[0].body[:200] if answers else b''!r}"
+
+
+#: The memory flood: connections stalling a 4 MiB − 1 B body after its first 512 KiB, and
+#: connections sending trailer lines without end, for ``FLOOD_S``.
+STALLED, ENDLESS, FLOOD_S = 180, 20, 10.0
+#: What "flat" allows: the gateway's heap and allocator may move by a few MiB on their own.
+FLAT_BYTES = 32 << 20
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its descendants (the gateway's workers and producer)."""
+    parents, rss = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/status") as f:
+                kib = next((line.split()[1] for line in f if line.startswith("VmRSS:")), "0")
+            rss[int(entry)] = int(kib) << 10
+        except OSError:
+            continue
+
+    def descends(p: int) -> bool:
+        while p > 1:
+            if p == pid:
+                return True
+            p = parents.get(p, 0)
+        return False
+
+    return sum(v for p, v in rss.items() if descends(p))
+
+
+async def _memory_flood(pair: Pair) -> tuple[int, int, int]:
+    """Open the flood through the edge and hold it for ``FLOOD_S``; (the gateway's RSS at the
+    end of it, body bytes sent, trailer bytes sent)."""
+    edge, path = pair.edge, pair.path()
+    sent = Counter()
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(edge.address, edge.port, ssl=edge.tls(),
+                                             server_hostname=edge.address)
+
+    async def stalled() -> asyncio.StreamWriter:
+        _, writer = await connect()
+        writer.write((f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
+                      f"octet-stream\r\nContent-Length: {(4 << 20) - 1}\r\n\r\n").encode())
+        writer.write(b"\0" * (512 << 10))
+        await writer.drain()
+        sent["body"] += 512 << 10
+        return writer
+
+    async def endless(stop: float) -> None:
+        reader, writer = await connect()
+        record = pair.record()
+        writer.write(_chunked_post(path, b"%x\r\n%s\r\n0\r\n" % (len(record), record)))
+        line = b"X-Trailer: " + b"t" * 4000 + b"\r\n"
+        try:
+            while time.monotonic() < stop and not reader.at_eof():
+                writer.write(line * 16)
+                await writer.drain()
+                sent["trailers"] += len(line) * 16
+                await asyncio.sleep(0.02)  # about 3 MB/s each: the machine is shared
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    held = await asyncio.gather(*(stalled() for _ in range(STALLED)))
+    try:
+        await asyncio.gather(*(endless(time.monotonic() + FLOOD_S) for _ in range(ENDLESS)))
+        peak = _tree_rss(pair.gateway_pid)
+    finally:
+        for writer in held:
+            writer.close()
+    return peak, sent["body"], sent["trailers"]
+
+
+def test_stalled_bodies_and_endless_trailers_through_the_edge_leave_the_gateway_flat(pair):
+    """The edge spools bodies and drops trailers, so neither reaches the gateway: its RSS (all
+    its processes, from /proc) moves by less than 32 MiB while 180 connections each hold
+    512 KiB of a 4 MiB − 1 B body and 20 send trailer lines for 10 s, and after."""
+    before = _tree_rss(pair.gateway_pid)
+    peak, body, trailers = asyncio.run(_memory_flood(pair))
+    time.sleep(1.0)
+    after = _tree_rss(pair.gateway_pid)
+    assert body == STALLED * (512 << 10)
+    assert trailers > 0
+    assert peak - before < FLAT_BYTES, (before, peak, body, trailers)
+    assert after - before < FLAT_BYTES, (before, after)
+    # The pair still serves.
+    answers, _ = exchange(pair, "edge", GET, Case("health", lambda _: GET, [Outcome((200,))]))
+    assert [a.status for a in answers] == [200]
 
 
 def test_the_records_topic_holds_exactly_the_records_answered_202(pair):
