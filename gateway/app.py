@@ -63,17 +63,23 @@ def records_study(path: str) -> str | None:
 
 
 def host_fault(scope: dict) -> str | None:
-    """Why an HTTP/1.1 request's Host header is unacceptable (RFC 9112 §3.2: exactly one),
-    or None."""
-    if scope.get("http_version") == "1.0":
+    """Why an HTTP/1.1 request's Host header is unacceptable (RFC 9112 §3.2: exactly one, and
+    an origin-form request names its host in it), or None. granian stands in an empty Host for
+    a missing one and reports HTTP/1.0 as "1"."""
+    if scope.get("http_version") in _HTTP_1_0:
         return None
     hosts = 0
-    for name, _ in scope["headers"]:
+    for name, value in scope["headers"]:
         if name == b"host":
+            if not value:
+                return "no Host header"
             hosts += 1
     if hosts == 1:
         return None
     return "no Host header" if not hosts else "more than one Host header"
+
+
+_HTTP_1_0 = frozenset({"1.0", "1"})
 
 
 class GatewayApp:

@@ -24,8 +24,6 @@ _TEXT = {
     403: "The credential is expired or for another study, or a record id is not one of its "
          "slots (or uses one twice).",
     404: "No study with this id on the studies topic.",
-    408: "The request head or body did not arrive within IPDP_GATEWAY_HEADER_TIMEOUT_S or "
-         "IPDP_GATEWAY_BODY_TIMEOUT_S; the connection is closed.",
     409: "The study is closed and accepts no more records.",
     413: "The body is longer than IPDP_GATEWAY_MAX_BODY_BYTES, or holds more records than "
          "this client may send at once (IPDP_GATEWAY_RECORD_LIMIT_BURST; a relay's: "
@@ -33,8 +31,6 @@ _TEXT = {
     415: "Content-Type is neither application/octet-stream nor application/json.",
     429: "Too many requests or records from this client (IPDP_GATEWAY_RATE_LIMIT_PER_S, "
          "IPDP_GATEWAY_RECORD_LIMIT_PER_S); retry after Retry-After seconds.",
-    431: "The request head is longer than IPDP_GATEWAY_MAX_HEADER_BYTES; the connection is "
-         "closed.",
     503: "Kafka did not acknowledge the records (or the gateway is not ready yet); nothing was "
          "accepted. Retry the same bytes: the record id makes a retry harmless.",
 }
@@ -78,8 +74,8 @@ def openapi_document() -> dict:
                     "202": {"description": "Kafka acknowledged every record.",
                             "content": {"application/json": {"schema": {
                                 "$ref": "#/components/schemas/Accepted"}}}},
-                    **{str(s): _error(s) for s in (400, 401, 403, 404, 408, 409, 413, 415, 429,
-                                                          431, 503)},
+                    **{str(s): _error(s) for s in (400, 401, 403, 404, 409, 413, 415, 429,
+                                                          503)},
                 },
             }},
             "/studies/{study_id}": {"get": {

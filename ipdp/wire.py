@@ -104,8 +104,6 @@ class RejectReason(enum.StrEnum):
     CREDENTIAL_REUSED = "credential_reused"
     DUPLICATE_RECORD = "duplicate_record"
     TOO_LARGE = "too_large"
-    HEADERS_TOO_LARGE = "headers_too_large"
-    REQUEST_TIMEOUT = "request_timeout"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     RATE_LIMITED = "rate_limited"
     KAFKA_UNAVAILABLE = "kafka_unavailable"

@@ -127,3 +127,17 @@ def test_a_client_refused_on_its_head_never_gets_100_continue_nor_sends_its_body
         assert reply.startswith(b"HTTP/1.1 %d" % status), reply
         assert refusal.encode() in reply
         sock.close()
+
+
+@pytest.mark.parametrize("hosts", [[], [b""], [b"a", b"b"]])
+def test_an_http_1_1_request_without_exactly_one_host_is_refused_400(device, hosts):
+    url, _ = device
+    sock = connect(url)
+    head = b"".join(b"Host: %s\r\n" % h for h in hosts)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\n" + head + b"Connection: close\r\n\r\n")
+    [(status, body)] = answers(read_until_closed(sock))
+    assert status == 400 and b'"bad_request"' in body and b"Host" in body
+    # HTTP/1.0 needs no Host.
+    sock = connect(url)
+    sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert answers(read_until_closed(sock)) == [(200, b'{"status":"ok"}')]

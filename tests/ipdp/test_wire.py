@@ -158,8 +158,6 @@ def test_reject_reason_values_are_the_dead_letter_strings():
         "credential_reused",
         "duplicate_record",
         "too_large",
-        "headers_too_large",
-        "request_timeout",
         "unsupported_media_type",
         "rate_limited",
         "kafka_unavailable",
