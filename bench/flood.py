@@ -311,8 +311,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="How long the honest devices are measured without an attack "
                    "(default 5).")
     p.add_argument("--repeat", type=int, default=3,
-                   help="Runs of fold then re-send, each with records of its own; the ratio is "
-                   "their median (default 3).")
+                   help="Runs of fold then re-send, each with records of its own, or rounds of "
+                   "the connection floods; the ratios are their medians (default 3).")
     p.add_argument("--json", action="store_true",
                    help="Print the table on stderr and the figures as one JSON line on stdout.")
     flood_connections.add_arguments(p)
