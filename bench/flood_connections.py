@@ -51,7 +51,8 @@ LAYOUTS: dict[str, list[str]] = {
     "one /24": [f"127.0.5.{i}" for i in range(1, 17)],
     "16 /24s": [f"127.6.{i}.1" for i in range(1, 17)],
 }
-#: Connections per source address (the edge's `limit_conn ipdp_connections_per_client`).
+#: Connections per source address: the edge's `limit_conn ipdp_connections_per_client`, which
+#: counts requests in progress (a silent connection is bounded by client_header_timeout only).
 PER_SOURCE = 256
 #: The edge's worker connections: the flood's 4,096, the probes, wrk's and the upstream's.
 EDGE_WORKER_CONNECTIONS = 8192

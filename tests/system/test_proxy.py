@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import os
+import pwd
 import re
 import ssl
+import subprocess
 
-from bench.edge import Edge
+from bench.edge import NGINX_CONF, Edge, self_signed, shipped_config
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import known, records
 from tests.pipeline import create
@@ -175,3 +178,32 @@ def test_the_shipped_edge_caps_requests_in_progress_per_address_and_per_ipv4_24_
         asyncio.run(_caps(edge, ipv4, named=False))
         asyncio.run(_caps(edge, ipv6, named=True))
         asyncio.run(_caps(edge, mapped, named=True))
+
+
+def test_composes_main_nginx_file_holds_the_flood_and_loads_the_shipped_server_block(tmp_path):
+    """compose/nginx/nginx.conf, with its user, pid and log paths moved into this test's
+    directory, passes `nginx -t` with the shipped server block, and gives each worker room for
+    the benchmark's flood and the device connections beside it."""
+    binary = require_tool("nginx", "tests/system/test_proxy.py (compose's main nginx file)")
+    main = (NGINX_CONF.parent / "nginx.conf").read_text()
+    workers = re.search(r"^\s*worker_connections\s+(\d+);", main, re.MULTILINE)
+    assert workers and int(workers[1]) >= 2 * 16 * 256, "the flood and the devices beside it"
+    assert "/etc/nginx/nginx.conf" in (NGINX_CONF.parents[1] / "docker-compose.yml").read_text()
+    cert, key = self_signed(tmp_path, PROXY)
+    temp = " ".join(f"{kind}_temp_path {tmp_path / kind};"
+                    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (tmp_path / "ipdp.conf").write_text(
+        shipped_config((PROXY, 8080), (PROXY, 8443), cert, key) + temp + "\n")
+    user = f"user {pwd.getpwuid(os.geteuid()).pw_name};" if os.geteuid() == 0 else ""
+    for old, new in (("user  nginx;", user),
+                     ("/var/log/nginx/error.log", str(tmp_path / "error.log")),
+                     ("/var/log/nginx/access.log", str(tmp_path / "access.log")),
+                     ("/var/run/nginx.pid", str(tmp_path / "nginx.pid")),
+                     ("/etc/nginx/conf.d/*.conf", str(tmp_path / "ipdp.conf"))):
+        assert main.count(old) == 1, f"compose/nginx/nginx.conf no longer has {old!r}"
+        main = main.replace(old, new)
+    (tmp_path / "nginx.conf").write_text(main)
+    check = subprocess.run([binary, "-t", "-p", str(tmp_path), "-e", str(tmp_path / "error.log"),
+                            "-c", str(tmp_path / "nginx.conf")],
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
