@@ -1,15 +1,15 @@
-"""The HTTP servers the gateway could have been built on: one bare Starlette endpoint
-(:data:`bench.devices.bare_app`) served by uvicorn (httptools, uvloop) and by granian, under the
-device workload of `ipdp bench devices` (wrk, one 272-byte record per request); prints a
-markdown table.
+"""The HTTP servers the gateway could run on: one bare Starlette endpoint
+(:data:`bench.devices.bare_app`) served by uvicorn (httptools, uvloop) and by granian (the
+gateway's server), under the device workload of `ipdp bench devices` (wrk, one 272-byte record
+per request); prints a markdown table.
 
     python -m bench.servers [--seconds 15] [--repeat 3]
 
 Each repetition runs uvicorn, granian, then uvicorn again on a fresh process, and reads
 granian's rate against the mean of the two uvicorn runs around it. Neither server checks or
-stores anything here: this measures what a server costs before any of the gateway's work, the
-figure the choice of the gateway's server (docs/architecture.md, "The gateway's server") was
-weighed against. granian is a benchmark dependency only (the `dev` extra).
+stores anything here: this measures what a server costs before any of the gateway's work, one
+of the figures the choice of the gateway's server (docs/architecture.md, "The gateway's
+server") rests on. uvicorn is a benchmark dependency only (the `dev` extra).
 """
 
 from __future__ import annotations

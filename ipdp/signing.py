@@ -142,17 +142,22 @@ def parse_trusted_keys(specs: str | Iterable[str] | None) -> TrustedKeys:
     return TrustedKeys(_public_key(s) for s in specs if s.strip())
 
 
-def load_signing_key(path: str | os.PathLike) -> SigningKey:
-    """The private key of a ``PREFIX.key`` file (PKCS#8 PEM, unencrypted)."""
+def read_private_key(path: str | os.PathLike, what: str = "signing key"):
+    """The private key of a ``PREFIX.key`` file (PKCS#8 PEM, unencrypted), any type."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigurationError(f"cannot read signing key {str(path)!r}: {exc}") from None
+        raise ConfigurationError(f"cannot read {what} {str(path)!r}: {exc}") from None
     try:
-        key = load_pem_private_key(data, password=None)
+        return load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"{str(path)!r} is not an unencrypted PEM private key: {exc}") \
             from None
+
+
+def load_signing_key(path: str | os.PathLike) -> SigningKey:
+    """The private key of a ``PREFIX.key`` file (PKCS#8 PEM, unencrypted)."""
+    key = read_private_key(path)
     if not isinstance(key, Ed25519PrivateKey):
         raise ConfigurationError(f"{str(path)!r} holds a {type(key).__name__}, not Ed25519")
     return SigningKey(key)
@@ -161,16 +166,22 @@ def load_signing_key(path: str | os.PathLike) -> SigningKey:
 def generate_key_files(prefix: str | os.PathLike) -> SigningKey:
     """Write ``PREFIX.key`` (0600, created exclusively) and ``PREFIX.pub``; returns the key."""
     key = SigningKey(Ed25519PrivateKey.generate())
+    write_key_files(prefix, key.private, key.public_b64)
+    return key
+
+
+def write_key_files(prefix: str | os.PathLike, private, public_b64: str) -> None:
+    """``PREFIX.key``: ``private`` as PKCS#8 PEM, mode 0600, created exclusively;
+    ``PREFIX.pub``: the ``public_b64`` line. Refuses to overwrite either."""
     private_path, public_path = Path(f"{prefix}.key"), Path(f"{prefix}.pub")
     for p in (private_path, public_path):
         if p.exists():
             raise ConfigurationError(f"{p} exists; refusing to overwrite a key")
-    pem = key.private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    pem = private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    public_path.write_text(key.public_b64 + "\n", encoding="ascii")
-    return key
+    public_path.write_text(public_b64 + "\n", encoding="ascii")
 
 
 _WARNED: set[tuple[str, ...]] = set()
