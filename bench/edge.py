@@ -28,6 +28,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from ipdp.embedded.children import free_port
+
 __all__ = ["NGINX_CONF", "Edge", "self_signed", "shipped_config"]
 
 NGINX_CONF = Path(__file__).resolve().parents[1] / "compose" / "nginx" / "ipdp.conf"
@@ -86,8 +88,6 @@ class Edge:
     def __init__(self, upstream: tuple[str, int], directory: Path, *,
                  address: str = "127.0.0.1", port: int | None = None,
                  worker_connections: int = 1024, extra: str = "") -> None:
-        from ipdp.embedded import free_port
-
         binary = shutil.which("nginx")
         if binary is None:
             raise FileNotFoundError("nginx is not on PATH (apt-get install nginx)")
