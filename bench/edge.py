@@ -92,6 +92,7 @@ class Edge:
         if binary is None:
             raise FileNotFoundError("nginx is not on PATH (apt-get install nginx)")
         self.directory, self.address = directory, address
+        directory.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.cert, key = self_signed(directory, address)
         (directory / "ipdp.conf").write_text(

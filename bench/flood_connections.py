@@ -205,7 +205,6 @@ def measure(*, probes: int = 30, device_seconds: float = 15, connections: int = 
         env = service_env(rt, topics, IPDP_GATEWAY_TRUSTED_PROXIES="127.0.0.1",
                           **DEVICE_LIMITS_RAISED)
         gateway, url = start_server("gateway", env)
-        (Path(tmp) / "edge").mkdir()
         try:
             host, port = url.removeprefix("http://").rsplit(":", 1)
             with Edge((host, int(port)), Path(tmp) / "edge",

@@ -475,7 +475,6 @@ def pair(runtime, tmp_path_factory) -> Iterator[Pair]:
             for study in (plain, guarded):
                 wait_for(lambda s=study: client.study(s.study_id) is not None, 15,
                          f"the gateway to know {study.study_id}")
-        (directory / "edge").mkdir()
         with Edge((HOST, port), directory / "edge") as edge:
             yield Pair((HOST, port), edge, kafka, topics, plain, guarded, issuer,
                        gateway.proc.pid)

@@ -157,6 +157,21 @@ async def _caps(edge: Edge, clients: dict[str, str], *, named: bool) -> None:
             writer.close()
 
 
+async def _address_cap(edge: Edge, address: str) -> None:
+    """PER_ADDRESS stalled bodies from ``address`` are held, the next is refused 429."""
+    held = await asyncio.gather(*(_stall(edge, address, None) for _ in range(PER_ADDRESS)))
+    try:
+        await asyncio.sleep(0.3)
+        answers = await asyncio.gather(*(_status(r, 0.5) for r, _ in held))
+        assert answers == [None] * PER_ADDRESS, "a stalled body was answered"
+        over = await _stall(edge, address, None)
+        held.append(over)
+        assert await _status(over[0], 5) == b"429", "the address's cap"
+    finally:
+        for _, writer in held:
+            writer.close()
+
+
 def test_the_shipped_edge_caps_requests_in_progress_per_address_and_per_ipv4_24_and_ipv6_64(
         kafka_settings, topics, tmp_path):
     """256 stalled bodies from one address, a 257th refused 429; 1024 from one /24 (or /64), the
@@ -178,6 +193,10 @@ def test_the_shipped_edge_caps_requests_in_progress_per_address_and_per_ipv4_24_
         asyncio.run(_caps(edge, ipv4, named=False))
         asyncio.run(_caps(edge, ipv6, named=True))
         asyncio.run(_caps(edge, mapped, named=True))
+    # A client on a real IPv6 socket (loopback's one address, so the address's cap only).
+    with running_gateway(kafka_settings, topics, trusted_proxies=PROXY) as url, \
+            Edge((PROXY, int(url.rsplit(":", 1)[1])), tmp_path / "v6", address="::1") as edge:
+        asyncio.run(_address_cap(edge, "::1"))
 
 
 def test_composes_main_nginx_file_holds_the_flood_and_loads_the_shipped_server_block(tmp_path):
