@@ -26,8 +26,9 @@ would use, and for the honest devices too. Each request holds distinct records (
 refuses a request holding one record id twice): the attacker re-sends records the service has
 folded, which only the aggregator can recognise.
 
-``connections`` (a connection flood: silent connections from a few addresses, and health probes
-from others) is bench/flood_connections.py's; ``both`` runs the two.
+``connections`` (a connection flood against the shipped nginx edge in front of a gateway: silent
+connections from a few addresses, and health probes from others) is bench/flood_connections.py's;
+``both`` runs the two.
 """
 
 from __future__ import annotations
