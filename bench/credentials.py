@@ -36,7 +36,7 @@ from aggregator.credentials import CredentialCheck
 from aggregator.validate import Validator, split_containers
 from bench.devices import _LUA as DEVICES_LUA
 from bench.devices import _lua_bytes
-from gateway.checks import first_rejection
+from gateway.checks import why_refused
 from gateway.credentials import DeviceCredentials
 from ipdp.calibration import record_norm_bounds
 from ipdp.credentials import (
@@ -139,7 +139,7 @@ def gateway_rows(requests: int) -> list[tuple[str, float]]:
 
     def records_check() -> None:
         for body in bodies[1]:
-            first_rejection(body, study, window, now_ms)
+            why_refused(body, study, window, now_ms)
 
     cold = {v: DeviceCredentials(trusted) for v in (1, 2)}
     return [

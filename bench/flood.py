@@ -26,8 +26,9 @@ would use, and for the honest devices too. Each request holds distinct records (
 refuses a request holding one record id twice): the attacker re-sends records the service has
 folded, which only the aggregator can recognise.
 
-``connections`` (a connection flood: silent connections from a few addresses, and health probes
-from others) is bench/flood_connections.py's; ``both`` runs the two.
+``connections`` (a connection flood against the shipped nginx edge in front of a gateway: silent
+connections from a few addresses, and health probes from others) is bench/flood_connections.py's;
+``both`` runs the two.
 """
 
 from __future__ import annotations
@@ -311,8 +312,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="How long the honest devices are measured without an attack "
                    "(default 5).")
     p.add_argument("--repeat", type=int, default=3,
-                   help="Runs of fold then re-send, each with records of its own; the ratio is "
-                   "their median (default 3).")
+                   help="Runs of fold then re-send, each with records of its own, or rounds of "
+                   "the connection floods; the ratios are their medians (default 3).")
     p.add_argument("--json", action="store_true",
                    help="Print the table on stderr and the figures as one JSON line on stdout.")
     flood_connections.add_arguments(p)

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from gateway.checks import first_rejection
+from gateway.checks import why_refused
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.embedded.children import free_port
@@ -226,11 +226,11 @@ def hot_path(per_request: int = 1000, d: int = 14, repeat: int = 200) -> dict:
     study = Study(study_id="bench-hot", d=d, n=10_000, epsilon=1.0, delta=0.01)
     body = request_bodies(study, per_request, per_request, seed=3)[0]
     window, now_ms = RecordWindowSettings().window(), time.time_ns() // 1_000_000
-    assert first_rejection(body, study, window, now_ms) is None
+    assert why_refused(body, study, window, now_ms) is None
     k = len(body) // record_size(d)
     t0 = time.perf_counter()
     for _ in range(repeat):
-        first_rejection(body, study, window, now_ms)
+        why_refused(body, study, window, now_ms)
         container_of(body, k)
     per = (time.perf_counter() - t0) / repeat
     return {"per_request": per_request, "d": d, "us_per_request": per * 1e6,

@@ -1,9 +1,7 @@
 """The gateway's per-record checks, and the HTTP status of every reason.
 
-A POST goes through, in order: admission (rate limits, study open, the device credential of a
-study that requires one: gateway.credentials), the checks of its records (:func:`first_rejection`),
-the group commit (:class:`gateway.batcher.GroupCommit`), and the acknowledgement of the container
-holding them. The checks are one sequence, :func:`_failures`, whose verdicts come from the one
+The check step of the ingest pipeline (gateway.ingest) asks :func:`why_refused` of a body's
+records. The checks are one sequence, :func:`_failures`, whose verdicts come from the one
 vocabulary ``ipdp.wire.RejectReason``; it reads its fields from either of two readers of the same
 wire fields: :class:`_Records`, numpy columns of k records (one comparison per check over all of
 them: :func:`check_records`), or :class:`_Record`, one record's Python scalars (a device's
@@ -46,7 +44,7 @@ from ipdp.wire import (
     squared_norms,
 )
 
-__all__ = ["HTTP_STATUS", "RECORD_OK", "check_records", "first_rejection", "reason_of"]
+__all__ = ["HTTP_STATUS", "RECORD_OK", "check_records", "reason_of", "why_refused"]
 
 #: The HTTP status of every reason the gateway answers with (the OpenAPI document lists them
 #: from here); a reason the gateway never gives (replayed, credential_reused across requests,
@@ -176,7 +174,7 @@ def check_records(records: bytes, study: Study, window: RecordWindow, now_ms: in
 
     Every check of :func:`_failures` is one comparison over all k rows, so one record or ten
     thousand cost a handful of numpy calls. ``len(records)`` must be a multiple of the record
-    size (see :func:`first_rejection`, which says why a body is not).
+    size (see :func:`why_refused`, which says why a body is not).
     """
     rows = _Records(records, study.d)
     verdict = np.zeros(len(rows.words), np.uint8)
@@ -186,7 +184,7 @@ def check_records(records: bytes, study: Study, window: RecordWindow, now_ms: in
     return verdict
 
 
-def first_rejection(body: bytes, study: Study, window: RecordWindow,
+def why_refused(body: bytes, study: Study, window: RecordWindow,
                     now_ms: int) -> tuple[RejectReason, str] | None:
     """Why a request body of version-1 records is refused at ``now_ms``, or None if every
     record passes.

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from gateway.batcher import ContainerRefused, GroupCommit
-from gateway.checks import HTTP_STATUS, first_rejection
+from gateway.checks import HTTP_STATUS, why_refused
 from gateway.client_address import FORWARDED_FOR, trusted_proxies
 from gateway.credentials import DeviceCredentials
 from gateway.heap import settle_heap
@@ -188,9 +188,9 @@ class Ingest:
             body = encode_json(body, study)
         k = len(body) // record_size(study.d)
         admission.bucket.take_records(k)
-        rejection = first_rejection(body, study, self.window, time.time_ns() // 1_000_000)
-        if rejection is not None:
-            raise Refusal(*rejection, records=k)
+        why = why_refused(body, study, self.window, time.time_ns() // 1_000_000)
+        if why is not None:
+            raise Refusal(*why, records=k)
         return body, k
 
     async def produce(self, admission: Admission, records: bytes, k: int) -> None:

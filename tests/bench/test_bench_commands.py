@@ -103,3 +103,24 @@ def test_bench_flood_folds_then_refuses_every_resent_record_once():
     (run,) = figures["runs"]
     assert run["fold"]["seconds"] > 0 and run["refusal"]["seconds"] > 0
     assert figures["attacked"]["honest_records"] > 0
+
+
+def test_bench_flood_connections_floods_the_edge_from_each_layout_and_probes_through_it():
+    _require_binaries()
+    require_tool("nginx", "ipdp bench flood --attack connections (the shipped edge)")
+    require_tool("wrk", "ipdp bench flood --attack connections (the devices)")
+    out = ipdp("bench", "flood", "--attack", "connections", "--probes", "2",
+               "--device-seconds", "1", "--repeat", "1", "--json")
+    # 1: a target missed on this machine (figures are never asserted); anything else: a failure.
+    assert out.returncode in (0, 1), out.stderr[-3000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    runs = {r["layout"]: r for r in figures["runs"]}
+    assert list(runs) == ["none", "one /24", "16 /24s"]
+    assert runs["none"]["opened"] == 0
+    for layout in ("one /24", "16 /24s"):
+        # Every one of the 16 × 256 silent connections was opened at least once.
+        assert runs[layout]["opened"] >= 16 * 256
+    for r in runs.values():
+        assert 0 <= r["answered"] <= r["probes"] == 2
+        assert r["device_rps"] > 0
+    assert [s["layout"] for s in figures["summary"]] == list(runs)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from aggregator.batch import Message, Polled
 from aggregator.validate import Validator
-from gateway.checks import RECORD_OK, check_records, first_rejection, reason_of
+from gateway.checks import RECORD_OK, check_records, reason_of, why_refused
 from ipdp.study import Study
 from ipdp.wire import (
     CREATED_MS_BYTES,
@@ -90,11 +90,11 @@ def test_each_record_gets_the_reason_of_its_first_failed_check():
         RejectReason.FUTURE, None, None, RejectReason.NORM_OUT_OF_BOUNDS,
         RejectReason.UNDECODABLE, RejectReason.WRONG_DIMENSION, RejectReason.NON_FINITE,
         RejectReason.STUDY_MISMATCH]
-    reason, detail = first_rejection(b"".join(body), STUDY, WINDOW, NOW_MS)
+    reason, detail = why_refused(b"".join(body), STUDY, WINDOW, NOW_MS)
     assert (reason, detail.split(":")[0]) == (RejectReason.UNSUPPORTED_VERSION, "record 1")
     # A device's request holds one record: each, alone, gets the same reason from the scalar
-    # checks of first_rejection, without the vectorised pass.
-    alone = [first_rejection(record, STUDY, WINDOW, NOW_MS) for record in body]
+    # checks of why_refused, without the vectorised pass.
+    alone = [why_refused(record, STUDY, WINDOW, NOW_MS) for record in body]
     assert [None if r is None else r[0] for r in alone] == [
         None if v == RECORD_OK else reason_of(int(v)) for v in verdict]
     assert all(r is None or r[1].startswith("record 0: ") for r in alone)
@@ -106,7 +106,7 @@ def test_each_record_gets_the_reason_of_its_first_failed_check():
 def test_the_one_record_shortcut_agrees_with_the_vectorised_checks(at, value, seed):
     record = with_bytes(good(seed), at, value)[:SIZE]
     verdict = int(check_records(record, STUDY, WINDOW, NOW_MS)[0])
-    rejection = first_rejection(record, STUDY, WINDOW, NOW_MS)
+    rejection = why_refused(record, STUDY, WINDOW, NOW_MS)
     assert (rejection is None) == (verdict == RECORD_OK)
     if rejection is not None:
         assert rejection[0] is reason_of(verdict)
@@ -122,7 +122,7 @@ def test_the_one_record_shortcut_agrees_with_the_vectorised_checks(at, value, se
 ])
 def test_a_record_the_aggregator_would_dead_letter_is_refused_with_its_reason(record, reason,
                                                                                detail):
-    got, text = first_rejection(record, STUDY, WINDOW, NOW_MS)
+    got, text = why_refused(record, STUDY, WINDOW, NOW_MS)
     assert got is reason and text.startswith("record 0: ") and detail in text
 
 
@@ -149,7 +149,7 @@ def test_a_record_at_a_norm_bound_gets_the_aggregators_verdict(bound):
         for ulps in range(-3, 4):
             factor = target / np.linalg.norm(part) * (1 + ulps * 2.0**-52)
             near = scaled(record, *((factor, 1.0) if bound.startswith("q") else (1.0, factor)))
-            rejection = first_rejection(near, STUDY, WINDOW, NOW_MS)
+            rejection = why_refused(near, STUDY, WINDOW, NOW_MS)
             assert aggregator_reasons(near) == ([] if rejection is None else [rejection[0]])
             verdicts.add(rejection is None)
     assert verdicts == {True, False}  # both sides of the bound were reached
@@ -161,7 +161,7 @@ def test_a_record_at_a_norm_bound_gets_the_aggregators_verdict(bound):
 def test_the_gateway_refuses_a_record_exactly_when_the_aggregator_would(q_scale, p_scale,
                                                                          shift_ms, seed):
     record = scaled(good(seed, created_ms=NOW_MS + shift_ms), q_scale, p_scale)
-    rejection = first_rejection(record, STUDY, WINDOW, NOW_MS)
+    rejection = why_refused(record, STUDY, WINDOW, NOW_MS)
     assert aggregator_reasons(record) == ([] if rejection is None else [rejection[0]])
 
 
@@ -171,9 +171,9 @@ def test_a_record_id_twice_in_a_request_is_refused_naming_both_records():
     verdict = check_records(body, STUDY, WINDOW, NOW_MS)
     assert [None if v == RECORD_OK else reason_of(int(v)) for v in verdict] == [
         None, None, None, RejectReason.DUPLICATE_RECORD, None]
-    reason, detail = first_rejection(body, STUDY, WINDOW, NOW_MS)
+    reason, detail = why_refused(body, STUDY, WINDOW, NOW_MS)
     assert reason is RejectReason.DUPLICATE_RECORD
     assert detail.startswith("record 3 has the record id of record 1")
     # A record's own failure comes before its being a copy.
     stale_twin = with_bytes(twin, CREATED_MS_BYTES.start, (0).to_bytes(8, "little"))
-    assert first_rejection(good(2) + stale_twin, STUDY, WINDOW, NOW_MS)[0] is RejectReason.STALE
+    assert why_refused(good(2) + stale_twin, STUDY, WINDOW, NOW_MS)[0] is RejectReason.STALE

@@ -3,107 +3,30 @@ gateway: TLS, the forwarded client address, the rate limit per device, a spoofed
 and no /metrics on the public port.
 
 compose/nginx/ipdp.conf is used as shipped but for the upstream (compose's `gateway:8080` → the
-test's gateway), the listen address and the certificate's paths; the certificate is self-signed,
-made here. Each device is a loopback address of its own (127.0.0.x); nginx reaches the gateway
+test's gateway), the listen address and the certificate's paths (bench/edge.py); the certificate
+is self-signed. Each device is a loopback address of its own (127.0.0.x); nginx reaches the gateway
 from 127.0.0.1, the one trusted proxy.
 """
 
 from __future__ import annotations
 
-import datetime
+import asyncio
 import http.client
-import ipaddress
 import os
 import pwd
 import re
-import signal
 import ssl
 import subprocess
-from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
-from ipdp.embedded import free_port
+from bench.edge import NGINX_CONF, Edge, self_signed, shipped_config
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import known, records
-from tests.pipeline import create, wait_for
+from tests.pipeline import create
 from tests.tooling import require_tool
 
-NGINX_CONF = Path(__file__).resolve().parents[2] / "compose" / "nginx" / "ipdp.conf"
 PROXY = "127.0.0.1"
 #: Requests each device may send at once; then one every 10 s (none within this test).
 BURST = 3
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost, and its key (PEM files)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ipdp test proxy")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(PROXY))]),
-                critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
-def shipped_config(upstream_port: int, listen_port: int, cert: Path, key: Path) -> str:
-    """compose/nginx/ipdp.conf with the test's addresses and certificate."""
-    text = NGINX_CONF.read_text()
-    for old, new in (("server gateway:8080;", f"server {PROXY}:{upstream_port};"),
-                     ("listen 443 ssl;", f"listen {PROXY}:{listen_port} ssl;"),
-                     ("/etc/nginx/certs/tls.crt", str(cert)),
-                     ("/etc/nginx/certs/tls.key", str(key))):
-        assert text.count(old) == 1, f"compose/nginx/ipdp.conf no longer has {old!r}"
-        text = text.replace(old, new)
-    return text
-
-
-class Nginx:
-    """Debian's nginx in the foreground, with the shipped server block in a minimal main file."""
-
-    def __init__(self, binary: str, server_block: str, directory: Path) -> None:
-        self.directory = directory
-        (directory / "ipdp.conf").write_text(server_block)
-        # As root, nginx's workers take the user the main file names (nobody by default),
-        # which could not read this test's directory.
-        user = f"user {pwd.getpwuid(os.geteuid()).pw_name};" if os.geteuid() == 0 else ""
-        temp = " ".join(f"{kind}_temp_path {directory / kind};"
-                        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-        (directory / "nginx.conf").write_text(
-            f"{user}\ndaemon off;\nworker_processes 1;\npid {directory / 'nginx.pid'};\n"
-            f"error_log {directory / 'error.log'} warn;\n"
-            "events { worker_connections 256; }\n"
-            f"http {{ access_log off; {temp} include {directory / 'ipdp.conf'}; }}\n")
-        self.argv = [binary, "-p", str(directory), "-e", str(directory / "error.log"),
-                     "-c", str(directory / "nginx.conf")]
-        check = subprocess.run([*self.argv, "-t"], capture_output=True, text=True, check=False)
-        assert check.returncode == 0, check.stderr
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)  # graceful: finish the requests in flight
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
 
 
 def request(port: int, method: str, path: str, body: bytes | None = None, *, device: str,
@@ -124,27 +47,17 @@ def request(port: int, method: str, path: str, body: bytes | None = None, *, dev
 
 def test_the_shipped_proxy_terminates_tls_and_forwards_each_devices_address_only(
         kafka_settings, redis_settings, topics, tmp_path):
-    binary = require_tool("nginx", "tests/system/test_proxy.py (compose's TLS proxy)")
+    require_tool("nginx", "tests/system/test_proxy.py (compose's TLS proxy)")
     study = create(kafka_settings, redis_settings, topics, study_id="proxy", d=3, n=1000,
                    epsilon=1.0, delta=0.01)
-    cert, key = self_signed(tmp_path)
-    tls = ssl.create_default_context(cafile=str(cert))
     path = f"/studies/{study.study_id}/records"
     with running_gateway(kafka_settings, topics, rate_limit_per_s=0.1, rate_limit_burst=BURST,
                          trusted_proxies=PROXY) as url:
         known(url, study.study_id)
         gateway_port = int(url.rsplit(":", 1)[1])
-        port = free_port()
-        nginx = Nginx(binary, shipped_config(gateway_port, port, cert, key), tmp_path)
-        try:
-            def listening() -> bool:
-                assert nginx.proc.poll() is None, (tmp_path / "error.log").read_text()
-                try:
-                    return request(port, "GET", "/healthz", device="127.0.0.2", tls=tls)[0] == 200
-                except OSError:
-                    return False
-
-            wait_for(listening, 30, "nginx to answer over TLS")
+        with Edge((PROXY, gateway_port), tmp_path, address=PROXY) as edge:
+            port, tls = edge.port, edge.tls()
+            assert request(port, "GET", "/healthz", device="127.0.0.2", tls=tls)[0] == 200
             # TLS only: plain HTTP on the TLS port is refused by nginx.
             status, _ = request(port, "GET", "/healthz", device="127.0.0.2", tls=None)
             assert status == 400
@@ -183,5 +96,133 @@ def test_the_shipped_proxy_terminates_tls_and_forwards_each_devices_address_only
             refused = re.search(rb'^ipdp_gateway_refusals_total\{reason="rate_limited"\} (\S+)$',
                                 text, re.MULTILINE)
             assert refused and float(refused[1]) >= 5
-        finally:
-            nginx.stop()
+
+
+#: The shipped caps (compose/nginx/ipdp.conf): requests in progress per address and per prefix.
+PER_ADDRESS, PER_PREFIX = 256, 1024
+
+
+async def _stall(edge: Edge, source: str, real_ip: str | None) -> tuple:
+    """A POST whose head is sent and whose body never comes, from ``source`` (through the
+    edge's realip, as ``real_ip`` when given): the open streams."""
+    reader, writer = await asyncio.open_connection(
+        edge.address, edge.port, ssl=edge.tls(), server_hostname=edge.address,
+        local_addr=(source, 0))
+    claimed = f"X-Real-IP: {real_ip}\r\n" if real_ip else ""
+    writer.write(f"POST /studies/s/records HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                 f"Content-Type: application/octet-stream\r\n{claimed}\r\n".encode() + b"\0" * 10)
+    await writer.drain()
+    return reader, writer
+
+
+async def _status(reader: asyncio.StreamReader, timeout_s: float) -> bytes | None:
+    """The status line's code if an answer came within ``timeout_s``."""
+    try:
+        line = await asyncio.wait_for(reader.readline(), timeout_s)
+    except TimeoutError:
+        return None
+    return line.split()[1] if line.startswith(b"HTTP/") else line
+
+
+async def _caps(edge: Edge, clients: dict[str, str], *, named: bool) -> None:
+    """Fill address a1 to its cap, and a1–a4's prefix to its cap; then a5 (and ``mapped``),
+    in that prefix, is refused and ``other``, in another, is not. ``named``: the clients are
+    named by X-Real-IP, else they are the connections' source addresses."""
+    held: list = []
+
+    async def hold(name: str, count: int) -> list:
+        where = (PROXY, clients[name]) if named else (clients[name], None)
+        opened = await asyncio.gather(*(_stall(edge, *where) for _ in range(count)))
+        held.extend(opened)
+        await asyncio.sleep(0.3)  # every head read before the next connection's
+        return opened
+
+    try:
+        first = await hold("a1", PER_ADDRESS)
+        answers = await asyncio.gather(*(_status(r, 0.5) for r, _ in first))
+        assert answers == [None] * PER_ADDRESS, "a stalled body was answered"
+        (over,) = await hold("a1", 1)
+        assert await _status(over[0], 5) == b"429", "the address's cap"
+        for name in ("a2", "a3", "a4"):
+            await hold(name, PER_ADDRESS)
+        for name in ("a5", "mapped"):
+            if name not in clients:
+                continue
+            (refused,) = await hold(name, 1)
+            assert await _status(refused[0], 5) == b"429", f"the prefix's cap ({name})"
+        (other,) = await hold("other", 1)
+        assert await _status(other[0], 0.5) is None, "another prefix is not capped"
+    finally:
+        for _, writer in held:
+            writer.close()
+
+
+async def _address_cap(edge: Edge, address: str) -> None:
+    """PER_ADDRESS stalled bodies from ``address`` are held, the next is refused 429."""
+    held = await asyncio.gather(*(_stall(edge, address, None) for _ in range(PER_ADDRESS)))
+    try:
+        await asyncio.sleep(0.3)
+        answers = await asyncio.gather(*(_status(r, 0.5) for r, _ in held))
+        assert answers == [None] * PER_ADDRESS, "a stalled body was answered"
+        over = await _stall(edge, address, None)
+        held.append(over)
+        assert await _status(over[0], 5) == b"429", "the address's cap"
+    finally:
+        for _, writer in held:
+            writer.close()
+
+
+def test_the_shipped_edge_caps_requests_in_progress_per_address_and_per_ipv4_24_and_ipv6_64(
+        kafka_settings, topics, tmp_path):
+    """256 stalled bodies from one address, a 257th refused 429; 1024 from one /24 (or /64), the
+    next from a fifth address of it refused while another prefix is served. IPv6 clients are
+    named to the edge by X-Real-IP from 127.0.0.1 (nginx's realip, added to this test's edge
+    only): loopback has one IPv6 address."""
+    require_tool("nginx", "tests/system/test_proxy.py (the edge's caps)")
+    ipv4 = {"a1": "127.0.5.1", "a2": "127.0.5.2", "a3": "127.0.5.3", "a4": "127.0.5.4",
+            "a5": "127.0.5.5", "other": "127.0.6.1"}
+    ipv6 = {"a1": "2001:db8:0:1::1", "a2": "2001:db8:0:1:ffff::2", "a3": "2001:db8:0:1::3",
+            "a4": "2001:db8:0:1::4", "a5": "2001:db8:0:1::5", "other": "2001:db8:0:2::1"}
+    # An IPv4-mapped IPv6 address counts in its IPv4 /24.
+    mapped = {"a1": "::ffff:127.0.7.1", "a2": "127.0.7.2", "a3": "::ffff:127.0.7.3",
+              "a4": "127.0.7.4", "mapped": "::ffff:127.0.7.5", "other": "::ffff:127.0.9.1"}
+    with running_gateway(kafka_settings, topics, trusted_proxies=PROXY) as url, \
+            Edge((PROXY, int(url.rsplit(":", 1)[1])), tmp_path, address=PROXY,
+                 worker_connections=4096,
+                 extra=f"set_real_ip_from {PROXY};\nreal_ip_header X-Real-IP;\n") as edge:
+        asyncio.run(_caps(edge, ipv4, named=False))
+        asyncio.run(_caps(edge, ipv6, named=True))
+        asyncio.run(_caps(edge, mapped, named=True))
+    # A client on a real IPv6 socket (loopback's one address, so the address's cap only).
+    with running_gateway(kafka_settings, topics, trusted_proxies=PROXY) as url, \
+            Edge((PROXY, int(url.rsplit(":", 1)[1])), tmp_path / "v6", address="::1") as edge:
+        asyncio.run(_address_cap(edge, "::1"))
+
+
+def test_composes_main_nginx_file_holds_the_flood_and_loads_the_shipped_server_block(tmp_path):
+    """compose/nginx/nginx.conf, with its user, pid and log paths moved into this test's
+    directory, passes `nginx -t` with the shipped server block, and gives each worker room for
+    the benchmark's flood and the device connections beside it."""
+    binary = require_tool("nginx", "tests/system/test_proxy.py (compose's main nginx file)")
+    main = (NGINX_CONF.parent / "nginx.conf").read_text()
+    workers = re.search(r"^\s*worker_connections\s+(\d+);", main, re.MULTILINE)
+    assert workers and int(workers[1]) >= 2 * 16 * 256, "the flood and the devices beside it"
+    assert "/etc/nginx/nginx.conf" in (NGINX_CONF.parents[1] / "docker-compose.yml").read_text()
+    cert, key = self_signed(tmp_path, PROXY)
+    temp = " ".join(f"{kind}_temp_path {tmp_path / kind};"
+                    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (tmp_path / "ipdp.conf").write_text(
+        shipped_config((PROXY, 8080), (PROXY, 8443), cert, key) + temp + "\n")
+    user = f"user {pwd.getpwuid(os.geteuid()).pw_name};" if os.geteuid() == 0 else ""
+    for old, new in (("user  nginx;", user),
+                     ("/var/log/nginx/error.log", str(tmp_path / "error.log")),
+                     ("/var/log/nginx/access.log", str(tmp_path / "access.log")),
+                     ("/var/run/nginx.pid", str(tmp_path / "nginx.pid")),
+                     ("/etc/nginx/conf.d/*.conf", str(tmp_path / "ipdp.conf"))):
+        assert main.count(old) == 1, f"compose/nginx/nginx.conf no longer has {old!r}"
+        main = main.replace(old, new)
+    (tmp_path / "nginx.conf").write_text(main)
+    check = subprocess.run([binary, "-t", "-p", str(tmp_path), "-e", str(tmp_path / "error.log"),
+                            "-c", str(tmp_path / "nginx.conf")],
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
