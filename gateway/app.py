@@ -114,8 +114,6 @@ class GatewayApp:
             admission = ingest.admit(study_id, scope["headers"],
                                      client[0] if client else "unknown")
             body = await read_body(receive, self.max_body_bytes)
-            if body is None:
-                return  # the client went away; nothing was produced
             records, k = ingest.check(admission, body)
             await ingest.produce(admission, records, k)
         except Refusal as refusal:

@@ -231,26 +231,24 @@ def _too_large(detail: str) -> Refusal:
     return Refusal(RejectReason.TOO_LARGE, detail)
 
 
-async def read_body(receive: Callable[[], Awaitable[dict]], limit: int) -> bytes | None:
+async def read_body(receive: Callable[[], Awaitable[dict]], limit: int) -> bytes:
     """Step 2: the request's body, at most ``limit`` bytes (Refusal 413 as soon as it is
-    longer, the rest unread); None if the client went away first."""
-    message = await receive()
-    body = message.get("body", b"")
-    if not message.get("more_body"):
-        if message["type"] == "http.disconnect":
-            return None
-        if len(body) > limit:
-            raise _too_large(f"body exceeds {limit} bytes")
-        return body
-    chunks, size = [body], len(body)
+    longer, the rest unread). A body that ends before its end (a malformed chunk, or the
+    client gone: the server says ``http.disconnect`` for both) is refused 400; a client that
+    went away does not read the answer."""
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return None
+            raise Refusal(RejectReason.BAD_REQUEST, "the body ended before its end (a malformed "
+                          "chunk, or the connection closed)")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise _too_large(f"body exceeds {limit} bytes")
-        chunks.append(chunk)
         if not message.get("more_body"):
+            if not chunks:
+                return chunk
+            chunks.append(chunk)
             return b"".join(chunks)
+        chunks.append(chunk)
