@@ -138,3 +138,27 @@ def central_log_excess(x: float) -> float:
     near = -0.5 * math.log1p(-theta0 * theta0 / 12.0)
     far = math.log(root) - 2.0 * x * math.sin(theta0 / 2.0) ** 2
     return max(near, far) + math.log1p(math.exp(min(near, far) - max(near, far)))
+
+
+def dither_loss_slack(x: float, radius: float, shift: float, d: int) -> float:
+    """η_L: log g(y)/g(y′) ≤ (‖y′‖² − ‖y‖²)/(2x) + η_L for the dithered Skellam density g in grid
+    units, whenever every |y_c|, |y′_c| ≤ radius and ‖y′ − y‖ ≤ shift: Step 12 (dithered linear term).
+
+    Per coordinate, with k, k′ the integers nearest y, y′ (|k − y| ≤ ½) and K = radius + ½:
+    (k′² − k²) ≤ (y′² − y²) + |y| + |y′| + ¼, and Step 11's excess is at most
+    |k′ − k|·max(1/(2x), K³/(6x³)) with |k′ − k| ≤ |y′_c − y_c| + 1; Σ_c |y′_c − y_c| ≤ √d·shift.
+    """
+    top = radius + 0.5
+    return (d * (2.0 * radius + 0.25) / (2.0 * x)
+            + (math.sqrt(d) * shift + d) * max(1.0 / (2.0 * x), top**3 / (6.0 * x**3)))
+
+
+def dither_density_slack(x: float, radius: float, d: int) -> float:
+    """η₀: g(y) ≤ e^{η₀}·φ_x(y) for every y with all |y_c| ≤ radius, φ_x the N(0, x·I_d) density
+    (Step 12 (dithered linear term)).
+
+    Per coordinate, with a = |k|: log pmf(k) ≤ log pmf(0) − a²/(2x) + a⁴/(24x³) (Step 11 from
+    0 to a), log pmf(0) ≤ ℓ₀ − ½ log(2πx) (central_log_excess), and y² − a² ≤ |y| + ¾.
+    """
+    top = radius + 0.5
+    return d * (central_log_excess(x) + (radius + 0.75) / (2.0 * x) + top**4 / (24.0 * x**3))
