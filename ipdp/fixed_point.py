@@ -132,9 +132,10 @@ def split(values: np.ndarray, random_bytes: RandomBytes = os.urandom) -> tuple[n
     return values - helper, helper
 
 
-def fold(shares: np.ndarray) -> np.ndarray:
-    """The sum mod 2⁶⁴ of a batch of shares (k, L) → (L,): what each server keeps per round."""
-    return np.add.reduce(np.asarray(shares, dtype=np.uint64), axis=0, dtype=np.uint64)
+def fold(shares: np.ndarray, axis: int = 0) -> np.ndarray:
+    """The sum mod 2⁶⁴ of shares along ``axis`` ((k, L) → (L,) by default): what each server
+    keeps per round."""
+    return np.add.reduce(np.asarray(shares, dtype=np.uint64), axis=axis, dtype=np.uint64)
 
 
 def combine(leader_sum: np.ndarray, helper_sum: np.ndarray) -> np.ndarray:
