@@ -188,8 +188,7 @@ def dithered_linear_term(*, epsilon2: float, sigma_b: float, n: int, d: int, kap
                       box_delta=box_delta)
 
 
-def clamp_bounds(*, one: Calibration, sigma_b: float, linear_bits: int,
-                 poisson_mean: float) -> tuple[float, float, float, float]:
+def clamp_bounds(*, one: Calibration, linear_bits: int, poisson_mean: float) -> tuple[float, float, float, float]:
     """Step 13 (clamping and range): (H_q², B_q, B_p, τ_S).
 
     τ_q = share/(2(n+1)) per record: ‖q̃‖ ≤ H_q except with probability τ_q (noncentral χ²_d at
@@ -238,7 +237,7 @@ def calibrate_two_server(*, epsilon: float, delta: float, n: int, d: int, lam: f
     sigma_one = math.sqrt(one.sigma_b2)
     guess_bits = linear_bits_for(sigma_one, n, 62)
     record_bound, bound_q, bound_p, _ = clamp_bounds(
-        one=one, sigma_b=sigma_one, linear_bits=guess_bits,
+        one=one, linear_bits=guess_bits,
         poisson_mean=one.sigma_b2 / (2.0 * n * math.ldexp(1.0, -guess_bits) ** 2))
     clamp_log2 = math.ceil(math.log2(max(bound_q, bound_p) * (1.0 + 2.0**-30)))
     while True:
@@ -280,8 +279,7 @@ def calibrate_two_server(*, epsilon: float, delta: float, n: int, d: int, lam: f
         t = term(hi)
         h_b = math.ldexp(1.0, -t.linear_bits)
         mu = hi * hi / (2.0 * n * h_b * h_b)
-        record_bound, bound_q, bound_p, tau_s = clamp_bounds(one=one, sigma_b=hi,
-                                                             linear_bits=t.linear_bits,
+        record_bound, bound_q, bound_p, tau_s = clamp_bounds(one=one, linear_bits=t.linear_bits,
                                                              poisson_mean=mu)
         if _fits(bound_q, fp) and _fits(bound_p, fp):
             break
