@@ -101,7 +101,9 @@ def skellam_tail(t: float, x: float) -> float:
     if t <= 0.0:
         return 1.0
     u = t / x
-    exponent = t * math.asinh(u) - x * (math.hypot(1.0, u) - 1.0)
+    # x(√(1 + u²) − 1) written as x·u²/(√(1 + u²) + 1): u is 10⁻⁵ or less at the variances the
+    # mode uses, where the difference would cancel to a relative error of 10⁻⁶.
+    exponent = t * math.asinh(u) - x * u * u / (math.hypot(1.0, u) + 1.0)
     return math.exp(-exponent)
 
 

@@ -110,6 +110,17 @@ def test_the_chernoff_tail_bounds_the_skellam_tail(x):
     assert skellam_tail(point, x) <= 1e-9 < skellam_tail(point * (1 - 1e-6), x)
 
 
+@pytest.mark.parametrize("x", [1e9, 1e13, 1e17])
+def test_the_chernoff_tail_keeps_its_precision_at_the_variances_the_mode_uses(x):
+    # The exponent t·asinh(t/x) − x(√(1 + t²/x²) − 1) at 60 digits, against the double one.
+    for z in (1.0, 5.0, 8.0):
+        t = z * math.sqrt(x)
+        with mpmath.workdps(60):
+            u = mpmath.mpf(t) / x
+            exact = float(mpmath.exp(-(t * mpmath.asinh(u) - x * (mpmath.sqrt(1 + u * u) - 1))))
+        assert skellam_tail(t, x) == pytest.approx(exact, rel=1e-9)
+
+
 def test_the_sampler_draws_the_skellam_law_and_sums_stay_skellam():
     rng = np.random.default_rng(11)
     mu, n = 40.0, 25
