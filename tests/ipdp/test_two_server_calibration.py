@@ -216,3 +216,28 @@ def test_every_two_server_proof_step_named_in_a_docstring_is_in_docs_privacy():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
     headings = set(re.findall(r"^#+ (Step \d+ \([^)]+\))", docs, flags=re.MULTILINE))
     assert named <= headings, named - headings
+
+
+def test_the_clamp_probabilities_hold_for_honest_records_at_the_worst_clean_norms():
+    # Step 13 at a share loose enough to count events: ‖q̃‖² > H_q² for a record at ‖q‖² = λ
+    # (the worst clean norm) happens at rate τ_q, exactly (noncentral χ²); a device's Skellam
+    # draw leaves [−k, k] in some coordinate at most at rate τ_S (Chernoff, so well below).
+    cal = _calibrate({"n": 512, "d": 2, "epsilon": 2.0})
+    one, n, d = cal.one_server, cal.n, cal.d
+    share = 2.0 * 0.02 * (n + 1)
+    record_bound, _, bound_p, tau_s = two_server.clamp_bounds(
+        one=one, linear_bits=cal.linear_bits, poisson_mean=cal.poisson_mean, share=share)
+    rng = np.random.default_rng(13)
+    m = 200_000
+    q = np.array([math.sqrt(one.lam), 0.0])
+    p = np.array([one.p_bound, 0.0])
+    q_tilde, p_hat = perturb_two_server(np.tile(q, (m, 1)), np.tile(p, (m, 1)), cal, noise=rng,
+                                        generator=rng)
+    rate_q = np.mean(np.sum(q_tilde**2, axis=1) > record_bound)
+    assert abs(rate_q - 0.02) < 5 * math.sqrt(0.02 * 0.98 / m)
+    assert np.mean(np.sum(q_tilde**2, axis=1) > 0.9 * record_bound) > 0.03  # the bound is tight
+    rate_p = np.mean(np.any(np.abs(p_hat) > bound_p, axis=1))
+    k = (bound_p - one.p_bound) / cal.linear_step - 0.5
+    exact = 1 - (1 - 2 * skellam.sf(math.floor(k), cal.poisson_mean, cal.poisson_mean)) ** d
+    assert rate_p <= tau_s and exact <= tau_s
+    assert rate_p < 5 * exact + 10 / m  # the simulated device draws the law the bound is for
