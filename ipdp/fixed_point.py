@@ -44,10 +44,15 @@ def triangle_indices(d: int) -> tuple[np.ndarray, np.ndarray]:
     return np.triu_indices(d)
 
 
+FRACTION_BITS_MAX = 62
+"""A finer grid gains nothing: an entry is a double (53 significant bits), which a 2⁻⁶² grid
+already carries exactly from |value| ≥ 2⁻⁹ on; only studies with a tiny range B reach the cap."""
+
+
 def fraction_bits_for(n: int, clamp_log2: int) -> int:
-    """The largest f with n·2^(c+f) ≤ 2⁶³ − 1: a sum of n entries in [−2^(c+f), 2^(c+f)] stays in
-    the signed 64-bit range (Step 13 (clamping and range))."""
-    return (SIGNED_MAX // n).bit_length() - 1 - clamp_log2
+    """The largest f ≤ FRACTION_BITS_MAX with n·2^(c+f) ≤ 2⁶³ − 1: a sum of n entries in
+    [−2^(c+f), 2^(c+f)] stays in the signed 64-bit range (Step 13 (clamping and range))."""
+    return min(FRACTION_BITS_MAX, (SIGNED_MAX // n).bit_length() - 1 - clamp_log2)
 
 
 class FixedPoint(BaseModel):
@@ -58,7 +63,7 @@ class FixedPoint(BaseModel):
     d: int = Field(ge=1, le=1024)
     n: int = Field(ge=1)
     """Records per round: the sum of n clamped records must not wrap."""
-    fraction_bits: int = Field(ge=0, le=62)
+    fraction_bits: int = Field(ge=0, le=FRACTION_BITS_MAX)
     """f: a value v is stored as rint(2^f·v)."""
     clamp_log2: int = Field(ge=-62, le=62)
     """c: every entry is clamped to [−B, B], B = 2^c."""

@@ -95,7 +95,8 @@ def assert_every_inequality_of_the_two_server_proof(cal: TwoServerCalibration) -
     k = grid_noise.skellam_tail_point(tau_s / (2 * d), 2.0 * cal.poisson_mean)
     assert 2 * d * skellam_tail(k, 2.0 * cal.poisson_mean) <= tau_s
     assert p_bound + h_b * (k + 0.5) + h / 2 <= bound
-    assert fp.n == n and n * fp.limit <= SIGNED_MAX < 2 * n * fp.limit
+    assert fp.n == n and n * fp.limit <= SIGNED_MAX
+    assert fp.fraction_bits == 62 or SIGNED_MAX < 2 * n * fp.limit  # the largest f that fits
     # Step 12's grid: numpy's precise range, the grid inside the encoding's, the variance.
     assert 0.0 < cal.poisson_mean <= POISSON_MEAN_MAX and cal.linear_bits <= fp.fraction_bits
     assert cal.sigma_b2 == pytest.approx(2 * n * cal.poisson_mean * h_b * h_b, rel=1e-12)

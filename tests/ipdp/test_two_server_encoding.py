@@ -154,3 +154,10 @@ def test_the_shared_test_vectors_are_what_the_implementation_produces():
         assert [str(int(v)) for v in total.view(np.int64)] == case["sum_values"]
         a, b = decode(total, fp)
         assert a.tolist() == case["sum_a"] and b.tolist() == case["sum_b"]
+
+
+def test_a_tiny_range_gets_at_most_62_fraction_bits():
+    assert fraction_bits_for(1, -20) == 62
+    fp = FixedPoint(d=1, n=1, fraction_bits=fraction_bits_for(1, -20), clamp_log2=-20)
+    values, clamped = encode(np.array([2.0**-11]), np.array([2.0**-30]), fp)
+    assert clamped == 0 and values.view(np.int64).tolist() == [2**40, 2**32]
