@@ -6,7 +6,12 @@ noise with ipdp.losses.perturb, the fold forms A = Σ q̃q̃ᵀ and b = Σ p̃, 
 constrained solve (trainer.solver.solve_constrained_batch) releases w. Two data sets D and D′ that
 differ by replacing one record (docs/privacy.md, Step 1) are each run `trials` times. With
 --exact-fold, A and b are drawn from their exact law instead of from n noisy records
-(`exact_fold`); --mechanism kang2020 audits Kang et al. (2020) as published.
+(`exact_fold`); --mechanism kang2020 audits Kang et al. (2020) as published. With --two-server
+every record goes through the two-server mode as implemented (`two_server_fold`): the device's
+Gaussian q-noise and Skellam p-noise on the grid (ipdp.two_server.perturb_two_server), the
+fixed-point encoding and the split into two shares (ipdp.fixed_point), each server's sum mod 2⁶⁴,
+the combination and decoding, and the trainer's dither (ipdp.grid_noise.dither); its claim is
+calibrate_two_server's.
 
 Estimator. The first half of the runs (the calibration runs) chooses a pair, a direction v (the mean difference of
 w between D and D′) and a rejection region {vᵀw > t} or {vᵀw < t} that maximises the estimate
@@ -19,8 +24,8 @@ mechanism were (ε, δ)-DP, p₁ − δ ≤ e^ε p₀, so with confidence ≥ 1 
 ε̂ ≤ ε is what a correct calibration must show; ε̂ > ε refutes the claimed guarantee.
 
 Usage: python -m bench.audit [--epsilon 1] [--delta 0.01] [--d 2] [--n 512] [--trials 200000]
-       [--noise-scale 1] [--mode rigorous] [--exact-fold] [--mechanism ipdp|kang2020] [--c 1]
-       [--seed 0] [--json]
+       [--noise-scale 1] [--mode rigorous] [--exact-fold | --two-server]
+       [--mechanism ipdp|kang2020] [--c 1] [--seed 0] [--json]
 """
 
 from __future__ import annotations
@@ -37,12 +42,17 @@ from tqdm import tqdm
 
 from bench.baselines import KANG_STEPS, kang2020_descent, kang2020_proof_c, kang2020_sigma
 from ipdp.calibration import NEIGHBOURING, CalibrationError, calibrate
+from ipdp.fixed_point import combine, decode, encode, fold, split
+from ipdp.grid_noise import dither
 from ipdp.losses import perturb
+from ipdp.two_server import TwoServerCalibration, calibrate_two_server, perturb_two_server
 from trainer.solver import solve_constrained_batch
 
 CHUNK_RECORDS = 2**21
 """Records generated at once (trials per chunk = CHUNK_RECORDS // n)."""
 EXACT_CHUNK = 2**16
+TWO_SERVER_CHUNK_RECORDS = 2**19
+"""Records encoded and shared at once with --two-server (three uint64 arrays of L per record)."""
 """Runs drawn at once with --exact-fold."""
 KANG_STRONG_CONVEXITY = 0.01
 """Δ of the audited Kang et al. mechanism (mean-form ridge)."""
@@ -157,6 +167,8 @@ class Mechanism:
     eta: float
     delta_in: float = 0.0
     strong_convexity: float = 0.0
+    two_server: TwoServerCalibration | None = None
+    """The two-server calibration (noise already scaled) when the runs go through that mode."""
 
     def solve(self, a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
         d = b.shape[-1]
@@ -213,6 +225,22 @@ def record_fold(mech: Mechanism, q: np.ndarray, p: np.ndarray, t: np.ndarray, k:
     return np.einsum("tni,tnj->tij", q_noisy, q_noisy), p_noisy.sum(axis=1)
 
 
+def two_server_fold(mech: Mechanism, q: np.ndarray, p: np.ndarray, t: np.ndarray, k: int,
+                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """k draws of (A, b) through the two-server mode: every record perturbed, encoded and split
+    as a device does, each server's shares summed mod 2⁶⁴, the sums combined and decoded, and b
+    dithered as the trainer does (docs/privacy.md, Step 9 (the two-server mechanism))."""
+    cal = mech.two_server
+    n, d = q.shape
+    q_tilde, p_hat = perturb_two_server(np.broadcast_to(q, (k, n, d)),
+                                        np.broadcast_to(p, (k, n, d)), cal, noise=rng,
+                                        generator=rng)
+    values, _ = encode(q_tilde, p_hat, cal.encoding)
+    leader, helper = split(values, rng.bytes)
+    a, b = decode(combine(fold(leader, axis=1), fold(helper, axis=1)), cal.encoding)
+    return a, b + dither((k, d), cal.linear_step, rng)
+
+
 @dataclass(frozen=True)
 class _Noise:
     """The two stds ipdp.losses.perturb reads from a calibration."""
@@ -227,8 +255,11 @@ def release(mech: Mechanism, rows: tuple[np.ndarray, np.ndarray, np.ndarray], tr
     """w of `trials` independent runs of the mechanism on the rows (q, p, t): (trials, d)."""
     q, p, t = rows
     n, d = q.shape
-    fold = exact_fold if exact else record_fold
-    per_chunk = EXACT_CHUNK if exact else max(1, CHUNK_RECORDS // n)
+    if mech.two_server is not None:
+        fold, per_chunk = two_server_fold, max(1, TWO_SERVER_CHUNK_RECORDS // n)
+    else:
+        fold = exact_fold if exact else record_fold
+        per_chunk = EXACT_CHUNK if exact else max(1, CHUNK_RECORDS // n)
     out = np.empty((trials, d))
     for start in range(0, trials, per_chunk):
         k = min(per_chunk, trials - start)
@@ -303,6 +334,7 @@ class AuditResult:
     mechanism: str
     mode: str
     exact_fold: bool
+    two_server: bool
     noise_scale: float
     std_q: float
     std_p: float
@@ -326,13 +358,26 @@ class AuditResult:
 
 def mechanism_for(*, mechanism: str, epsilon: float, delta: float, d: int, n: int,
                   noise_scale: float, mode: str, lam: float, p_bound: float, eta: float,
-                  delta_in: float | None, c: float, strong_convexity: float) -> Mechanism:
-    """The audited mechanism with its claimed calibration, every noise times `noise_scale`."""
+                  delta_in: float | None, c: float, strong_convexity: float,
+                  two_server: bool = False) -> Mechanism:
+    """The audited mechanism with its claimed calibration, every noise times `noise_scale` (in
+    two-server mode σ_u times S and the Poisson mean times S², so σ_b is times S too)."""
     if mechanism == "kang2020":
         sigma = kang2020_sigma(c=c, lipschitz=lam * eta + p_bound, steps=KANG_STEPS, delta=delta,
                                n=n, strong_convexity=strong_convexity, epsilon=epsilon)
         return Mechanism("kang2020", noise_scale * sigma, 0.0, eta,
                          strong_convexity=strong_convexity)
+    if two_server:
+        if mode != "rigorous":
+            raise ValueError("--two-server is proven for rigorous mode only")
+        cal2 = calibrate_two_server(epsilon=epsilon, delta=delta, n=n, d=d, lam=lam,
+                                    p_bound=p_bound, eta=eta, delta_in=delta_in)
+        scaled = cal2.model_copy(update={
+            "noise_std_q": noise_scale * cal2.noise_std_q,
+            "poisson_mean": noise_scale**2 * cal2.poisson_mean})
+        return Mechanism("ipdp", scaled.noise_std_q,
+                         noise_scale * math.sqrt(cal2.sigma_b2 / n), eta,
+                         delta_in=cal2.delta_in, two_server=scaled)
     if mode == "paper" and delta_in is None:
         delta_in = 1e-6
     cal = calibrate(mode=mode, epsilon=epsilon, delta=delta, n=n, d=d, lam=lam,
@@ -345,16 +390,20 @@ def audit(*, epsilon: float, delta: float, d: int, n: int, trials: int, noise_sc
           mode: str = "rigorous", seed: int = 0, lam: float = 1.0, p_bound: float = 1.0,
           eta: float = 1.0, delta_in: float | None = None, alpha: float = ALPHA,
           mechanism: str = "ipdp", exact_fold: bool = False, c: float = 1.0,
-          strong_convexity: float = KANG_STRONG_CONVEXITY,
+          strong_convexity: float = KANG_STRONG_CONVEXITY, two_server: bool = False,
           show_progress: bool = False) -> AuditResult:
     """Run the audit; `trials` runs on each of D and D′: the first half (the calibration runs,
     split between the pairs) chooses the pair, the direction and the threshold; the second
     half, fresh, measures ε̂ with them fixed."""
     if trials < 200:
         raise ValueError(f"trials={trials} is too few for an audit (need ≥ 200)")
+    if two_server and (exact_fold or mechanism != "ipdp"):
+        raise ValueError("--two-server runs ipdp's records one by one: it excludes --exact-fold "
+                         "and --mechanism kang2020")
     mech = mechanism_for(mechanism=mechanism, epsilon=epsilon, delta=delta, d=d, n=n,
                          noise_scale=noise_scale, mode=mode, lam=lam, p_bound=p_bound, eta=eta,
-                         delta_in=delta_in, c=c, strong_convexity=strong_convexity)
+                         delta_in=delta_in, c=c, strong_convexity=strong_convexity,
+                         two_server=two_server)
     rng = np.random.default_rng(seed)
     started = time.perf_counter()
     scenarios = (label_flip_neighbours(n, d, lam) if mechanism == "kang2020"
@@ -381,7 +430,7 @@ def audit(*, epsilon: float, delta: float, d: int, n: int, trials: int, noise_sc
         claimed_epsilon=epsilon, epsilon_lower_bound=epsilon_from_counts(
             hits_d, hits_o, measure, delta, alpha / 2.0), delta=delta, trials=trials, n=n, d=d,
         mechanism=mechanism, mode="kang2020" if kang else mode, exact_fold=exact_fold,
-        noise_scale=noise_scale, std_q=mech.std_q, std_p=mech.std_p, neighbouring=NEIGHBOURING,
+        two_server=two_server, noise_scale=noise_scale, std_q=mech.std_q, std_p=mech.std_p, neighbouring=NEIGHBOURING,
         scenario=sc.name, pair=sc.describe(),
         region={"direction": region.direction.tolist(), "sign": region.sign,
                 "threshold": region.threshold},
@@ -412,6 +461,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exact-fold", action="store_true",
                         help="Draw A = Σ q̃q̃ᵀ and b = Σ p̃ from their exact distribution instead "
                              "of n noisy records per run (cost independent of n).")
+    parser.add_argument("--two-server", action="store_true",
+                        help="Run every record through the two-server mode: fixed-point "
+                             "encoding, Skellam noise on the grid, two additive shares summed "
+                             "mod 2^64, decoding and the trainer's dither (claim: "
+                             "calibrate_two_server's).")
     parser.add_argument("--mechanism", choices=("ipdp", "kang2020"), default="ipdp",
                         help="ipdp's input perturbation, or Kang et al. (2020) as published.")
     parser.add_argument("--c", type=float, default=1.0, help="Kang et al.'s constant c.")
@@ -428,7 +482,7 @@ def run(args: argparse.Namespace) -> int:
         result = audit(epsilon=args.epsilon, delta=args.delta, d=args.d, n=args.n,
                        trials=args.trials, noise_scale=args.noise_scale, mode=args.mode,
                        seed=args.seed, delta_in=args.delta_in, mechanism=args.mechanism,
-                       exact_fold=args.exact_fold, c=args.c,
+                       exact_fold=args.exact_fold, two_server=args.two_server, c=args.c,
                        strong_convexity=args.strong_convexity, show_progress=True)
     except (CalibrationError, ValueError) as exc:
         print(f"audit: {exc}", file=sys.stderr)
@@ -440,7 +494,8 @@ def run(args: argparse.Namespace) -> int:
                else "REFUTES the claimed ε")
     kang = (f", c = {result.kang_c:g} (the pair needs c ≥ {result.kang_proof_c:.3g})"
             if result.kang_c is not None else "")
-    fold = "exact" if result.exact_fold else "records"
+    fold = ("two-server records" if result.two_server
+            else "exact" if result.exact_fold else "records")
     sign = "+" if result.region["sign"] > 0 else "−"
     direction = ", ".join(f"{x:.3g}" for x in result.region["direction"])
     interval = result.interval

@@ -11,7 +11,8 @@ AUDIT_DESCRIPTION = (
     "replace-one neighbours many times and prints a Clopper–Pearson lower bound ε̂ at δ. ε̂ > ε "
     "refutes the claim; ε̂ ≤ ε is what a correct calibration shows. --noise-scale 0.5 "
     "under-noises on purpose, to show the audit can fail; --exact-fold draws the fold from its "
-    "exact law (any n); --mechanism kang2020 audits Kang et al. (2020) as published "
+    "exact law (any n); --two-server runs every record through the two-server encoding, "
+    "shares and dither; --mechanism kang2020 audits Kang et al. (2020) as published "
     "(docs/privacy.md).")
 
 

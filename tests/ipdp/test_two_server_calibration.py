@@ -1,0 +1,244 @@
+"""The two-server calibration (ipdp.two_server): every inequality of docs/privacy.md's Steps 9–14
+at the returned numbers, the pointwise bounds of Step 12 against the exact Skellam law, and the
+distance to the one-server noise."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import skellam
+
+from ipdp import grid_noise, two_server
+from ipdp.calibration import (
+    eigenvalue_bound,
+    linear_term_delta,
+    noisy_norm_interval,
+    noisy_smoothness,
+)
+from ipdp.fixed_point import SIGNED_MAX
+from ipdp.grid_noise import (
+    POISSON_MEAN_MAX,
+    central_log_excess,
+    dither_density_slack,
+    dither_loss_slack,
+    skellam_tail,
+)
+from ipdp.two_server import (
+    BOX_SHARE,
+    CLAMP_DELTA_SHARE,
+    TwoServerCalibration,
+    calibrate_two_server,
+    dithered_linear_term,
+    perturb_two_server,
+)
+
+REFERENCE = {"epsilon": 1.0, "delta": 0.01, "lam": 1.0, "p_bound": 1.0, "eta": 1.0}
+CONFIGS = [
+    {"n": 512, "d": 14},
+    {"n": 10_000, "d": 14},
+    {"n": 2**21, "d": 14},
+    {"n": 10**8, "d": 14},
+    {"n": 2**11, "d": 14, "epsilon": 0.1},
+    {"n": 512, "d": 2, "epsilon": 2.0},
+    {"n": 8192, "d": 2},
+    {"n": 500, "d": 3, "delta_in": 0.5},
+    {"n": 2**11, "d": 5, "lam": 0.25, "p_bound": 0.5, "eta": 2.0, "loss": "logistic"},
+]
+
+
+def _calibrate(config: dict) -> TwoServerCalibration:
+    return calibrate_two_server(**{**REFERENCE, **config})
+
+
+def _term(cal: TwoServerCalibration, sigma_b: float):
+    one = cal.one_server
+    eps1 = cal.epsilon_split["log_det"] + cal.epsilon_split["rounding"]
+    return dithered_linear_term(
+        epsilon2=cal.epsilon - eps1, sigma_b=sigma_b, n=cal.n, d=cal.d,
+        kappa=cal.lambda_prime * one.eta, p_bound=one.p_bound,
+        shift_rounding=2.0 * cal.rounding * one.eta,
+        fraction_bits=cal.encoding.fraction_bits, box_delta=cal.delta_split["box"])
+
+
+def assert_every_inequality_of_the_two_server_proof(cal: TwoServerCalibration) -> None:
+    """Steps 9–14 at the numbers a two-server calibration reports, each recomputed here from
+    the formulas docs/privacy.md writes down."""
+    one, n, d = cal.one_server, cal.n, cal.d
+    lam, p_bound, eta = one.lam, one.p_bound, one.eta
+    fp = cal.encoding
+    h, h_b = fp.step, cal.linear_step
+    gamma1, gamma2 = cal.delta_split["gamma_1"], cal.delta_split["gamma_2"]
+    delta_k = one.delta_split["delta_k"]
+    # Step 14: the budgets add up, and the clamp takes the norm check's share.
+    assert all(v >= 0.0 for v in cal.epsilon_split.values())
+    assert sum(cal.epsilon_split.values()) == pytest.approx(cal.epsilon, rel=1e-12)
+    assert (gamma1, gamma2) == (one.delta_split["gamma_1"], one.delta_split["gamma_2"])
+    assert cal.delta_split["linear"] + cal.delta_split["box"] <= delta_k
+    assert cal.delta_split["box"] == pytest.approx(BOX_SHARE * delta_k)
+    clamp = cal.delta_split["clamp_q"] + cal.delta_split["clamp_p"]
+    assert clamp <= CLAMP_DELTA_SHARE * cal.delta * (1 + 1e-12)
+    assert delta_k + gamma1 + gamma2 <= one.mechanism_delta * (1 + 1e-12)
+    assert sum(cal.delta_split.values()) <= cal.delta * (1 + 1e-12)
+    # Step 13: the record bound, the range and the fraction bits.
+    tau_q = CLAMP_DELTA_SHARE * cal.delta / 2.0 / (n + 1)
+    if one.noise_std_q > 0.0:
+        high = noisy_norm_interval(one.noise_std_q, d, math.sqrt(lam), tau_q)[1]
+        assert cal.record_bound == pytest.approx(high**2, rel=1e-12)
+    bound = 2.0**fp.clamp_log2
+    assert cal.record_bound * (1 + 2.0**-53) + h / 2 <= bound
+    tau_s = CLAMP_DELTA_SHARE * cal.delta / 2.0 / ((1.0 + math.exp(cal.epsilon)) * n)
+    assert cal.delta_split["clamp_p"] == pytest.approx((1.0 + math.exp(cal.epsilon)) * n * tau_s)
+    k = grid_noise.skellam_tail_point(tau_s / (2 * d), 2.0 * cal.poisson_mean)
+    assert 2 * d * skellam_tail(k, 2.0 * cal.poisson_mean) <= tau_s
+    assert p_bound + h_b * (k + 0.5) + h / 2 <= bound
+    assert fp.n == n and n * fp.limit <= SIGNED_MAX
+    assert fp.fraction_bits == 62 or SIGNED_MAX < 2 * n * fp.limit  # the largest f that fits
+    # Step 12's grid: numpy's precise range, the grid inside the encoding's, the variance.
+    assert 0.0 < cal.poisson_mean <= POISSON_MEAN_MAX and cal.linear_bits <= fp.fraction_bits
+    assert cal.sigma_b2 == pytest.approx(2 * n * cal.poisson_mean * h_b * h_b, rel=1e-12)
+    x = cal.sigma_b2 / h_b**2
+    assert cal.grid_variance == pytest.approx(x, rel=1e-12)
+    # Step 3 unchanged; Step 10: the rounding slack and the rounded log-det bound.
+    if one.sigma_u2 > 0.0:
+        assert cal.lambda_prime == noisy_smoothness(sigma_u2=one.sigma_u2, n=n, d=d, lam=lam,
+                                                    gamma1=gamma1)
+        beta = one.delta_in + eigenvalue_bound(one.sigma_u2, n, d, gamma2)
+    else:
+        beta = one.delta_in
+    e = d * (h / 2 + 2.0**-53 * cal.record_bound + 2.0**-1074)
+    assert cal.rounding == pytest.approx(e, rel=1e-12, abs=0.0)
+    beta2 = beta - (n - 1) * e
+    assert cal.beta == pytest.approx(beta2, rel=1e-12) and e < beta2
+    eps1 = math.log1p(cal.lambda_prime / beta2) + d * math.log((beta2 + e) / (beta2 - e))
+    assert eps1 <= (cal.epsilon_split["log_det"] + cal.epsilon_split["rounding"]) * (1 + 1e-12)
+    # Step 12: the box, the three slacks and the δ of the linear term.
+    sigma_b = math.sqrt(cal.sigma_b2)
+    p_eff = p_bound + h_b * math.sqrt(d) / 2
+    kappa = cal.lambda_prime * eta
+    xi = 2.0 * e * eta
+    shift = kappa + 2 * p_eff + xi
+    radius = cal.box_radius * math.sqrt(x)
+    inner = radius - shift / h_b - 0.5  # |S_c| beyond this is the only way to leave the box
+    assert 2 * d * skellam_tail(inner, x) <= cal.delta_split["box"] * (1 + 1e-9)
+    top = radius + 0.5
+    eta_loss = (d * (2 * radius + 0.25) / (2 * x)
+                + (math.sqrt(d) * shift / h_b + d) * max(1 / (2 * x), top**3 / (6 * x**3)))
+    eta_shift = (2 * math.sqrt(d) * radius * h_b * xi + 2 * (kappa + 2 * p_eff) * xi
+                 + xi**2) / (2 * cal.sigma_b2)
+    eta_density = d * (central_log_excess(x) + (radius + 0.75) / (2 * x) + top**4 / (24 * x**3))
+    assert cal.slack["eta_loss"] == pytest.approx(eta_loss, rel=1e-9)
+    assert cal.slack["eta_shift"] == pytest.approx(eta_shift, rel=1e-9, abs=1e-300)
+    assert cal.slack["eta_density"] == pytest.approx(eta_density, rel=1e-9)
+    assert cal.epsilon_split["grid"] == pytest.approx(eta_loss + eta_shift, rel=1e-9)
+    eps2 = cal.epsilon - eps1 - eta_loss - eta_shift
+    linear = math.exp(eta_density) * linear_term_delta(eps2, sigma_b, kappa, p_eff)
+    assert linear + cal.delta_split["box"] <= delta_k * (1 + 1e-9)
+    assert cal.proven
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_every_inequality_of_the_two_server_proof_holds_at_the_chosen_parameters(config):
+    cal = _calibrate(config)
+    assert_every_inequality_of_the_two_server_proof(cal)
+    # σ_b is the least Step 12 admits (to 10⁻⁹): at 0.99 σ_b the linear term's δ is too large.
+    smaller = _term(cal, 0.99 * math.sqrt(cal.sigma_b2))
+    assert smaller is None or (smaller.linear_delta + smaller.box_delta
+                               > cal.one_server.delta_split["delta_k"])
+
+
+def test_the_inequality_check_fails_on_a_wrong_bound():
+    cal = _calibrate(CONFIGS[1])
+    # Half the rounding slack, the ridge of the wrong β, or a tenth less linear noise: each is
+    # caught by the check above.
+    for wrong in ({"rounding": cal.rounding / 2}, {"beta": cal.beta * 1.01},
+                  {"sigma_b2": cal.sigma_b2 * 0.9, "poisson_mean": cal.poisson_mean * 0.9},
+                  {"box_radius": cal.box_radius * 0.9}):
+        with pytest.raises(AssertionError):
+            assert_every_inequality_of_the_two_server_proof(cal.model_copy(update=wrong))
+
+
+@pytest.mark.parametrize("config", CONFIGS[:3] + CONFIGS[5:7],
+                         ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_the_two_server_noise_is_within_a_tenth_of_a_percent_of_the_one_server_noise(config):
+    cal = _calibrate(config)
+    one = cal.one_server
+    assert cal.sigma_u2 == one.sigma_u2 and cal.delta_in == one.delta_in
+    assert one.sigma_b2 < cal.sigma_b2 < 1.001 * one.sigma_b2
+
+
+@pytest.mark.parametrize("x", [200.0, 5_000.0])
+def test_the_dithered_loss_is_the_gaussian_loss_plus_at_most_eta_l_on_the_box(x):
+    # Step 12's pointwise inequality against the exact Skellam log-pmf: random points of the box
+    # and shifts up to the bound, in d = 3 grid units.
+    rng = np.random.default_rng(int(x))
+    d, radius, shift = 3, 5.0 * math.sqrt(x), 1.5 * math.sqrt(x)
+    y = rng.uniform(-radius + shift, radius - shift, size=(20_000, d))
+    direction = rng.normal(size=(20_000, d))
+    step = direction / np.linalg.norm(direction, axis=1, keepdims=True)
+    y2 = y + step * rng.uniform(0, shift, size=(20_000, 1))
+
+    def log_g(points):
+        k = np.ceil(points - 0.5)
+        return skellam.logpmf(k, x / 2, x / 2).sum(axis=1)
+
+    loss = log_g(y) - log_g(y2)
+    gaussian = ((y2**2).sum(axis=1) - (y**2).sum(axis=1)) / (2 * x)
+    slack = dither_loss_slack(x, radius, shift, d)
+    assert np.all(loss <= gaussian + slack + 1e-9)
+    assert np.max(loss - gaussian) > 0.2 * slack  # the slack is needed, and not far off
+    # And the density against N(0, x·I) on the box (the change of measure of Step 12).
+    log_phi = -0.5 * d * math.log(2 * math.pi * x) - (y**2).sum(axis=1) / (2 * x)
+    assert np.all(log_g(y) - log_phi <= dither_density_slack(x, radius, d) + 1e-9)
+
+
+def test_a_two_server_device_draws_the_documented_noise():
+    cal = _calibrate({"n": 512, "d": 2, "epsilon": 2.0})
+    rng = np.random.default_rng(9)
+    q = np.tile([0.6, 0.0], (50_000, 1))
+    p = np.tile([0.3, -0.7], (50_000, 1))
+    q_tilde, p_hat = perturb_two_server(q, p, cal, noise=rng, generator=rng)
+    assert np.std(q_tilde - q) == pytest.approx(cal.noise_std_q, rel=0.02)
+    units = np.ldexp(p_hat, cal.linear_bits)
+    np.testing.assert_array_equal(units, np.rint(units))  # on the grid h_b
+    noise = np.ldexp(p, cal.linear_bits).round() - units
+    assert np.var(noise) == pytest.approx(2 * cal.poisson_mean, rel=0.03)
+    assert np.mean(noise) == pytest.approx(0.0, abs=5 * math.sqrt(2 * cal.poisson_mean / 1e5))
+
+
+def test_every_two_server_proof_step_named_in_a_docstring_is_in_docs_privacy():
+    named = set()
+    for module in (two_server, grid_noise):
+        named |= set(re.findall(r"Step \d+ \([^)]+\)", Path(module.__file__).read_text()))
+    assert {s.split(" (")[0] for s in named} >= {f"Step {i}" for i in range(9, 15)}
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    headings = set(re.findall(r"^#+ (Step \d+ \([^)]+\))", docs, flags=re.MULTILINE))
+    assert named <= headings, named - headings
+
+
+def test_the_clamp_probabilities_hold_for_honest_records_at_the_worst_clean_norms():
+    # Step 13 at a share loose enough to count events: ‖q̃‖² > H_q² for a record at ‖q‖² = λ
+    # (the worst clean norm) happens at rate τ_q, exactly (noncentral χ²); a device's Skellam
+    # draw leaves [−k, k] in some coordinate at most at rate τ_S (Chernoff, so well below).
+    cal = _calibrate({"n": 512, "d": 2, "epsilon": 2.0})
+    one, n, d = cal.one_server, cal.n, cal.d
+    share = 2.0 * 0.02 * (n + 1)
+    record_bound, _, bound_p, tau_s = two_server.clamp_bounds(
+        one=one, linear_bits=cal.linear_bits, poisson_mean=cal.poisson_mean, share=share)
+    rng = np.random.default_rng(13)
+    m = 200_000
+    q = np.array([math.sqrt(one.lam), 0.0])
+    p = np.array([one.p_bound, 0.0])
+    q_tilde, p_hat = perturb_two_server(np.tile(q, (m, 1)), np.tile(p, (m, 1)), cal, noise=rng,
+                                        generator=rng)
+    rate_q = np.mean(np.sum(q_tilde**2, axis=1) > record_bound)
+    assert abs(rate_q - 0.02) < 5 * math.sqrt(0.02 * 0.98 / m)
+    assert np.mean(np.sum(q_tilde**2, axis=1) > 0.9 * record_bound) > 0.03  # the bound is tight
+    rate_p = np.mean(np.any(np.abs(p_hat) > bound_p, axis=1))
+    k = (bound_p - one.p_bound) / cal.linear_step - 0.5
+    exact = 1 - (1 - 2 * skellam.sf(math.floor(k), cal.poisson_mean, cal.poisson_mean)) ** d
+    assert rate_p <= tau_s and exact <= tau_s
+    assert rate_p < 5 * exact + 10 / m  # the simulated device draws the law the bound is for
