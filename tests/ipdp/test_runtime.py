@@ -398,3 +398,31 @@ def test_free_port_hands_out_bindable_ports_outside_the_ephemeral_range():
     for port in ports[:20]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.integration
+def test_a_redis_with_block_removes_the_data_directory_it_made():
+    with EmbeddedRedis() as server:
+        made = Path(server.data_dir)
+        redis_client(server.settings()).set(b"k", b"v")
+        assert made.is_dir()
+    assert not made.exists()
+
+
+@pytest.mark.integration
+def test_a_redis_told_to_keep_its_data_directory_keeps_it():
+    import shutil
+
+    with EmbeddedRedis(keep_data_dir=True) as server:
+        made = Path(server.data_dir)
+    try:
+        assert (made / "appendonlydir").is_dir() or (made / "appendonly.aof").exists()
+    finally:
+        shutil.rmtree(made)
+
+
+@pytest.mark.integration
+def test_a_redis_given_a_data_directory_leaves_it_in_place(tmp_path):
+    with EmbeddedRedis(data_dir=tmp_path / "r") as server:
+        redis_client(server.settings()).set(b"k", b"v")
+    assert (tmp_path / "r").is_dir()
