@@ -19,7 +19,12 @@ class ModelsTimeout(IpdpError):
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `models` on the `ipdp` sub-parsers."""
-    p = sub.add_parser("models", help="Published models, one line each (each (study, round) once).")
+    p = sub.add_parser(
+        "models", help="Published models, one line each (each (study, round) once).",
+        description="Reads the models topic from its beginning and prints each (study, round) "
+        "once: its n, ‖w‖, privacy, whether the norm constraint ‖w‖ ≤ η binds, and for a schema "
+        "study the model in raw units. With --study, a study whose round is still filling "
+        "shows its progress (records folded of n, from Redis); an unknown study is an error.")
     add_kafka_flag(p)
     p.add_argument("--study", default=None, metavar="ID", help="Only this study.")
     p.add_argument("--trust", action="append", default=None, metavar="PREFIX.pub",

@@ -23,7 +23,12 @@ from ipdp.errors import UnknownStudy
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `calibrate` and `study` (create/show/close/list) on the `ipdp` sub-parsers."""
-    p = sub.add_parser("calibrate", help="Noise and guarantees for a set of study parameters.")
+    p = sub.add_parser(
+        "calibrate", help="Noise and guarantees for a set of study parameters.",
+        description="Prints, for the study these flags describe, the noise every device adds "
+        "(σ_u², σ_b²), the central (ε, δ) of each published model and the local privacy of one "
+        "record, with the least n predicted to give a useful model. Creates nothing: "
+        "`ipdp study create` takes the same flags.")
     study_flags(p, with_id=False)
     add_margin_flag(p)
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
@@ -55,13 +60,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = ssub.add_parser("show", parents=[redis_opts],
                         help="Parameters, calibration, status and progress of a study.")
-    p.add_argument("study_id", metavar="ID")
+    p.add_argument("study_id", metavar="ID", help="The study's id.")
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     p.set_defaults(func=cmd_study_show)
 
     p = ssub.add_parser("close", parents=[redis_opts, kafka_opts],
                         help="Stop a study accepting records (Redis and the studies topic).")
-    p.add_argument("study_id", metavar="ID")
+    p.add_argument("study_id", metavar="ID", help="The study's id.")
     add_signing_flag(p)
     p.set_defaults(func=cmd_study_close)
 
