@@ -313,7 +313,8 @@ class Services:
         """SIGTERM every service, SIGKILL what is left after SERVICES_STOP_S. Idempotent."""
         from ipdp.embedded.children import terminate_all, unregister
 
-        terminate_all(list(self.procs.values()), SERVICES_STOP_S)
+        terminate_all({f"ipdp {role}": proc for role, proc in self.procs.items()},
+                      SERVICES_STOP_S)
         unregister(self)
 
     def check_alive(self) -> None:
