@@ -118,7 +118,9 @@ def backends_needed(args: argparse.Namespace) -> tuple[str, ...]:
             return () if args.openapi else ("kafka",)
         case ("loadgen", _):
             return () if args.via else ("kafka",)
-        case ("models" | "dead-letters", _):
+        case ("models", _):
+            return ("kafka",) if args.study is None else ("redis", "kafka")
+        case ("dead-letters", _):
             return ("kafka",)
         case ("study", "create" | "close"):
             return ("redis", "kafka")

@@ -170,7 +170,8 @@ def _int(v) -> int | None:
     return None if v is None else int(v)
 
 
-def _study_info(r, study_id: str) -> dict:
+def study_info(r, study_id: str) -> dict:
+    """What `study show` prints, from Redis; UnknownStudy if there is no such study."""
     from ipdp.state import StudyKeys, envelope_signer, load_study, rounds_published
 
     got = load_study(r, study_id)
@@ -194,7 +195,7 @@ def cmd_study_show(args: argparse.Namespace) -> int:
     from ipdp.report import calibration_rows, fmt, table
 
     with redis_connection(args) as r:
-        info = _study_info(r, args.study_id)
+        info = study_info(r, args.study_id)
     study = info["study"]
     cal = study.calibration
     if args.json:
@@ -225,6 +226,18 @@ def cmd_study_show(args: argparse.Namespace) -> int:
     print()
     print(table(calibration_rows(cal), title="calibration"))
     return 0
+
+
+def progress_text(info: dict) -> str:
+    """The round a study is filling, as `ipdp models` shows it: `round 2: 169/2400 records
+    folded`; a closed study or one without a record says so."""
+    study, o = info["study"], info["open_round"]
+    if info["status"] != "open":
+        return f"study {study.study_id} is {info['status']}, {info['rounds_published']} " \
+               "round(s) published"
+    if o is None:
+        return f"study {study.study_id}: round 1: 0/{study.n} records folded"
+    return f"study {study.study_id}: round {o['round']}: {o['count']}/{study.n} records folded"
 
 
 def schema_text(schema) -> str:
