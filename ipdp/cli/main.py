@@ -122,7 +122,7 @@ def backends_needed(args: argparse.Namespace) -> tuple[str, ...]:
             return ("kafka",) if args.study is None else ("redis", "kafka")
         case ("dead-letters", _):
             return ("kafka",)
-        case ("study", "create" | "close"):
+        case ("study", "create" | "close" | "delete"):
             return ("redis", "kafka")
         case ("study", "show" | "list") | ("credentials", _):
             return ("redis",)
