@@ -214,7 +214,20 @@ def _csv_dataset(args: argparse.Namespace, study: Study):
                             for name, outside in ds.meta["outside"].items())
         print(f"clipped       {clipped} (values outside their schema range among the rows "
               "sent, per column)")
-    return ds.x[sent], ds.y[sent]
+    outside = {name: rows[sent] for name, rows in ds.meta.get("outside", {}).items()}
+    return ds.x[sent], ds.y[sent], outside
+
+
+def _counting_clipped(study_id: str, x, y, outside: dict, batch: int):
+    """The rows in batches; each batch, when taken to be sent, adds its values outside their
+    range to ipdp_loadgen_values_clipped_total."""
+    from ipdp.metrics import LOADGEN_VALUES_CLIPPED, start_at_zero
+
+    start_at_zero(LOADGEN_VALUES_CLIPPED, *((study_id, name) for name in outside))
+    for i in range(0, len(x), batch):
+        for name, rows in outside.items():
+            LOADGEN_VALUES_CLIPPED.labels(study_id, name).inc(int(rows[i:i + batch].sum()))
+        yield x[i:i + batch], y[i:i + batch]
 
 
 def cmd_loadgen(args: argparse.Namespace) -> int:
@@ -245,9 +258,8 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
         _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,
                                        seed=args.seed)
     elif args.dataset.startswith("csv:"):
-        x, y = _csv_dataset(args, study)
-        batches = ((x[i:i + args.batch], y[i:i + args.batch])
-                   for i in range(0, args.devices, args.batch))
+        x, y, outside = _csv_dataset(args, study)
+        batches = _counting_clipped(study.study_id, x, y, outside, args.batch)
     else:
         raise UsageError(f"--dataset must be 'synthetic' or 'csv:PATH', got {args.dataset!r}")
     common = {"rate": args.rate, "progress": not args.no_progress, "total": args.devices}
