@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 
@@ -61,6 +63,12 @@ def test_a_logistic_schema_study_from_a_csv_exports_a_model_that_predicts_class_
     out, err = capsys.readouterr()
     assert "  log-odds of approved='yes' = " in out and " × income\n" in out
     assert f"exported loans round 1 to {exported}" in err
+    # No trainer key pinned: the command says so once, not again for the file it wrote.
+    again = subprocess.run([sys.executable, "-m", "ipdp.cli", "models", "--study", "loans",
+                            "--export", str(tmp_path / "again.json")],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("UNVERIFIED") == 1, again.stderr
 
     m = load_model(exported)
     assert m.message.weights == published.weights and m.message.schema_ == published.schema_
