@@ -3,9 +3,12 @@ a model whose norm constraint binds."""
 
 from __future__ import annotations
 
+import io
 import re
+import time
 
 from ipdp import state
+from ipdp.cli import models as models_cli
 from ipdp.cli.main import main
 from ipdp.cli.models import model_line
 from ipdp.model_message import ModelMessage, PrivacyReport
@@ -71,3 +74,35 @@ def test_a_model_whose_norm_constraint_binds_says_so_and_what_to_do():
                      r"bound\. A new study with a larger --eta may fit better, at more noise per "
                      r"record: `ipdp calibrate --eta 1 …`", line, re.MULTILINE)
     assert "norm constraint" not in model_line(_message(constraint_active=False))
+
+
+def test_on_a_terminal_the_progress_is_one_line_redrawn_in_place(monkeypatch):
+    import os
+    import pty
+    import select
+
+    monkeypatch.setattr(models_cli, "PROGRESS_TTY_EVERY_S", 0.05)
+    master, slave = pty.openpty()
+    counts = iter(range(1000))
+    with os.fdopen(slave, "w") as terminal:
+        with models_cli.ProgressLine(lambda: f"round 1: {next(counts)}/10", terminal):
+            time.sleep(0.5)
+        shown = b""
+        while select.select([master], [], [], 0.5)[0]:  # everything written, in pieces
+            shown += os.read(master, 65536)
+    os.close(master)
+    shown = shown.decode()
+    assert shown.startswith("\r\x1b[Kwaiting: round 1: 0/10\r\x1b[Kwaiting: round 1: 1/10")
+    assert shown.count("\r\x1b[Kwaiting") >= 3  # redrawn every 0.05 s
+    assert "\n" not in shown and shown.endswith("\r\x1b[K")  # cleared for what comes next
+
+
+def test_off_a_terminal_the_progress_is_a_line_now_and_then(monkeypatch):
+    monkeypatch.setattr(models_cli, "PROGRESS_LOG_EVERY_S", 0.2)
+    log = io.StringIO()
+    counts = iter(range(1000))
+    with models_cli.ProgressLine(lambda: f"round 1: {next(counts)}/10", log):
+        time.sleep(0.3)
+    lines = log.getvalue().splitlines()
+    assert 1 <= len(lines) <= 2  # one at once, the next 0.2 s later
+    assert lines == [f"waiting: round 1: {k}/10" for k in range(len(lines))]
