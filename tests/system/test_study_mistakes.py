@@ -1,6 +1,7 @@
 """Mistakes are cheap, on the real broker and Redis: a schema study checked against a sample CSV
 before it exists, a study that never folded a record deleted (its id free again, its records
-refused by an aggregator that knew it), and a refused create that warns about nothing."""
+refused by an aggregator that knew it, forgotten by a running gateway), and a refused create
+that warns about nothing."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import sys
 
 from ipdp import state
 from ipdp.cli.main import main
+from ipdp.embedded import free_port
 from ipdp.redis_io import redis_client
 from ipdp.studies_topic import read_studies_topic
+from producer.gateway_client import GatewayClient
+from tests import proc_services as ps
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, services, wait_for
 
 SCHEMA = {"features": [{"name": "age", "min": 18, "max": 70},
@@ -130,3 +134,22 @@ def test_a_study_without_records_is_deleted_and_its_id_reused_while_a_folding_on
         wait_for(lambda: r.hget(counts, "folded") == b"5" and refused() == 6,
                  GROUP_JOIN_TIMEOUT_S, "the new study's 5 records folded, the old one's 2 refused")
     assert int(r.hget(state.StudyKeys("reused").open, "count")) == 5
+
+
+def test_a_running_gateway_forgets_a_deleted_study(runtime, kafka_settings, redis_settings,
+                                                   env_topics, tmp_path):
+    port = free_port()
+    gateway = ps.start(["gateway"], ps.service_env(runtime, env_topics,
+                                                   IPDP_GATEWAY_PORT=str(port)),
+                       tmp_path, "gateway")
+    try:
+        with GatewayClient(f"http://127.0.0.1:{port}", timeout_s=5) as client:
+            client.wait_ready(60, alive=lambda: gateway.proc.poll() is None)
+            study = create(kafka_settings, redis_settings, env_topics, study_id="served",
+                           d=3, n=200, epsilon=1.0, delta=0.01)
+            wait_for(lambda: client.study("served") is not None, 30, "the gateway to serve it")
+            assert client.study("served")[0].hash == study.hash
+            assert main(["study", "delete", "served"]) == 0
+            wait_for(lambda: client.study("served") is None, 30, "the gateway to forget it")
+    finally:
+        ps.stop(gateway)
