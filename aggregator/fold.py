@@ -65,9 +65,9 @@ log = logging.getLogger(__name__)
 
 #: One study's reads, in one round trip (each redis-py command costs CPU of its own).
 #: KEYS[1] = study hash, KEYS[2] = open round, KEYS[3] = the study's offsets; ARGV = offset
-#: fields -> { status, {round, count, A, b}, {offset per field} }
+#: fields -> { {status, wire hash}, {round, count, A, b}, {offset per field} }
 _READ_STUDY_LUA = """
-return {redis.call('HGET', KEYS[1], 'status'),
+return {redis.call('HMGET', KEYS[1], 'status', 'hash'),
         redis.call('HMGET', KEYS[2], 'round', 'count', 'A', 'b'),
         redis.call('HMGET', KEYS[3], unpack(ARGV))}
 """
@@ -466,7 +466,29 @@ class Folder:
             Validator.unmatched_headers(rows, decoded, studies)) \
             if None in studies.values() else {}
         refused, valid = self.validator.validate(rows, decoded, studies, registered, now_ms)
-        return rows, Refused.join([bad_containers, refused]).in_order(), valid
+        valid, deleted = self._one_study_per_id(rows, valid)
+        return rows, Refused.join([bad_containers, refused, *deleted]).in_order(), valid
+
+    def _one_study_per_id(self, rows: Polled, valid: list[ValidRows],
+                          ) -> tuple[list[ValidRows], list[Refused]]:
+        """Keep, of two studies a batch names by one id (a deleted study and the one created
+        under its id since, ipdp.state.delete_study), the one Redis holds now; the other's
+        rows are refused (unknown_study) and the study forgotten."""
+        by_id: dict[str, list[ValidRows]] = {}
+        for v in valid:
+            by_id.setdefault(v.study.study_id, []).append(v)
+        keep, deleted = [], []
+        for sid, group in by_id.items():
+            current = (None if len(group) == 1
+                       else self.r.hget(state.StudyKeys(sid).study, "hash"))
+            for v in group:
+                if len(group) == 1 or v.study.hash == current:
+                    keep.append(v)
+                else:
+                    self.studies.forget(v.study)
+                    deleted.append(Refused.of(rows, v.row, RejectReason.UNKNOWN_STUDY,
+                                              f"study {sid} is deleted"))
+        return keep, deleted
 
     def _fold_study(self, rows: Polled, v: ValidRows, spans: Spans, checkpoint: Checkpoint,
                     now_ms: int, dead_letter, result: FoldResult) -> Refused:
@@ -481,8 +503,8 @@ class Folder:
                 try:
                     pipe.watch(keys.study, keys.open, keys.replay,
                                keys.offsets(self.group, self.topic))
-                    fold = decide(rows, v, self._read(pipe, keys, rows, v, checkpoint), spans,
-                                  checkpoint)
+                    seen = self._read(pipe, keys, rows, v, checkpoint)
+                    fold = decide(rows, v, seen, spans, checkpoint)
                     codes = fold.refused.reason_codes()
                     unsent = sent[fold.refused.row] != codes
                     if dead_letter and unsent.any():
@@ -496,6 +518,8 @@ class Folder:
                 except redis.WatchError:
                     result.conflicts += 1
         announce(self.r, keys, [c.round_no for c in fold.closed])
+        if seen.status is None:  # deleted (ipdp.state.delete_study): look its hash up again
+            self.studies.forget(v.study)
         sid = keys.study_id
         if fold.was_open:
             result.folded[sid] = len(fold.folded_ids)
@@ -508,9 +532,11 @@ class Folder:
               checkpoint: Checkpoint) -> StudyState:
         """The read phase of one study, under WATCH."""
         partitions = np.unique(rows.partition[v.row]).tolist()
-        status, (round_no, count, a_raw, b_raw), below = pipe.execute_command(
+        (status, wire_hash), (round_no, count, a_raw, b_raw), below = pipe.execute_command(
             "EVAL", _READ_STUDY_LUA, 3, keys.study, keys.open,
             keys.offsets(self.group, self.topic), *(checkpoint.field[p] for p in partitions))
+        if wire_hash is not None and wire_hash != v.study.hash:
+            status = None  # the id now names another study: this one was deleted
         a, b = state.unpack_stats(a_raw, b_raw, v.study.d)
         return StudyState(
             status=None if status is None else StudyStatus(status.decode()),

@@ -2,7 +2,8 @@
 
 The fold asks once per batch, for the distinct hashes of its records (:meth:`StudyLookup.resolve`)
 and, for records whose hash names no study, for the distinct ``study`` headers they carry
-(:meth:`StudyLookup.registered`). A study never changes, so a found one is kept for good; a hash
+(:meth:`StudyLookup.registered`). A study never changes, so a found one is kept until the fold
+finds it deleted (:meth:`StudyLookup.forget`, ipdp.state.delete_study); a hash
 or an id that names nothing is remembered as such for ``unknown_ttl_s``, so records with made-up
 hashes cost no Redis lookup each; a study whose signature does not verify, or whose stored
 definition cannot be read, is refused and looked up again after REFUSAL_RETRY_S, so a study
@@ -84,6 +85,11 @@ class StudyLookup:
         study = self._studies[key] = found[0]
         study.round_limit  # noqa: B018 - the budget's accounting, once, outside any fold
         return study
+
+    def forget(self, study: Study) -> None:
+        """Drop a study the fold found deleted: its hash and id are looked up again."""
+        self._studies.pop(study.hash, None)
+        self._registered_ids.discard(study.study_id)
 
     def registered(self, names: set[str]) -> dict[str, bool]:
         """Whether each study id is registered (a registered one stays so; an unregistered one

@@ -158,7 +158,7 @@ class Validator:
         ``registered`` says which ``study`` headers of unmatched rows name a registered study
         (:meth:`unmatched_headers`). Rows are in (partition, offset, index) order."""
         refused: list[RefusedRows] = []
-        passed: dict[str, list] = {}
+        passed: dict[bytes, list] = {}  # by study hash: one id may name two (a deleted one)
         for batch in decoded.batches:
             keys = batch.study_hash.view("V16").ravel()
             if (batch.study_hash == batch.study_hash[0]).all():  # one study: skip the sort
@@ -177,7 +177,7 @@ class Validator:
                     if found.require_credentials and len(part):
                         part = self.credentials.admit(found, part, rows, now_ms, refused)
                     if len(part):
-                        passed.setdefault(found.study_id, [found]).append(part)
+                        passed.setdefault(bytes(key), [found]).append(part)
         return (Refused.join([Refused.of_each(rows, decoded.undecoded)]
                              + [Refused.of(rows, *group) for group in refused]).in_order(),
                 [_valid_rows(study, parts) for study, *parts in passed.values()])

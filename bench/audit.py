@@ -455,7 +455,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--noise-scale", type=float, default=1.0,
                         help="Multiply every noise by S (S < 1 under-noises: the audit should "
                              "then refute the claim).")
-    parser.add_argument("--mode", choices=("rigorous", "paper"), default="rigorous")
+    parser.add_argument("--mode", choices=("rigorous", "paper"), default="rigorous",
+                        help="The calibration audited (default rigorous).")
     parser.add_argument("--delta-in", type=float, default=None,
                         help="Trainer ridge Δ_in (default: the calibration's choice).")
     parser.add_argument("--exact-fold", action="store_true",

@@ -45,6 +45,10 @@ class StudyExists(StudyError, ValueError):
     """The id (or the wire hash) is taken by a study with different parameters."""
 
 
+class StudyInUse(StudyError):
+    """The study has folded a record or published a model, so it can no longer be deleted."""
+
+
 class TooManyRecords(StudyError, ValueError):
     """A device offered more records to one round than its Contributor allows (the unit of
     privacy is one record per device per round; more cost group privacy, docs/accounting.md)."""

@@ -84,6 +84,10 @@ ROUND_PROGRESS = _gauge(
 ROUNDS_CLOSED = _counter("ipdp_rounds_closed_total", "Rounds closed at n records.", ["study"])
 MODELS_PUBLISHED = _counter(
     "ipdp_models_published_total", "Models published to the models topic.", ["study"])
+MODELS_CONSTRAINED = _counter(
+    "ipdp_models_constraint_active_total",
+    "Published models whose norm constraint ‖w‖ ≤ η binds (a larger η may fit better).",
+    ["study"])
 ROUNDS_REFUSED = _counter(
     "ipdp_rounds_refused_total",
     "Closed rounds the trainer refused to publish (not exactly n records, or unsolvable).",
@@ -98,6 +102,10 @@ LOADGEN_RECORDS_SENT = _counter(
     "ipdp_loadgen_records_sent_total", "Records the load generator produced.", ["study"])
 LOADGEN_SEND_ERRORS = _counter(
     "ipdp_loadgen_send_errors_total", "Records the load generator failed to produce.", ["study"])
+LOADGEN_VALUES_CLIPPED = _counter(
+    "ipdp_loadgen_values_clipped_total",
+    "Values of the CSV rows the load generator sends for a schema study that lie outside their "
+    "column's public range, so its devices clip them.", ["study", "column"])
 GATEWAY_REQUESTS = _counter(
     "ipdp_gateway_requests_total", "HTTP requests the gateway answered.", ["route", "status"])
 GATEWAY_RECORDS_ACCEPTED = _counter(
@@ -151,13 +159,14 @@ _ROLE_METRICS: dict[str, tuple] = {
                    FOLD_SECONDS, FOLD_CONFLICTS, CONSUMER_LAG, PARTITIONS_PAUSED,
                    PARTITION_PAUSES, ROUND_RECORDS, ROUND_TARGET, ROUND_PROGRESS, ROUNDS_CLOSED,
                    *_STUDIES, *_BACKENDS),
-    "trainer": (MODELS_PUBLISHED, ROUNDS_REFUSED, SOLVE_SECONDS, ROUND_TO_MODEL_SECONDS,
+    "trainer": (MODELS_PUBLISHED, MODELS_CONSTRAINED, ROUNDS_REFUSED, SOLVE_SECONDS, ROUND_TO_MODEL_SECONDS,
                 *_STUDIES, *_BACKENDS),
     "gateway": (GATEWAY_REQUESTS, GATEWAY_REFUSALS, GATEWAY_REQUEST_SECONDS,
                 GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED,
                 GATEWAY_KAFKA_SECONDS, GATEWAY_CONTAINER_RECORDS, TOPIC_VALUES_MALFORMED,
                 *_STUDIES),
-    "loadgen": (LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS, TOPIC_VALUES_MALFORMED, *_STUDIES),
+    "loadgen": (LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS, LOADGEN_VALUES_CLIPPED,
+                TOPIC_VALUES_MALFORMED, *_STUDIES),
 }
 
 

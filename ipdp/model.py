@@ -67,6 +67,13 @@ class Model:
         return self.message.privacy
 
     @property
+    def constraint_active(self) -> bool:
+        """True when the trainer's solution lies on ‖w‖ = η: the constraint held the fit back,
+        and a study with a larger η may fit better, at more noise per record
+        (docs/operations.md, "A binding norm constraint")."""
+        return self.message.constraint_active
+
+    @property
     def study_id(self) -> str:
         return self.message.study_id
 

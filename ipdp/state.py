@@ -7,7 +7,7 @@ Redis: a study's keys carry the hash tag ``{id}``, an aggregator group's bookkee
 
 | key | type | holds |
 |---|---|---|
-| `ipdp:{<id>}:study` | hash | `json` (the Study), `status` (open/closed), `created_ms`, `envelope` |
+| `ipdp:{<id>}:study` | hash | `json` (the Study), `status` (open/closed), `hash` (its 16-byte wire hash), `created_ms`, `envelope` |
 | `ipdp:{<id>}:open` | hash | the open round: `round`, `count`, `A` (d×d f8), `b` (d f8) |
 | `ipdp:{<id>}:closed:<round>` | hash | a closed round's `A`, `b`, `count`, `closed_ms` until its model is published |
 | `ipdp:{<id>}:unannounced` | set | closed rounds not yet on `ipdp:rounds` (written in the closing fold) |
@@ -44,7 +44,11 @@ signed status is what devices see.
 
 A study's parameters never change once created: :func:`create_study` refuses a different
 definition under an existing id, and is a no-op (apart from re-publishing the current state, so
-a lost topic can be repaired) when the parameters are identical.
+a lost topic can be repaired) when the parameters are identical. A study that never folded a
+record can be deleted (:func:`delete_study`: its keys, its registry entry, a tombstone on the
+topic), after which its id is free. The fold reads the stored ``hash`` with the status, so an
+aggregator that still holds the deleted study's definition refuses its records even once the id
+names another study.
 """
 
 from __future__ import annotations
@@ -58,7 +62,13 @@ import numpy as np
 import redis
 from pydantic import ValidationError
 
-from ipdp.errors import ConfigurationError, SignatureError, StudyExists, UnknownStudy
+from ipdp.errors import (
+    ConfigurationError,
+    SignatureError,
+    StudyExists,
+    StudyInUse,
+    UnknownStudy,
+)
 from ipdp.settings import TopicSettings
 from ipdp.signing import SigningKey, TrustedKeys, warn_once
 from ipdp.study import Study, StudyStatus, parse_study_message, study_message
@@ -179,7 +189,7 @@ def _stored(study_id: str, raw_json: bytes, envelope: bytes | None) -> Study:
         raise invalid_fields(f"stored study {study_id!r}", exc) from None
 
 
-def _publish(producer: KafkaProducer, topics: TopicSettings, study_id: str, envelope: bytes,
+def _publish(producer: KafkaProducer, topics: TopicSettings, study_id: str, envelope: bytes | None,
              timeout_s: float = 30.0) -> None:
     # Imported here: reading studies from Redis (`ipdp study list`) needs no Kafka client.
     from ipdp.kafka_io import send_and_wait
@@ -223,7 +233,7 @@ def register_study(r: redis.Redis, study: Study, signing_key: SigningKey | None 
                 _claim_hash(r, study)
                 pipe.multi()
                 pipe.hset(key, mapping={
-                    "json": study.to_json(), "status": StudyStatus.OPEN.value,
+                    "json": study.to_json(), "status": StudyStatus.OPEN.value, "hash": study.hash,
                     "created_ms": int(time.time() * 1000),
                     "envelope": study_message(study, StudyStatus.OPEN, signing_key)})
                 pipe.execute()
@@ -252,15 +262,15 @@ def create_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
 
     Returns True when the study was created, False when an identical study already existed (its
     current envelope is re-published, which a compacted topic absorbs). Raises
-    :class:`StudyExists` as :func:`register_study` does.
+    :class:`StudyExists` as :func:`register_study` does, before warning that it is unsigned.
     """
+    _, _, created = register_study(r, study, signing_key)
     if signing_key is None:
         warn_once(log, ("unsigned studies",),
                   "study %s is created UNSIGNED: devices and aggregators that pin study keys "
                   "refuse it, and anyone who can write the studies topic can redefine it for "
                   "devices that do not. Sign studies: `ipdp keys generate --out owner`, then "
                   "--signing-key owner.key (docs/security.md)", study.study_id)
-    _, _, created = register_study(r, study, signing_key)
     _publish(producer, topics, study.study_id, r.hget(StudyKeys(study.study_id).study, "envelope"))
     return created
 
@@ -341,6 +351,62 @@ def list_studies(r: redis.Redis) -> list[tuple[Study, StudyStatus]]:
         if got is not None:
             out.append(got)
     return out
+
+
+#: Remove KEYS[1]'s field ARGV[1] if it still holds ARGV[2]: the registry's entry of a deleted
+#: study, unless a study registered since holds it.
+_HDEL_IF_LUA = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+def delete_study(r: redis.Redis, producer: KafkaProducer, topics: TopicSettings,
+                 study_id: str) -> Study:
+    """Remove a study that never folded a record: its Redis keys and wire hash, then a tombstone
+    on the compacted studies topic, so devices, gateways and aggregators forget it and the id
+    can be used again. Returns the deleted study.
+
+    Raises :class:`UnknownStudy`, or :class:`StudyInUse` once a record was folded or a model
+    published: those rounds' guarantees and models name the study, which must stay as it was.
+    The check and the removal are one transaction on the study's keys, which every fold
+    watches, so a fold either sees the study gone (and refuses its records, unknown_study) or
+    counts before the check. Records still on their way are refused the same way.
+    """
+    keys = StudyKeys(study_id)
+    with r.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(keys.study, keys.open, keys.counts, keys.published)
+                raw, envelope = pipe.hmget(keys.study, ["json", "envelope"])
+                if raw is None:
+                    pipe.reset()
+                    raise UnknownStudy(f"unknown study {study_id!r}")
+                folded = int(pipe.hget(keys.counts, "folded") or 0)
+                published = int(pipe.hlen(keys.published))
+                if folded or published or pipe.exists(keys.open):
+                    pipe.reset()
+                    raise StudyInUse(
+                        f"study {study_id!r} has folded {folded} record(s) and published "
+                        f"{published} model(s): it can no longer be deleted, only closed "
+                        f"(`ipdp study close {study_id}`)")
+                study = _stored(study_id, raw, envelope)
+                pipe.multi()
+                pipe.delete(keys.study, keys.open, keys.counts, keys.unannounced,
+                            keys.published, keys.replay, keys.seen)
+                pipe.execute()
+                break
+            except redis.WatchError:
+                continue
+    r.eval(_HDEL_IF_LUA, 1, STUDY_HASHES, study.hash, study_id)
+    # What else carries the study's tag (an aggregator group's offsets for it, replay buckets).
+    leftovers = list(r.scan_iter(match=f"{PREFIX}:{{{study_id}}}:*", count=1000))
+    if leftovers:
+        r.delete(*leftovers)
+    _publish(producer, topics, study_id, None)
+    return study
 
 
 def rounds_published(r: redis.Redis, study_id: str) -> int:

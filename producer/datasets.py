@@ -171,8 +171,11 @@ def from_csv_schema(path: str | Path, schema: Schema, *, delimiter: str = ",") -
     through the schema's public ranges (ipdp.schema), as the row's own device would.
 
     A row whose feature or numeric target is empty or not a number, or whose class target is
-    not one of its classes, is skipped. ``meta`` holds ``clipped`` (per column, the values
-    outside their range, clipped to it) and ``rows_skipped``.
+    not one of its classes, is skipped; a file with no row left names the columns that hold
+    text where the schema reads numbers, or labels that are not its classes. ``meta`` holds
+    ``clipped`` (per column, the values outside their range, clipped to it), ``outside`` (per
+    numeric column, which rows lie outside its range, for counting the rows actually sent) and
+    ``rows_skipped``.
     """
     path = Path(path)
     header = _read_header(path, delimiter)
@@ -204,13 +207,23 @@ def from_csv_schema(path: str | Path, schema: Schema, *, delimiter: str = ",") -
             numbers.append(values)
             labels.append(target)
     if not numbers:
-        raise ValueError(f"{path}: no usable row ({skipped} skipped)")
+        from ipdp.schema_check import check_csv
+
+        why = "; ".join(check_csv(path, schema, delimiter=delimiter).problems)
+        raise ValueError(f"{path}: no usable row ({skipped} skipped)" + (f": {why}" if why else ""))
     raw = np.array(numbers, dtype=np.float64)
     columns: dict[str, object] = {n: raw[:, j] for j, n in enumerate(schema.feature_names)}
     columns[schema.target.name] = labels
     encoded = schema.encode(columns)
+    lo, hi = (np.array([f.min for f in schema.features]), np.array([f.max for f in schema.features]))
+    outside = {n: (raw[:, j] < lo[j]) | (raw[:, j] > hi[j])
+               for j, n in enumerate(schema.feature_names)}
+    if not schema.target.is_class:
+        y_raw = np.array(labels, dtype=np.float64)
+        outside[schema.target.name] = (y_raw < schema.target.min) | (y_raw > schema.target.max)
     return Dataset(x=encoded.x, y=encoded.y, feature_names=schema.feature_names,
-                   meta={"source": str(path), "clipped": encoded.clipped, "rows_skipped": skipped})
+                   meta={"source": str(path), "clipped": encoded.clipped, "outside": outside,
+                         "rows_skipped": skipped})
 
 
 def train_test_split(ds: Dataset, test_fraction: float = 0.2, seed: int | None = None,

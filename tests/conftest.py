@@ -10,6 +10,10 @@
 * ``env_topics``     ``topics``, with the IPDP_* environment of the CLI pointing at it, the
                      broker and Redis (and no trusted or signing keys from the caller's shell).
 
+Every session runs with TMPDIR (and :data:`tempfile.tempdir`) set to a directory of its own, so
+what the code under test and its child processes create in "the temporary directory" can be
+told apart from other runs' files; the session fails if it leaves an ``ipdp-*`` entry there.
+
 Any test using one of these fixtures is marked ``integration`` automatically
 (``pytest -m "not integration"`` runs the rest).
 """
@@ -17,8 +21,11 @@ Any test using one of these fixtures is marked ``integration`` automatically
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +56,30 @@ def _require_binaries(broker: bool = True) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"integration servers unavailable: {exc}")
         pytest.skip(f"integration servers unavailable: {exc}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temp_dir_left_clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Point TMPDIR at a directory of this session's own; after the session, fail if the code
+    under test left ``ipdp-*`` entries in it (servers' data directories, runtimes)."""
+    tmp_path_factory.getbasetemp()  # pytest's own temp dirs stay where pytest keeps them
+    own = Path(tempfile.mkdtemp(prefix="pytest-tmpdir-"))
+    previous_env, previous_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = str(own)
+    tempfile.tempdir = str(own)
+    try:
+        yield own
+    finally:
+        tempfile.tempdir = previous_tempdir
+        if previous_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous_env
+        left = sorted(entry.name for entry in own.glob("ipdp-*"))
+        shutil.rmtree(own, ignore_errors=True)
+    if left:
+        pytest.fail(f"the test run left {len(left)} entr{'y' if len(left) == 1 else 'ies'} in "
+                    f"the temporary directory: {', '.join(left)}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -156,6 +156,7 @@ class Trainer:
     def _handle(self, entry_id: bytes, fields: dict) -> None:
         sid, round_no = fields[b"study"].decode(), int(fields[b"round"])
         metrics.start_at_zero(metrics.MODELS_PUBLISHED, (sid,))
+        metrics.start_at_zero(metrics.MODELS_CONSTRAINED, (sid,))
         metrics.start_at_zero(metrics.ROUNDS_REFUSED, (sid,))
         keys = state.StudyKeys(sid)
         raw = self.redis.hgetall(keys.closed(round_no))
@@ -190,6 +191,8 @@ class Trainer:
         self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
         self.published += 1
         metrics.MODELS_PUBLISHED.labels(sid).inc()
+        if message.constraint_active:
+            metrics.MODELS_CONSTRAINED.labels(sid).inc()
         metrics.ROUND_TO_MODEL_SECONDS.observe(
             max(0.0, (message.published_ms - message.round_closed_ms) / 1000))
         log.info("study %s round %d: model published (‖w‖=%.4g, solve %.2f ms)", sid, round_no,

@@ -119,7 +119,9 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
     """The study parameters as flags (`ipdp calibrate`, `ipdp study create`)."""
     if with_id:
         p.add_argument("--study-id", dest="study_id", help="Study id (letters, digits, . _ -).")
-        p.add_argument("--max-rounds", dest="max_rounds", type=int, default=None)
+        p.add_argument("--max-rounds", dest="max_rounds", type=int, default=None,
+                       help="Close the study after this many published rounds (default: "
+                       "unlimited, or what --budget-epsilon allows).")
         p.add_argument("--budget-epsilon", dest="budget_epsilon", type=float, default=None,
                        help="Total ε over the rounds (with --budget-delta): the study closes "
                        "before a round that would exceed it (docs/accounting.md).")
@@ -153,7 +155,9 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
     p.add_argument("--p-bound", dest="p_bound", type=float, default=None,
                    help="P: bound on ‖p‖ (default 1).")
     p.add_argument("--eta", type=float, default=None, help="η: bound on ‖w‖ (default 1).")
-    p.add_argument("--mode", choices=["rigorous", "paper"], default=None)
+    p.add_argument("--mode", choices=["rigorous", "paper"], default=None,
+                   help="Calibration: rigorous (default, proven in docs/privacy.md) or paper "
+                   "(the paper's, NOT proven: for reproducing it only).")
     p.add_argument("--delta-in", dest="delta_in", type=float, default=None,
                    help="Δ_in ≥ 0, the trainer's ridge (default: chosen by the calibration in "
                         "rigorous mode, 1e-6 in paper mode, which needs > 0).")

@@ -23,7 +23,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "expires after --valid-for seconds and lets its device contribute the study's "
         "records_per_device records. The gateway and the aggregator accept it only if they pin "
         "the issuer's public key (IPDP_TRUSTED_CREDENTIAL_KEYS).")
-    p.add_argument("study_id", metavar="ID")
+    p.add_argument("study_id", metavar="ID", help="The study the credential is for.")
     p.add_argument("--key", required=True, metavar="PREFIX.key",
                    help="The issuer's Ed25519 private key (`ipdp keys generate`).")
     p.add_argument("--count", type=int, default=1, help="How many credentials (default 1).")

@@ -90,8 +90,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", type=float, default=0.01, help="Central δ (default 0.01).")
     p.add_argument("--devices", type=int, default=None,
                    help="Simulated devices (default n; more than n fills later rounds).")
-    p.add_argument("--loss", choices=["squared", "logistic"], default="squared")
-    p.add_argument("--mode", choices=["rigorous", "paper"], default="rigorous")
+    p.add_argument("--loss", choices=["squared", "logistic"], default="squared",
+                   help="The model's loss (default squared).")
+    p.add_argument("--mode", choices=["rigorous", "paper"], default="rigorous",
+                   help="Calibration: rigorous (default, proven in docs/privacy.md) or paper "
+                   "(the paper's, NOT proven).")
     p.add_argument("--seed", type=int, default=None, help="Seed of the synthetic data set only.")
     p.add_argument("--via-gateway", dest="via_gateway", action="store_true",
                    help="Also start `ipdp gateway` and send the devices' records over HTTP "
@@ -310,7 +313,8 @@ class Services:
         """SIGTERM every service, SIGKILL what is left after SERVICES_STOP_S. Idempotent."""
         from ipdp.embedded.children import terminate_all, unregister
 
-        terminate_all(list(self.procs.values()), SERVICES_STOP_S)
+        terminate_all({f"ipdp {role}": proc for role, proc in self.procs.items()},
+                      SERVICES_STOP_S)
         unregister(self)
 
     def check_alive(self) -> None:

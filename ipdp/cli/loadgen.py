@@ -38,10 +38,12 @@ def add_commands(sub: argparse._SubParsersAction, with_flags: bool = True) -> No
                    help="Records per second (default: as fast as the broker accepts).")
     p.add_argument("--dataset", default="synthetic", metavar="synthetic|csv:PATH",
                    help="Where device data comes from (default: synthetic, rows drawn already "
-                   "encoded, ‖x‖ ≤ 1). csv:PATH with a header row: a study with a schema reads "
-                   "its columns by name and encodes each row through their public ranges, "
-                   "printing the values clipped per column; a study without one needs --target "
-                   "and is scaled by the file's own statistics, which it prints.")
+                   "encoded, ‖x‖ ≤ 1). csv:PATH with a header row: one device per row, the "
+                   "rows in a random order seeded by --seed, so fewer devices than rows send a "
+                   "random subset of them. A study with a schema reads its columns by name and "
+                   "encodes each row through their public ranges, printing the values clipped "
+                   "per column among the rows sent; a study without one needs --target and is "
+                   "scaled by the file's own statistics, which it prints.")
     p.add_argument("--target", default=None, metavar="COL",
                    help="Target column of a CSV dataset for a study without a schema (a "
                    "study with one names its columns itself).")
@@ -49,7 +51,9 @@ def add_commands(sub: argparse._SubParsersAction, with_flags: bool = True) -> No
                    help="Allow more devices than the CSV has rows: rows are sent again, so "
                    "one row counts as several devices' records (a simulation only).")
     p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="Seed of the simulated dataset (the simulated noise is always OS-seeded).")
+                   help="Seed of the simulated dataset, and of which CSV rows are sent in which "
+                   "order (default: a fresh one each run; the simulated noise is always "
+                   "OS-seeded).")
     p.add_argument("--batch", type=int, default=LoadgenSettings().batch, metavar="B",
                    help="Devices simulated per vectorised step (IPDP_LOADGEN_BATCH).")
     p.add_argument("--via", default=None, metavar="URL",
@@ -160,7 +164,11 @@ def _credentials(args: argparse.Namespace, study: Study) -> list[bytes] | None:
 
 
 def _csv_dataset(args: argparse.Namespace, study: Study):
-    """The CSV of --dataset csv:PATH, encoded for the study; says on stderr what was done to it."""
+    """The rows of --dataset csv:PATH that the devices send, encoded for the study, in the order
+    they are sent (a seeded permutation, repeated only with --reuse-rows); says what was done to
+    them."""
+    import numpy as np
+
     from producer.datasets import from_csv, from_csv_schema
 
     path = args.dataset[4:]
@@ -189,6 +197,8 @@ def _csv_dataset(args: argparse.Namespace, study: Study):
         print(f"WARNING: {args.devices} devices from {len(ds)} rows: rows are reused, so the "
               "round holds repeated records (a simulation, not a study of distinct people)",
               file=sys.stderr)
+    # One device per row, in random order; rows are reused only when asked to.
+    sent = np.resize(np.random.default_rng(args.seed).permutation(len(ds)), args.devices)
     if schema is None:
         scaled = (f"rows divided by the file's largest row norm {ds.meta['x_scale']:.6g}; "
                   + (f"{args.target} mapped from the file's [{ds.meta['y_min']:.6g}, "
@@ -199,15 +209,29 @@ def _csv_dataset(args: argparse.Namespace, study: Study):
               "the columns' public ranges with `ipdp study create --schema`.", file=sys.stderr)
     else:
         print(f"rows read     {len(ds)} ({ds.meta['rows_skipped']} skipped: a missing or "
-              "unusable value)")
-        clipped = ", ".join(f"{name} {k}" for name, k in ds.meta["clipped"].items())
-        print(f"clipped       {clipped} (values outside their schema range, per column)")
-    return ds
+              f"unusable value); {args.devices} sent")
+        clipped = ", ".join(f"{name} {int(outside[sent].sum())}"
+                            for name, outside in ds.meta["outside"].items())
+        print(f"clipped       {clipped} (values outside their schema range among the rows "
+              "sent, per column)")
+    outside = {name: rows[sent] for name, rows in ds.meta.get("outside", {}).items()}
+    return ds.x[sent], ds.y[sent], outside
+
+
+def _counting_clipped(study_id: str, x, y, outside: dict, batch: int):
+    """The rows in batches; each batch, when taken to be sent, adds its values outside their
+    range to ipdp_loadgen_values_clipped_total."""
+    from ipdp.metrics import LOADGEN_VALUES_CLIPPED, start_at_zero
+
+    start_at_zero(LOADGEN_VALUES_CLIPPED, *((study_id, name) for name in outside))
+    for i in range(0, len(x), batch):
+        for name, rows in outside.items():
+            LOADGEN_VALUES_CLIPPED.labels(study_id, name).inc(int(rows[i:i + batch].sum()))
+        yield x[i:i + batch], y[i:i + batch]
 
 
 def cmd_loadgen(args: argparse.Namespace) -> int:
     """`ipdp loadgen`: simulate --devices devices contributing to --study."""
-    import numpy as np
 
     from ipdp.metrics import serve, start_studies_reader_at_zero
     from ipdp.settings import MetricsSettings, TopicSettings
@@ -234,12 +258,8 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
         _, batches = synthetic_batches(args.devices, study.d, study.loss, args.batch,
                                        seed=args.seed)
     elif args.dataset.startswith("csv:"):
-        ds = _csv_dataset(args, study)
-        # One device per row, in random order; rows are reused only when asked to.
-        order = np.random.default_rng(args.seed).permutation(len(ds))
-        idx = np.resize(order, args.devices)
-        batches = ((ds.x[idx[i:i + args.batch]], ds.y[idx[i:i + args.batch]])
-                   for i in range(0, args.devices, args.batch))
+        x, y, outside = _csv_dataset(args, study)
+        batches = _counting_clipped(study.study_id, x, y, outside, args.batch)
     else:
         raise UsageError(f"--dataset must be 'synthetic' or 'csv:PATH', got {args.dataset!r}")
     common = {"rate": args.rate, "progress": not args.no_progress, "total": args.devices}

@@ -28,6 +28,16 @@ from ipdp.cli.common import START_THE_RUNTIME, check_backends, lazy
 from ipdp.errors import BackendUnavailable, IpdpError
 
 
+class SubCommands(argparse._SubParsersAction):
+    """Sub-parsers whose `--help` opens with a description: the command's one-line help when it
+    is given none of its own (tests/system/test_cli_help.py checks every command has one)."""
+
+    def add_parser(self, name, **kwargs):
+        if kwargs.get("description") is None and kwargs.get("help"):
+            kwargs["description"] = kwargs["help"]
+        return super().add_parser(name, **kwargs)
+
+
 class Parser(argparse.ArgumentParser):
     """An argparse parser that takes no abbreviated flag and reports a flag it does not know
     itself, with its own usage: `ipdp demo --epsilion 1` shows `ipdp demo`'s usage, where
@@ -38,6 +48,7 @@ class Parser(argparse.ArgumentParser):
         # `--device 10` must not be taken for `--devices 10`.
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.register("action", "parsers", SubCommands)
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
@@ -88,7 +99,8 @@ def add_resume(actions) -> None:
     resume = actions.add_parser(
         "resume", help="Resume folding a partition the aggregator paused because its Kafka log "
         "was replaced or truncated: store where its unfolded records start.")
-    resume.add_argument("--partition", type=int, required=True)
+    resume.add_argument("--partition", type=int, required=True,
+                        help="The records-topic partition to resume.")
     where = resume.add_mutually_exclusive_group(required=True)
     where.add_argument("--from-offset", dest="from_offset", type=int,
                        help="First offset of the current log to fold.")
@@ -106,9 +118,11 @@ def backends_needed(args: argparse.Namespace) -> tuple[str, ...]:
             return () if args.openapi else ("kafka",)
         case ("loadgen", _):
             return () if args.via else ("kafka",)
-        case ("models" | "dead-letters", _):
+        case ("models", _):
+            return ("kafka",) if args.study is None else ("redis", "kafka")
+        case ("dead-letters", _):
             return ("kafka",)
-        case ("study", "create" | "close"):
+        case ("study", "create" | "close" | "delete"):
             return ("redis", "kafka")
         case ("study", "show" | "list") | ("credentials", _):
             return ("redis",)

@@ -23,7 +23,12 @@ from ipdp.errors import UnknownStudy
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `calibrate` and `study` (create/show/close/list) on the `ipdp` sub-parsers."""
-    p = sub.add_parser("calibrate", help="Noise and guarantees for a set of study parameters.")
+    p = sub.add_parser(
+        "calibrate", help="Noise and guarantees for a set of study parameters.",
+        description="Prints, for the study these flags describe, the noise every device adds "
+        "(σ_u², σ_b²), the central (ε, δ) of each published model and the local privacy of one "
+        "record, with the least n predicted to give a useful model. Creates nothing: "
+        "`ipdp study create` takes the same flags.")
     study_flags(p, with_id=False)
     add_margin_flag(p)
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
@@ -47,6 +52,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_margin_flag(p)
     add_signing_flag(p)
     p.add_argument("--file", default=None, metavar="PATH", help="Study parameters, JSON/YAML.")
+    p.add_argument("--check-csv", dest="check_csv", default=None, metavar="PATH",
+                   help="Before creating a schema study, read this sample CSV as its devices "
+                   "would and print per column what it holds (values outside the range, the "
+                   "target's labels); a missing column, text in a numeric column or a label "
+                   "that is not a class creates nothing (exit status 2).")
     p.add_argument("--json", action="store_true", help="Print the calibration as JSON.")
     p.add_argument("--allow-unproven-paper-calibration", dest="allow_paper", action="store_true",
                    help="Allow --mode paper for a live study: its guarantee is NOT proven "
@@ -55,15 +65,25 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = ssub.add_parser("show", parents=[redis_opts],
                         help="Parameters, calibration, status and progress of a study.")
-    p.add_argument("study_id", metavar="ID")
+    p.add_argument("study_id", metavar="ID", help="The study's id.")
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     p.set_defaults(func=cmd_study_show)
 
     p = ssub.add_parser("close", parents=[redis_opts, kafka_opts],
                         help="Stop a study accepting records (Redis and the studies topic).")
-    p.add_argument("study_id", metavar="ID")
+    p.add_argument("study_id", metavar="ID", help="The study's id.")
     add_signing_flag(p)
     p.set_defaults(func=cmd_study_close)
+
+    p = ssub.add_parser(
+        "delete", parents=[redis_opts, kafka_opts],
+        help="Delete a study that never folded a record, so its id can be used again.",
+        description="Removes the study from Redis and puts a tombstone on the studies topic, "
+        "so devices, gateways and aggregators forget it; records still on their way are "
+        "dead-lettered unknown_study. Refused once a record was folded or a model published: "
+        "such a study can only be closed.")
+    p.add_argument("study_id", metavar="ID", help="The study's id.")
+    p.set_defaults(func=cmd_study_delete)
 
     p = ssub.add_parser("list", parents=[redis_opts], help="Every study, one line each.")
     p.add_argument("--json", action="store_true", help="One JSON object per line.")
@@ -148,6 +168,8 @@ def cmd_study_create(args: argparse.Namespace) -> int:
             "study needs the default rigorous mode, or --allow-unproven-paper-calibration to "
             "reproduce the paper knowingly")
     size = _sample_size(study, args)
+    if args.check_csv is not None:
+        check_sample(study, args.check_csv)
     key = _signing_key(args)
     with redis_connection(args) as r, kafka_producer_for(args) as producer:
         created = create_study(r, producer, topic_settings(), study, key)
@@ -160,13 +182,34 @@ def cmd_study_create(args: argparse.Namespace) -> int:
         print(f"created study {study.study_id}")
     else:
         print(f"study {study.study_id} already exists with these parameters; nothing changed")
-    print(f"signed by key {key.key_id}" if key else
-          "UNSIGNED: devices and aggregators that pin a study key refuse it (docs/security.md)")
+    if key:  # unsigned: ipdp.state.create_study has warned, once
+        print(f"signed by key {key.key_id}")
     print(calibration_table(study.calibration, _advice_rows(study, size)))
     warning = sample_size_warning(size, study.n)
     if warning:
         print(warning, file=sys.stderr)
     return 0
+
+
+def check_sample(study, path: str) -> None:
+    """`--check-csv`: the sample read against the study's schema, printed; UsageError (and no
+    study) if it cannot feed the study."""
+    from ipdp.report import table
+    from ipdp.schema_check import check_csv, check_rows
+
+    if study.schema_ is None:
+        raise UsageError("--check-csv checks a sample against the study's schema: give --schema "
+                         "(or a schema in --file)")
+    try:
+        check = check_csv(path, study.schema_)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--check-csv {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if check.columns:
+        print(table(check_rows(check, study.schema_), title=f"{path}: {check.rows} row(s)"),
+              file=sys.stderr)
+    if check.problems:
+        raise UsageError("--check-csv: the sample does not fit the schema, so no study was "
+                         "created:\n  " + "\n  ".join(check.problems))
 
 
 def _iso(ms: int | None) -> str:
@@ -179,7 +222,8 @@ def _int(v) -> int | None:
     return None if v is None else int(v)
 
 
-def _study_info(r, study_id: str) -> dict:
+def study_info(r, study_id: str) -> dict:
+    """What `study show` prints, from Redis; UnknownStudy if there is no such study."""
     from ipdp.state import StudyKeys, envelope_signer, load_study, rounds_published
 
     got = load_study(r, study_id)
@@ -203,7 +247,7 @@ def cmd_study_show(args: argparse.Namespace) -> int:
     from ipdp.report import calibration_rows, fmt, table
 
     with redis_connection(args) as r:
-        info = _study_info(r, args.study_id)
+        info = study_info(r, args.study_id)
     study = info["study"]
     cal = study.calibration
     if args.json:
@@ -236,6 +280,18 @@ def cmd_study_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def progress_text(info: dict) -> str:
+    """The round a study is filling, as `ipdp models` shows it: `round 2: 169/2400 records
+    folded`; a closed study or one without a record says so."""
+    study, o = info["study"], info["open_round"]
+    if info["status"] != "open":
+        return f"study {study.study_id} is {info['status']}, {info['rounds_published']} " \
+               "round(s) published"
+    if o is None:
+        return f"study {study.study_id}: round 1: 0/{study.n} records folded"
+    return f"study {study.study_id}: round {o['round']}: {o['count']}/{study.n} records folded"
+
+
 def schema_text(schema) -> str:
     """`age [21, 35], income [0, 1e+05] → weeks [0, 52], with an intercept`: one line."""
     from ipdp.report import fmt
@@ -253,6 +309,15 @@ def cmd_study_close(args: argparse.Namespace) -> int:
     with redis_connection(args) as r, kafka_producer_for(args) as producer:
         close_study(r, producer, topic_settings(), args.study_id, _signing_key(args))
     print(f"closed study {args.study_id}")
+    return 0
+
+
+def cmd_study_delete(args: argparse.Namespace) -> int:
+    from ipdp.state import delete_study
+
+    with redis_connection(args) as r, kafka_producer_for(args) as producer:
+        delete_study(r, producer, topic_settings(), args.study_id)
+    print(f"deleted study {args.study_id}")
     return 0
 
 

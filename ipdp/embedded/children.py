@@ -166,8 +166,9 @@ def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) ->
         )
 
 
-def _terminate(proc: subprocess.Popen | None, timeout: float) -> None:
-    """SIGTERM the child's process group, SIGKILL it after ``timeout`` seconds, reap it."""
+def _terminate(proc: subprocess.Popen | None, timeout: float, name: str) -> None:
+    """SIGTERM the child's process group, SIGKILL it after ``timeout`` seconds, reap it; the
+    warning that it had to be killed names it (``name``)."""
     if proc is None:
         return
     if proc.poll() is None:
@@ -175,24 +176,29 @@ def _terminate(proc: subprocess.Popen | None, timeout: float) -> None:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            log.warning("pid %s ignored SIGTERM for %.1fs; sending SIGKILL", proc.pid, timeout)
+            log.warning("%s (pid %s) ignored SIGTERM for %.1fs; sending SIGKILL", name,
+                        proc.pid, timeout)
     # Whatever is left in the group (e.g. a Redis AOF-rewrite child) goes too.
     _signal_group(proc, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=timeout)
 
 
-def terminate_all(procs: list[subprocess.Popen], timeout: float) -> None:
+def terminate_all(procs: dict[str, subprocess.Popen], timeout: float) -> None:
     """SIGTERM every child's process group at once, SIGKILL what is left after ``timeout``
-    seconds in all, reap them."""
-    for proc in procs:
+    seconds in all, reap them; ``procs`` maps a name, which the warning for a child that had to
+    be killed gives, to each child."""
+    for proc in procs.values():
         if proc.poll() is None:
             _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
+    for name, proc in procs.items():
+        try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    for proc in procs:
+        except subprocess.TimeoutExpired:
+            log.warning("%s (pid %s) ignored SIGTERM for %.1fs; sending SIGKILL", name,
+                        proc.pid, timeout)
+    for proc in procs.values():
         _signal_group(proc, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=timeout)
@@ -311,7 +317,7 @@ class ChildServer:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after ``stop_timeout_s``. Idempotent."""
-        _terminate(self.proc, self.stop_timeout_s)
+        _terminate(self.proc, self.stop_timeout_s, self.name)
         unregister(self)
 
     def __enter__(self) -> Self:

@@ -125,7 +125,8 @@ class EmbeddedRedis(ChildServer):
     """A redis-server child with AOF (``appendfsync always``) in ``data_dir``.
 
     ``port=0`` picks a free port at the first start; :meth:`restart` reuses it and the data
-    directory, so every acknowledged write survives.
+    directory, so every acknowledged write survives. Without ``data_dir`` it makes a temporary
+    one, which leaving a ``with`` block removes unless ``keep_data_dir`` is set.
     """
 
     data_dir: Path | str | None = None
@@ -138,6 +139,7 @@ class EmbeddedRedis(ChildServer):
     startup_timeout_s: float = 20.0
     stop_timeout_s: float = 10.0
     extra_args: list[str] = field(default_factory=list)
+    keep_data_dir: bool = False
     proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _tmp: str | None = field(default=None, init=False, repr=False)
 
@@ -214,6 +216,12 @@ class EmbeddedRedis(ChildServer):
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.keep_data_dir:
+            self.stop()
+        else:
+            self.cleanup()
 
 
 @dataclass(eq=False)
@@ -318,6 +326,7 @@ class EmbeddedBroker(ChildServer):
     """A tansu Kafka-protocol broker child (single node).
 
     With the default ``memory://`` storage a restart loses topics, records and group offsets.
+    Without ``work_dir`` it makes a temporary one, which leaving a ``with`` block removes.
     """
 
     port: int = 0
@@ -409,3 +418,6 @@ class EmbeddedBroker(ChildServer):
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()

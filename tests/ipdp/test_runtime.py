@@ -398,3 +398,62 @@ def test_free_port_hands_out_bindable_ports_outside_the_ephemeral_range():
     for port in ports[:20]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.integration
+def test_a_redis_with_block_removes_the_data_directory_it_made():
+    with EmbeddedRedis() as server:
+        made = Path(server.data_dir)
+        redis_client(server.settings()).set(b"k", b"v")
+        assert made.is_dir()
+    assert not made.exists()
+
+
+@pytest.mark.integration
+def test_a_redis_told_to_keep_its_data_directory_keeps_it():
+    import shutil
+
+    with EmbeddedRedis(keep_data_dir=True) as server:
+        made = Path(server.data_dir)
+    try:
+        assert (made / "appendonlydir").is_dir() or (made / "appendonly.aof").exists()
+    finally:
+        shutil.rmtree(made)
+
+
+@pytest.mark.integration
+def test_a_redis_given_a_data_directory_leaves_it_in_place(tmp_path):
+    with EmbeddedRedis(data_dir=tmp_path / "r") as server:
+        redis_client(server.settings()).set(b"k", b"v")
+    assert (tmp_path / "r").is_dir()
+
+
+STUBBORN_CHILD = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  "print('sig' + 'term ignored', flush=True); time.sleep(60)")
+
+
+def _stubborn_child(tmp_path: Path) -> subprocess.Popen:
+    """A child that ignores SIGTERM, once it does (its log's header holds its argv, so the
+    line waited for is not written verbatim in it)."""
+    log_path = tmp_path / "stubborn.log"
+    proc = children_mod.spawn([sys.executable, "-c", STUBBORN_CHILD], log_path)
+    deadline = time.monotonic() + 30
+    while "sigterm ignored" not in log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_stop_names_the_child_it_had_to_kill(tmp_path, caplog):
+    proc = _stubborn_child(tmp_path)
+    with caplog.at_level("WARNING", logger=children_mod.__name__):
+        children_mod.terminate_all({"ipdp trainer": proc}, 0.5)
+    assert proc.returncode == -signal.SIGKILL
+    assert f"ipdp trainer (pid {proc.pid}) ignored SIGTERM for 0.5s; sending SIGKILL" in caplog.text
+
+
+def test_a_server_stop_names_the_server_it_had_to_kill(tmp_path, caplog):
+    proc = _stubborn_child(tmp_path)
+    with caplog.at_level("WARNING", logger=children_mod.__name__):
+        children_mod._terminate(proc, 0.5, "redis-server")
+    assert proc.returncode == -signal.SIGKILL
+    assert f"redis-server (pid {proc.pid}) ignored SIGTERM" in caplog.text

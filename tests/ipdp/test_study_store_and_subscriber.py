@@ -24,6 +24,7 @@ from ipdp.state import (
     create_study,
     list_studies,
     load_study,
+    register_study,
     study_by_hash,
 )
 from ipdp.studies_topic import read_studies_topic
@@ -315,9 +316,10 @@ def test_redis_auth_failure_is_a_usage_error(tmp_path):
         server.stop()
 
 
-def test_models_cli(env_topics, producer, capsys):
+def test_models_cli(env_topics, producer, r, capsys):
     a = Study(study_id="m-a", **PARAMS)
     b = Study(study_id="m-b", **PARAMS)
+    register_study(r, a)  # `models --study` reads the study and its progress from Redis
     _publish_models(producer, env_topics, [_model(a, 1), _model(a, 1), _model(b, 1),
                                            _model(a, 2, w=(0.6, 0.8, 0.0, 0.0))])
     assert _run(["models"]) == 0

@@ -86,3 +86,21 @@ def test_the_pipeline_runs_on_a_redis_cluster_through_aggregator_kills(
             expected = solve_constrained(q.T @ q + s.calibration.delta_in * np.eye(s.d),
                                          p.sum(axis=0), s.eta).w
             np.testing.assert_allclose(m.weights, expected, rtol=0, atol=1e-6)
+
+
+def test_a_study_that_never_folded_a_record_is_deleted_on_a_redis_cluster(
+        runtime, kafka_settings, topics, cluster):
+    from ipdp.kafka_io import kafka_producer
+
+    rs = cluster.settings()
+    r = redis_client(rs)
+    study = create(kafka_settings, rs, topics, study_id="cl-typo", d=3, n=200, epsilon=1.0,
+                   delta=0.01)
+    producer = kafka_producer(kafka_settings)
+    try:
+        assert state.delete_study(r, producer, topics, "cl-typo") == study
+    finally:
+        producer.close()
+    assert state.load_study(r, "cl-typo") is None
+    assert r.hget(state.STUDY_HASHES, study.hash) is None
+    assert list(r.scan_iter(match="ipdp:{cl-typo}:*")) == []

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from ipdp.settings import TopicSettings
-from scripts.ops_tables import series_names, settings_env_names, settings_models
+from scripts.ops_tables import metric_rows, series_names, settings_env_names, settings_models
 from tests.tooling import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -380,8 +380,23 @@ def _exprs(node) -> list[str]:
     return []
 
 
+def _served() -> dict[str, set[str]]:
+    """Per sample name a role's /metrics may serve (suffixes included), its metric's labels."""
+    from ipdp.metrics import role_registry
+
+    labels = {name: set(re.findall(r"`(\w+)`", text)) for name, _, text, _ in metric_rows()}
+    out: dict[str, set[str]] = {}
+    for role in ("aggregator", "trainer", "gateway", "loadgen"):
+        for family in role_registry(role).collect():
+            own = labels.get(family.name, labels.get(f"{family.name}_total", set()))
+            for suffix in ("", "_total", "_bucket", "_sum", "_count"):
+                out[family.name + suffix] = own
+    return out
+
+
 def test_the_dashboard_uses_only_exported_metrics_and_shows_what_an_operator_needs():
     exported = series_names()  # series name → metric name (histogram suffixes included)
+    served = _served()
     shown = set()
     for path, dash in _dashboards():
         exprs = _exprs(dash)
@@ -389,6 +404,7 @@ def test_the_dashboard_uses_only_exported_metrics_and_shows_what_an_operator_nee
         for expr in exprs:
             for name in re.findall(r"\bipdp_\w+", expr):
                 assert name in exported, f"{path.name}: {name} is not exported by ipdp/metrics.py"
+                assert name in served, f"{path.name}: no role serves {name} on /metrics"
                 shown.add(exported[name])
     all_exprs = "\n".join(e for _, d in _dashboards() for e in _exprs(d))
     for metric in ("ipdp_records_folded_total", "ipdp_records_dead_lettered_total",
@@ -398,6 +414,30 @@ def test_the_dashboard_uses_only_exported_metrics_and_shows_what_an_operator_nee
     assert "by (reason)" in all_exprs
     for q in ("0.5", "0.99"):
         assert f"histogram_quantile({q}, sum by (le) (rate(ipdp_fold_seconds_bucket" in all_exprs
+
+
+def test_the_dashboard_has_a_study_selector_that_every_per_study_query_uses():
+    served = _served()
+    for path, dash in _dashboards():
+        (variable,) = [v for v in dash["templating"]["list"] if v["name"] == "study"]
+        assert variable["type"] == "query" and variable["query"]["query"] == "label_values(study)"
+        assert variable["includeAll"] and variable["multi"] and variable["allValue"] == ".*"
+        for expr in _exprs(dash):
+            for name, selector in re.findall(r"\b(ipdp_\w+)(\{[^}]*\})?", expr):
+                if "study" in served[name]:
+                    assert 'study=~"$study"' in selector, f"{path.name}: {expr} ignores $study"
+    titles = {p["title"] for _, d in _dashboards() for p in d["panels"]}
+    assert {"Values clipped (load generator)", "Models whose norm constraint binds"} <= titles
+
+
+def test_the_metric_check_fails_on_a_metric_no_role_serves(monkeypatch):
+    """The check above fails on a panel metric that ipdp/metrics.py defines but no role's
+    /metrics serves (here: one taken out of what the roles serve)."""
+    served = _served()
+    del served["ipdp_records_folded_total"]
+    monkeypatch.setattr(f"{__name__}._served", lambda: served)
+    with pytest.raises(AssertionError, match="no role serves ipdp_records_folded_total"):
+        test_the_dashboard_uses_only_exported_metrics_and_shows_what_an_operator_needs()
 
 
 def test_grafana_is_provisioned_with_the_prometheus_datasource_and_the_dashboard(compose):

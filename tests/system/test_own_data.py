@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 
@@ -61,6 +63,12 @@ def test_a_logistic_schema_study_from_a_csv_exports_a_model_that_predicts_class_
     out, err = capsys.readouterr()
     assert "  log-odds of approved='yes' = " in out and " × income\n" in out
     assert f"exported loans round 1 to {exported}" in err
+    # No trainer key pinned: the command says so once, not again for the file it wrote.
+    again = subprocess.run([sys.executable, "-m", "ipdp.cli", "models", "--study", "loans",
+                            "--export", str(tmp_path / "again.json")],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("UNVERIFIED") == 1, again.stderr
 
     m = load_model(exported)
     assert m.message.weights == published.weights and m.message.schema_ == published.schema_
@@ -90,6 +98,40 @@ def test_models_export_needs_one_study_and_no_follow(kafka_settings, env_topics,
         assert main(["models", "--export", str(tmp_path / "m.json"), *flags]) == 2
         assert "--export writes one study's newest model: it needs --study" in \
             capsys.readouterr().err
-    assert main(["models", "--study", "nothing-yet", "--export", str(tmp_path / "m.json")]) == 2
-    assert "study 'nothing-yet' has no published model to export" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+
+
+def test_loadgen_names_the_column_that_holds_text(kafka_settings, redis_settings, env_topics,
+                                                   tmp_path, capsys):
+    study_file, data = tmp_path / "loans.json", tmp_path / "text.csv"
+    study_file.write_text(json.dumps(LOANS | {"study_id": "text"}))
+    data.write_text("income,debt,approved\n10,n/a,yes\n20,n/a,no\n")
+    assert main(["study", "create", "--file", str(study_file)]) == 0
+    assert main(["loadgen", "--study", "text", "--devices", "2", "--no-progress",
+                 "--dataset", f"csv:{data}"]) == 2
+    assert ("no usable row (2 skipped): column debt: 2 of 2 value(s) are not numbers ('n/a')"
+            in capsys.readouterr().err)
+
+
+def test_loadgen_counts_the_values_clipped_among_the_rows_it_sends(
+        kafka_settings, redis_settings, env_topics, tmp_path, capsys):
+    study_file, data = tmp_path / "loans.json", tmp_path / "loans.csv"
+    study_file.write_text(json.dumps(LOANS | {"study_id": "subset"}))
+    rows = 10
+    debt = [60.0] + [5.0] * (rows - 1)  # the first row's debt is above the range's 50
+    with open(data, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["income", "debt", "approved"])
+        out.writerows((100, v, "yes") for v in debt)
+    assert main(["study", "create", "--file", str(study_file)]) == 0
+    capsys.readouterr()
+    # A seed that sends the outlier among 3 rows, and one that does not (loadgen's own draw).
+    sent = {seed: 0 in np.random.default_rng(seed).permutation(rows)[:3] for seed in range(20)}
+    for seed in (min(s for s, hit in sent.items() if hit), min(s for s, hit in sent.items()
+                                                               if not hit)):
+        assert main(["loadgen", "--study", "subset", "--devices", "3", "--no-progress",
+                     "--seed", str(seed), "--dataset", f"csv:{data}"]) == 0
+        out = capsys.readouterr().out
+        assert f"rows read     {rows} (0 skipped: a missing or unusable value); 3 sent" in out
+        assert f"clipped       income 0, debt {int(sent[seed])} (values outside their schema " \
+               "range among the rows sent, per column)" in out

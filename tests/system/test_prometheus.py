@@ -154,7 +154,11 @@ def test_prometheus_with_the_compose_scrape_config_sees_the_ingestion_rate_and_t
 
 
 #: Grafana's variables in the dashboard's queries, and what a Prometheus query puts there.
-GRAFANA_VARIABLES = {"$__range": "1h", "$__rate_interval": "1m"}
+GRAFANA_VARIABLES = {"$__range": "1h", "$__rate_interval": "1m", "$study": ".*"}
+#: The panels' study: three features (one of whose ranges the CSV's values overstep) → y.
+PANELS_SCHEMA = {"features": [{"name": "a", "min": 0, "max": 5}, {"name": "b", "min": 0, "max": 2},
+                              {"name": "c", "min": -1, "max": 3}],
+                 "target": {"name": "y", "min": 0, "max": 3}, "intercept": True}
 DASHBOARD = PROMETHEUS_YML.parents[1] / "grafana" / "dashboards" / "ipdp.json"
 
 
@@ -186,8 +190,13 @@ def test_every_dashboard_query_returns_a_series_and_each_role_serves_only_its_ow
         runtime, kafka_settings, redis_settings, topics, tmp_path):
     prometheus_binary = require_tool("prometheus", "tests/system/test_prometheus.py (a real "
                                      "Prometheus server)")
-    study = create(kafka_settings, redis_settings, topics, study_id="prom-panels", d=4, n=200,
-                   epsilon=1.0, delta=0.01)
+    # A schema study fed from a CSV, some of whose values lie outside their ranges: the load
+    # generator counts what its devices clip.
+    study = create(kafka_settings, redis_settings, topics, study_id="prom-panels", n=200,
+                   epsilon=1.0, delta=0.01, schema=PANELS_SCHEMA)
+    data = tmp_path / "panels.csv"
+    data.write_text("a,b,c,y\n" + "".join(f"{i % 7},{i % 3},{i % 5 - 1},{i % 4}\n"
+                                          for i in range(50)))
     gateway_port = free_port()
     env = ps.service_env(runtime, topics, IPDP_GATEWAY_PORT=str(gateway_port))
     url = f"http://127.0.0.1:{gateway_port}"
@@ -200,7 +209,8 @@ def test_every_dashboard_query_returns_a_series_and_each_role_serves_only_its_ow
                 client.wait_ready(60, alive=lambda: children["gateway"].proc.poll() is None)
             children["loadgen"] = ps.start(
                 ["loadgen", "--via", url, "--study", study.study_id, "--devices", "100000",
-                 "--rate", "40", "--no-progress"], env, tmp_path, "loadgen")
+                 "--rate", "40", "--no-progress", "--dataset", f"csv:{data}", "--reuse-rows"],
+                env, tmp_path, "loadgen")
             prom_port = free_port()
             ports = {"aggregator": children["aggregator"].port,
                      "trainer": children["trainer"].port, "gateway": gateway_port,
@@ -227,6 +237,9 @@ def test_every_dashboard_query_returns_a_series_and_each_role_serves_only_its_ow
                 for title, expr in dashboard_queries():
                     # A rate needs two scrapes of a series: wait for them, then it must hold.
                     wait_for(alive_and(expr), 30, f"panel {title!r}: a series for {expr}")
+                # Column a's 6s lie above its range's 5; column b's values all lie inside.
+                clipped = 'ipdp_loadgen_values_clipped_total{study="prom-panels", column="%s"}'
+                assert prom.scalar(clipped % "a") > 0 and prom.scalar(clipped % "b") == 0
                 for job in ("aggregator", "trainer", "gateway", "loadgen"):
                     served = {r["metric"]["__name__"] for r in prom.query(
                         f'group by (__name__) ({{job="{job}", __name__=~"ipdp_.+"}})')}

@@ -32,6 +32,7 @@ RUN_ELSEWHERE = {
     "ipdp demo": "tests/system/test_demo.py",
     "ipdp gateway": "tests/gateway/test_process.py",
     "ipdp keys": "tests/system/test_cli.py",
+    "ipdp study delete": "tests/system/test_study_mistakes.py",
     "ipdp bench accuracy": "tests/bench/test_bench_commands.py",
     "ipdp bench throughput": "tests/bench/test_bench_commands.py",
     "ipdp bench devices": "tests/bench/test_devices.py",
@@ -108,7 +109,15 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
 
 
 def test_the_tutorial_runs_as_written(tmp_path):
-    out = run_page(REPO / "docs" / "tutorial.md", tmp_path).stdout
+    done = run_page(REPO / "docs" / "tutorial.md", tmp_path)
+    out = done.stdout
+    # Signed and pinned: no command of the page has a trust warning to print.
+    assert re.search(r"^signed by key \S+$", out, re.MULTILINE)  # ipdp study create
+    for warning in ("UNSIGNED", "UNVERIFIED", "no trusted"):
+        assert warning not in out + done.stderr, done.stderr[-6000:]
+    # --check-csv: the sample read as the devices will, before the study is created.
+    assert re.search(r"^rent +5000 number\(s\), [1-9]\d* outside \[0, 2500\]", done.stderr,
+                     re.MULTILINE)
     assert re.search(r"^contributed record [0-9a-f]{32}$", out, re.MULTILINE)
     assert re.search(r"^records sent +199$", out, re.MULTILINE)
     assert re.search(r"^study tutorial round 1: n=200 w=\[", out, re.MULTILINE)
