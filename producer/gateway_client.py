@@ -206,10 +206,15 @@ class AsyncGatewayConnection:
         self._http: h11.Connection | None = None
 
     async def request(self, method: str, path: str, body: bytes = b"",
-                      content_type: str | None = None) -> GatewayAnswer:
+                      content_type: str | None = None,
+                      credential: str | None = None) -> GatewayAnswer:
+        """Send one request and read its answer. ``credential``: a device credential's text
+        form, sent as ``Authorization``."""
         headers = [("Host", self._host), ("Content-Length", str(len(body)))]
         if content_type:
             headers.append(("Content-Type", content_type))
+        if credential is not None:
+            headers.append(("Authorization", f"{AUTH_SCHEME} {credential}"))
         for attempt in (0, 1):
             try:
                 return await asyncio.wait_for(
@@ -257,10 +262,12 @@ class AsyncGatewayConnection:
             await self.close()
         return GatewayAnswer.of(status, content_type, b"".join(chunks), retry_after)
 
-    async def post_records(self, study_id: str, body: bytes) -> GatewayAnswer:
-        """POST version-1 records (one for a device) for a study."""
+    async def post_records(self, study_id: str, body: bytes,
+                           credential: str | None = None) -> GatewayAnswer:
+        """POST version-1 records (one for a device) for a study, with the device's
+        ``credential`` (text form) when the study requires one."""
         return await self.request("POST", records_path(study_id), body,
-                                  "application/octet-stream")
+                                  "application/octet-stream", credential)
 
     async def close(self) -> None:
         writer, self._reader, self._writer, self._http = self._writer, None, None, None
