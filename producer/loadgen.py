@@ -265,7 +265,7 @@ def run_loadgen_http(study: Study, base_url: str,
     sent_metric = LOADGEN_RECORDS_SENT.labels(study.study_id)
     error_metric = LOADGEN_SEND_ERRORS.labels(study.study_id)
     bar = tqdm(total=total, unit="rec", unit_scale=True, file=sys.stderr, disable=not progress,
-               desc=f"loadgen {study.study_id} via {base_url}", mininterval=0.5,
+               desc=f"loadgen {study.study_id} via gateway", mininterval=0.5,
                dynamic_ncols=True)
     shown = {"ok": 0, "failed": 0, "hinted": False}
     lock = threading.Lock()
