@@ -362,7 +362,9 @@ class GatewayTransport:
                     self.rate_limited += 1
                 if not answer.retryable:
                     break
-                pace.refused(answer.status, retry_after)
+                # Hold the other connections no longer than this one waits (retry.max_wait_s).
+                pace.refused(answer.status, None if retry_after is None
+                             else min(retry_after, retry.max_wait_s))
             if attempt == retry.max_attempts:
                 break
             self.retried += 1
