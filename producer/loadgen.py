@@ -3,7 +3,8 @@
 Each batch of devices is one (batch, d) array: :func:`ipdp.losses.prepare` perturbs every row with
 its own noise draw (exactly what each device would do alone), :func:`ipdp.wire.encode_batch`
 encodes the rows in one structured-array pass, and each value goes to ``producer.send`` with its
-record id as the key. The only per-record Python work is the ``send`` call itself.
+record id as the key. The only per-record Python work is the ``send`` call itself. Through the
+gateway (:func:`run_loadgen_http`) the device SDK sends them, one record per request.
 
 Simulated devices draw their noise from numpy's PCG64 (OS-seeded unless an ``rng`` is passed, in
 tests), not from the CSPRNG real devices use (ipdp.losses.SystemNoise): a simulator needs speed and
