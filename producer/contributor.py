@@ -161,14 +161,17 @@ class Contributor:
         (base64 lines or ``.pub`` paths, or a :class:`TrustedKeys`); the study is used only if
         its signature verifies under one of them, on either path (the gateway relays the
         owner's signature). None reads ``IPDP_TRUSTED_STUDY_KEYS``; with no key at all the study
-        is unverified. Raises :class:`UnknownStudy` for an unknown id, :class:`StudyClosed` for
-        a closed study and :class:`SignatureError` for a study whose signature does not verify.
+        is unverified. ``timeout_s`` bounds reading the studies topic (each of a gateway's
+        answers has the transport's own timeout, longer than the gateway's wait for Kafka).
+        Raises :class:`UnknownStudy` for an unknown id, :class:`StudyClosed` for a closed study,
+        :class:`SignatureError` for a study whose signature does not verify, and
+        :class:`~ipdp.errors.BackendUnavailable` when the gateway cannot be reached.
         """
         trusted = trusted_study_keys(trusted_keys)
         if via is not None:
             if kafka is not None or producer_overrides:
                 raise ValueError("via= sends through the gateway: give no Kafka settings")
-            transport: Transport = GatewayTransport(via, retry=retry, timeout_s=timeout_s)
+            transport: Transport = GatewayTransport(via, retry=retry)
             try:
                 study = transport.study(study_id, trusted)
             except BaseException:
