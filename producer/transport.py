@@ -294,8 +294,8 @@ class GatewayTransport:
             new, self._reported_failures = failed - self._reported_failures, failed
             error = self.delivery.last_error
             if new > 1:
-                error.add_note(f"{new} records were refused since the last flush; by reason: "
-                               f"{dict(self.delivery.reasons)}")
+                error.add_note(f"{new} records were refused since the last flush; all refused "
+                               f"so far, by reason: {dict(self.delivery.reasons)}")
             raise error
 
     def close(self) -> None:
