@@ -352,10 +352,18 @@ class GatewayTransport:
                 status, reason, detail, retry_after = None, UNREACHABLE, str(exc), None
             else:
                 if answer.status == 202:
-                    pace.accepted()
-                    self.delivery.on_ok(k=k)
-                    self._answered()
-                    return
+                    accepted = answer.body.get("accepted") if isinstance(answer.body, dict) \
+                        else None
+                    if accepted == k:
+                        pace.accepted()
+                        self.delivery.on_ok(k=k)
+                        self._answered()
+                        return
+                    # Never sent by a gateway that works as documented (a request is accepted
+                    # whole or refused whole); counted as refused, as the browser SDK does.
+                    status, reason, retry_after = 202, "partial_accept", None
+                    detail = f"the gateway accepted {accepted!r} of {k} records"
+                    break
                 status, reason, detail = answer.status, *_reason_and_detail(answer)
                 retry_after = answer.retry_after_s
                 if reason == RejectReason.RATE_LIMITED:
