@@ -55,7 +55,19 @@ class TooManyRecords(StudyError, ValueError):
 
 
 class ContributionError(IpdpError):
-    """Records were handed to Kafka but not acknowledged."""
+    """Records were handed to Kafka, or POSTed to the gateway, but not accepted."""
+
+
+class RecordRefused(ContributionError):
+    """The gateway refused a device's record: ``reason`` is its machine reason (a
+    :class:`ipdp.wire.RejectReason` value, or ``unreachable`` when no answer came), ``status``
+    its HTTP status (None when unreachable). A refused unknown or closed study is raised as
+    :class:`UnknownStudy` or :class:`StudyClosed` instead, as the Kafka path raises them."""
+
+    def __init__(self, message: str, reason: str, status: int | None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
 
 
 class SignatureError(IpdpError):

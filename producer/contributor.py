@@ -1,9 +1,11 @@
 """The contributor SDK: one device's (x, y) in, one perturbed record out.
 
 Everything privacy-relevant happens inside :meth:`Contributor.submit`: encode (q, p) → clip to the
-public bounds → add the study's Gaussian noise → wire-encode → produce. The raw (x, y) never leave
+public bounds → add the study's Gaussian noise → wire-encode → send. The raw (x, y) never leave
 the call: they are not stored, logged, or sent; only (q̃, p̃), the study hash, a random record id
-and the creation time go on the wire (ipdp.wire).
+and the creation time go on the wire (ipdp.wire). The record goes straight to Kafka or through the
+ingest gateway (``Contributor.connect(study_id, via=URL)``), with the same calls and the same
+errors either way (producer.transport).
 
 Noise comes from the operating system's CSPRNG (:class:`ipdp.losses.SystemNoise`: ``os.urandom``,
 Box–Muller) unless another ``noise`` source is passed (tests only; the load generator passes its
@@ -15,18 +17,17 @@ detection needs them unique across runs, even runs with seeded noise.
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
 from ipdp.accounting import GroupPrivacy, group_privacy
-from ipdp.credentials import credential_id, credentials_header, slot_record_ids, token_from_text
+from ipdp.credentials import credential_id, slot_record_ids, token_from_text
 from ipdp.errors import (
     ContributionError,
+    RecordRefused,
     SignatureError,
     StudyClosed,
     TooManyRecords,
@@ -36,7 +37,9 @@ from ipdp.losses import NoiseSource, SystemNoise, prepare
 from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
 from ipdp.signing import TrustedKeys, parse_trusted_keys
 from ipdp.study import Study
-from ipdp.wire import encode_batch, study_headers
+from ipdp.wire import encode_batch
+from producer.retry import DEVICE_RETRY, RetryPolicy
+from producer.transport import GatewayTransport, KafkaTransport, Transport
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ContributionError",
     "Contributor",
-    "DeliveryCounter",
+    "RecordRefused",
     "SignatureError",
     "StudyClosed",
     "TooManyRecords",
@@ -66,12 +69,6 @@ def new_record_ids(k: int) -> np.ndarray:
     ids[:, 6] = (ids[:, 6] & 0x0F) | 0x40  # version 4
     ids[:, 8] = (ids[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
     return ids
-
-
-def split_ids(ids: np.ndarray) -> list[bytes]:
-    """(k, 16) uint8 → k bytes objects (one tobytes, then slices)."""
-    raw = np.ascontiguousarray(ids, dtype=np.uint8).tobytes()
-    return [raw[i : i + 16] for i in range(0, len(raw), 16)]
 
 
 def perturb_records(study: Study, x: np.ndarray, y: np.ndarray, noise: NoiseSource,
@@ -96,32 +93,6 @@ def trusted_study_keys(keys: TrustedKeys | str | Iterable[str] | None) -> Truste
     return TrustSettings().study_keys() if keys is None else parse_trusted_keys(keys)
 
 
-class DeliveryCounter:
-    """Thread-safe success/failure counters fed by producer future callbacks; failures also
-    by the error's class name (``reasons``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.ok = 0
-        self.failed = 0
-        self.reasons: Counter[str] = Counter()
-        self.last_error: BaseException | None = None
-
-    def on_ok(self, _metadata) -> None:
-        with self._lock:
-            self.ok += 1
-
-    def on_error(self, exc: BaseException) -> None:
-        with self._lock:
-            self.failed += 1
-            self.reasons[type(exc).__name__] += 1
-            self.last_error = exc
-
-    def snapshot(self) -> tuple[int, int]:
-        with self._lock:
-            return self.ok, self.failed
-
-
 class Contributor:
     """One device's contribution to one round of a study.
 
@@ -139,13 +110,18 @@ class Contributor:
     >>> c = Contributor.connect("my-study", KafkaSettings(), TopicSettings())
     >>> record_id = c.submit(x, y); c.flush()
 
+    Through the ingest gateway instead of Kafka, with the same calls:
+
+    >>> c = Contributor.connect("my-study", via="https://ingest.example.org")
+
     A study with a schema (ipdp.schema) takes a raw row instead, by column name:
 
     >>> c.submit_row({"age": 29, "income": 41_000, "weeks": 12}); c.flush()
     """
 
-    def __init__(self, study: Study, producer: KafkaProducer, topic: str,
-                 noise: NoiseSource | None = None, *, records_per_device: int | None = None,
+    def __init__(self, study: Study, producer: KafkaProducer | None = None,
+                 topic: str | None = None, noise: NoiseSource | None = None, *,
+                 transport: Transport | None = None, records_per_device: int | None = None,
                  credential: str | bytes | None = None):
         self.credential = token_from_text(credential) if isinstance(credential, str) \
             else credential
@@ -159,39 +135,60 @@ class Contributor:
         self.records_per_device = records_per_device
         self.submitted = 0
         self.study = study
-        self.producer = producer
-        self.topic = topic
+        #: Where records go: ``transport`` as given, else ``producer`` to ``topic``.
+        self.transport: Transport = KafkaTransport(producer, topic) if transport is None \
+            else transport
         # The OS's CSPRNG unless a seeded source is passed (tests only).
         self.noise: NoiseSource = SystemNoise() if noise is None else noise
-        self._delivery = DeliveryCounter()
         #: Raw values submit_row clipped to their schema range so far, per column.
         self.clipped: dict[str, int] = {}
-        self._reported_failures = 0
-        self._owns_producer = False
 
     @classmethod
-    def connect(cls, study_id: str, kafka: KafkaSettings, topics: TopicSettings,
-                noise: NoiseSource | None = None, timeout_s: float = 10.0,
+    def connect(cls, study_id: str, kafka: KafkaSettings | None = None,
+                topics: TopicSettings | None = None, noise: NoiseSource | None = None,
+                timeout_s: float = 10.0,
                 trusted_keys: TrustedKeys | str | Iterable[str] | None = None,
                 records_per_device: int | None = None, credential: str | bytes | None = None,
+                *, via: str | None = None, retry: RetryPolicy = DEVICE_RETRY,
                 **producer_overrides) -> Contributor:
-        """Read the study from the studies topic and build a producer of our own.
+        """Read the study and open the way to send records: a Kafka producer of our own, or,
+        ``via`` a gateway URL (http(s)://HOST[:PORT]), a connection to that ingest gateway.
 
-        ``trusted_keys`` pins the study owner's public keys (base64 lines or ``.pub`` paths, or
-        a :class:`TrustedKeys`); the study is used only if its signature verifies under one of
-        them. None reads ``IPDP_TRUSTED_STUDY_KEYS``; with no key at all the study is unverified.
-        Raises :class:`UnknownStudy` for an unknown id, :class:`StudyClosed` for a closed study
-        and :class:`SignatureError` for a study whose signature does not verify.
+        Straight to Kafka the study is read from the studies topic (``kafka`` and ``topics``,
+        from the IPDP_* environment when None); through the gateway from ``GET /studies/{id}``,
+        and each record is POSTed in its own request, sent again after a 429 or 503 as
+        ``retry`` says (producer.retry). ``trusted_keys`` pins the study owner's public keys
+        (base64 lines or ``.pub`` paths, or a :class:`TrustedKeys`); the study is used only if
+        its signature verifies under one of them, on either path (the gateway relays the
+        owner's signature). None reads ``IPDP_TRUSTED_STUDY_KEYS``; with no key at all the study
+        is unverified. ``timeout_s`` bounds reading the studies topic (each of a gateway's
+        answers has the transport's own timeout, longer than the gateway's wait for Kafka).
+        Raises :class:`UnknownStudy` for an unknown id, :class:`StudyClosed` for a closed study,
+        :class:`SignatureError` for a study whose signature does not verify, and
+        :class:`~ipdp.errors.BackendUnavailable` when the gateway cannot be reached.
         """
-        from ipdp.kafka_io import kafka_producer
-        from producer.studies import find_open_study
-
         trusted = trusted_study_keys(trusted_keys)
-        study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s, trusted=trusted)
-        c = cls(study, kafka_producer(kafka, **producer_overrides), topics.records, noise=noise,
-                records_per_device=records_per_device, credential=credential)
-        c._owns_producer = True
-        return c
+        if via is not None:
+            if kafka is not None or producer_overrides:
+                raise ValueError("via= sends through the gateway: give no Kafka settings")
+            transport: Transport = GatewayTransport(via, retry=retry)
+            try:
+                study = transport.study(study_id, trusted)
+            except BaseException:
+                transport.close()
+                raise
+        else:
+            from ipdp.kafka_io import kafka_producer
+            from producer.studies import find_open_study
+
+            kafka = KafkaSettings() if kafka is None else kafka
+            topics = TopicSettings() if topics is None else topics
+            study = find_open_study(study_id, kafka, topics, timeout_s=timeout_s,
+                                    trusted=trusted)
+            transport = KafkaTransport(kafka_producer(kafka, **producer_overrides),
+                                       topics.records, owns_producer=True)
+        return cls(study, noise=noise, transport=transport,
+                   records_per_device=records_per_device, credential=credential)
 
     # ------------------------------------------------------------------ submitting
     def _check(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -231,18 +228,13 @@ class Contributor:
         return perturb_records(self.study, x, y, self.noise, ids)
 
     def _send(self, ids: np.ndarray, values: list[bytes]) -> None:
-        send, topic, d = self.producer.send, self.topic, self._delivery
-        headers = study_headers(self.study.study_id)
-        if self.credential is not None:
-            headers.append(credentials_header([(self.credential, 1)]))
-        for key, value in zip(split_ids(ids), values):
-            send(topic, key=key, value=value, headers=headers).add_callback(
-                d.on_ok).add_errback(d.on_error)
+        self.transport.send(self.study, ids, values, self.credential)
 
     def submit(self, x, y: float) -> bytes:
         """Perturb and publish one example; returns its 16-byte record id.
 
-        The record is queued in the producer; :meth:`flush` waits for delivery.
+        Straight to Kafka the record is queued in the producer; through the gateway it was
+        answered when this returns. :meth:`flush` waits for delivery and raises a refusal.
         """
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 1:
@@ -277,31 +269,26 @@ class Contributor:
 
     @property
     def delivered(self) -> int:
-        """Records Kafka acknowledged so far."""
-        return self._delivery.snapshot()[0]
+        """Records accepted so far (Kafka acknowledged them, directly or through the gateway)."""
+        return self.transport.delivery.snapshot()[0]
 
     @property
     def failed(self) -> int:
-        """Records Kafka refused so far."""
-        return self._delivery.snapshot()[1]
+        """Records refused so far (by Kafka, or by the gateway after its retries)."""
+        return self.transport.delivery.snapshot()[1]
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Wait for every queued record; raise :class:`ContributionError` if any new failure."""
-        self.producer.flush(timeout=timeout_s)
-        failed = self.failed
-        if failed > self._reported_failures:
-            new = failed - self._reported_failures
-            self._reported_failures = failed
-            raise ContributionError(
-                f"{new} record(s) were not accepted by Kafka: {self._delivery.last_error!r}")
+        """Wait for every record sent; raise for a new failure: :class:`ContributionError`
+        (:class:`RecordRefused` with the gateway's reason), or :class:`UnknownStudy` /
+        :class:`StudyClosed` when the gateway refused the record for that."""
+        self.transport.flush(timeout_s)
 
     def close(self) -> None:
-        """Flush, and close the producer if :meth:`connect` built it."""
+        """Flush, and close what :meth:`connect` opened (the producer or the connection)."""
         try:
             self.flush()
         finally:
-            if self._owns_producer:
-                self.producer.close()
+            self.transport.close()
 
     def __enter__(self) -> Self:
         return self

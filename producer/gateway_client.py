@@ -1,15 +1,18 @@
-"""A device's HTTP client for the ingest gateway, and the load generator's asyncio one.
+"""HTTP clients of the ingest gateway: one blocking connection, and one on asyncio.
 
-One :class:`GatewayClient` holds one persistent connection (not thread-safe: one per thread).
-The standard library is enough for what a device does here (POST its record, GET a small JSON
-document, reconnect when the server closed the connection); see docs/architecture.md, "The
-gateway". A device sends its one record in its own request (:meth:`GatewayClient.send_record`);
-several records in one POST are for batch uploaders.
+A device sends through the SDK (:class:`producer.contributor.Contributor` with
+``via=URL``), whose :class:`~producer.transport.GatewayTransport` adds what a device needs
+around these: the study verified against pinned keys, the retries of a 429 or 503, the refusals
+as exceptions. See docs/architecture.md, "The clients".
+
+:class:`GatewayClient` holds one persistent ``http.client`` connection (not thread-safe: one per
+thread) and returns each answer as it is: for reading a study, waiting for readiness, and for
+tests and benchmarks that send records they built themselves.
 
 :class:`AsyncGatewayConnection` is one keep-alive connection on asyncio streams, with h11 (the
-sans-I/O HTTP/1.1 library uvicorn itself is built on) for the protocol: the load generator plays
-many devices, one record per request, over many such connections from one thread, at a fraction
-of the CPU of a thread and an ``http.client`` connection per device.
+sans-I/O HTTP/1.1 library uvicorn itself is built on) for the protocol: the transport keeps
+many of them busy from one thread, so a process playing many devices (the load generator) costs
+a fraction of the CPU of a thread and an ``http.client`` connection per device.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import h11
 from ipdp.credentials import AUTH_SCHEME
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus, parse_study_message
-from producer.retry import DEVICE_RETRY, RETRYABLE_STATUSES, RetryPolicy, parse_retry_after
+from producer.retry import RETRYABLE_STATUSES, parse_retry_after
 
 __all__ = ["AsyncGatewayConnection", "GatewayAnswer", "GatewayClient", "records_path"]
 
@@ -118,29 +121,15 @@ class GatewayClient:
         return GatewayAnswer.of(resp.status, resp.getheader("Content-Type", ""), raw,
                                 resp.getheader("Retry-After"))
 
-    def send_record(self, study_id: str, record: bytes, credential: str | None = None,
-                    retry: RetryPolicy = DEVICE_RETRY) -> GatewayAnswer:
-        """POST a device's one version-1 record (202 once Kafka acknowledged it), sending it
-        again after each 429 or 503 as ``retry`` says (producer.retry); the last answer."""
-        return self.post_records(study_id, record, credential=credential, retry=retry)
-
     def post_records(self, study_id: str, body: bytes,
                      content_type: str = "application/octet-stream",
-                     credential: str | None = None,
-                     retry: RetryPolicy | None = None) -> GatewayAnswer:
-        """POST records (concatenated version-1 records, or the JSON form) for a study: one
-        record for a device, more for a batch uploader. A study that requires credentials needs
-        the device's ``credential`` (its text form), and record ids that are its slots
-        (ipdp.credentials.slot_record_ids). With a ``retry`` policy a 429 or 503 is sent
-        again after its ``Retry-After`` (with jitter), up to ``retry.max_attempts`` tries;
-        without one, the first answer is returned."""
-        attempts = 1 if retry is None else retry.max_attempts
-        for attempt in range(1, attempts + 1):
-            answer = self.request("POST", records_path(study_id), body, content_type, credential)
-            if not answer.retryable or attempt == attempts:
-                return answer
-            time.sleep(retry.wait_s(attempt, answer.retry_after_s))
-        raise AssertionError("unreachable")
+                     credential: str | None = None) -> GatewayAnswer:
+        """POST records (concatenated version-1 records, or the JSON form) for a study and
+        return the answer as it is: a refusal is not sent again (a device sends through
+        :class:`~producer.contributor.Contributor`, which does). A study that requires
+        credentials needs the sender's ``credential`` (its text form), and record ids that are
+        its slots (ipdp.credentials.slot_record_ids)."""
+        return self.request("POST", records_path(study_id), body, content_type, credential)
 
     def study(self, study_id: str, trusted: TrustedKeys | None = None,
               ) -> tuple[Study, StudyStatus] | None:
@@ -206,10 +195,15 @@ class AsyncGatewayConnection:
         self._http: h11.Connection | None = None
 
     async def request(self, method: str, path: str, body: bytes = b"",
-                      content_type: str | None = None) -> GatewayAnswer:
+                      content_type: str | None = None,
+                      credential: str | None = None) -> GatewayAnswer:
+        """Send one request and read its answer. ``credential``: a device credential's text
+        form, sent as ``Authorization``."""
         headers = [("Host", self._host), ("Content-Length", str(len(body)))]
         if content_type:
             headers.append(("Content-Type", content_type))
+        if credential is not None:
+            headers.append(("Authorization", f"{AUTH_SCHEME} {credential}"))
         for attempt in (0, 1):
             try:
                 return await asyncio.wait_for(
@@ -257,10 +251,12 @@ class AsyncGatewayConnection:
             await self.close()
         return GatewayAnswer.of(status, content_type, b"".join(chunks), retry_after)
 
-    async def post_records(self, study_id: str, body: bytes) -> GatewayAnswer:
-        """POST version-1 records (one for a device) for a study."""
+    async def post_records(self, study_id: str, body: bytes,
+                           credential: str | None = None) -> GatewayAnswer:
+        """POST version-1 records (one for a device) for a study, with the device's
+        ``credential`` (text form) when the study requires one."""
         return await self.request("POST", records_path(study_id), body,
-                                  "application/octet-stream")
+                                  "application/octet-stream", credential)
 
     async def close(self) -> None:
         writer, self._reader, self._writer, self._http = self._writer, None, None, None

@@ -3,7 +3,8 @@
 Each batch of devices is one (batch, d) array: :func:`ipdp.losses.prepare` perturbs every row with
 its own noise draw (exactly what each device would do alone), :func:`ipdp.wire.encode_batch`
 encodes the rows in one structured-array pass, and each value goes to ``producer.send`` with its
-record id as the key. The only per-record Python work is the ``send`` call itself.
+record id as the key. The only per-record Python work is the ``send`` call itself. Through the
+gateway (:func:`run_loadgen_http`) the device SDK sends them, one record per request.
 
 Simulated devices draw their noise from numpy's PCG64 (OS-seeded unless an ``rng`` is passed, in
 tests), not from the CSPRNG real devices use (ipdp.losses.SystemNoise): a simulator needs speed and
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,8 +33,9 @@ from ipdp.metrics import LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.study import Study
 from ipdp.wire import study_headers
-from producer.contributor import DeliveryCounter, perturb_records, split_ids
+from producer.contributor import perturb_records
 from producer.retry import DEVICE_RETRY, RetryPolicy
+from producer.transport import DeliveryCounter, split_ids
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -78,6 +80,10 @@ class LoadgenResult:
     interrupted: bool = False
     #: Records finally not accepted, by reason (through the gateway: its last refusal's).
     refused: dict[str, int] = field(default_factory=dict)
+    #: Through the gateway: requests sent again after a 429, a 503 or a lost connection.
+    retried: int = 0
+    #: Through the gateway: answers 429 ``rate_limited`` (its per-address limit).
+    rate_limited: int = 0
 
 
 def run_loadgen(study: Study, kafka: KafkaSettings, topics: TopicSettings, x, y,
@@ -238,158 +244,77 @@ def run_loadgen_http(study: Study, base_url: str,
                      retry: RetryPolicy = DEVICE_RETRY) -> LoadgenResult:
     """:func:`run_loadgen_batches` through the HTTP gateway at ``base_url`` instead of Kafka.
 
-    Each batch is perturbed in one step (every row its own device), then cut into request bodies
-    of ``per_request`` concatenated records (one by default: each device sends its own record);
-    ``connections`` asyncio tasks, each with one keep-alive connection, POST them. A 429 or 503
-    is sent again with the same bytes after its ``Retry-After`` and jitter, up to
-    ``retry.max_attempts`` tries (producer.retry); every simulated device shares this process's
-    address, so a 429 also slows all of them down (:class:`SharedPace`). ``sent`` counts records
-    the gateway answered 202 for, i.e. that Kafka acknowledged, and so does the progress bar;
-    ``refused`` counts the others by their last refusal's reason.
+    The device SDK does the work: one :class:`~producer.contributor.Contributor` on a
+    :class:`~producer.transport.GatewayTransport` plays every device (its limit is all of them:
+    a simulator, not a device). Each batch is perturbed in one step (every row its own device),
+    then cut into request bodies of ``per_request`` records (one by default: each device sends
+    its own record) and POSTed over ``connections`` keep-alive connections. A 429 or 503 is
+    sent again with the same bytes after its ``Retry-After`` and jitter, up to
+    ``retry.max_attempts`` tries; every simulated device shares this process's address, so a 429
+    also slows all of them down (:class:`~producer.transport.SharedPace`). The progress bar
+    counts records the gateway answered 202 for (Kafka acknowledged them), its postfix the
+    records finally refused and the requests sent again; the first 429 ``rate_limited`` says
+    once, on stderr, that the gateway's per-address limit is what holds the run back and which
+    gateway setting lifts it. ``refused`` counts records by their last refusal's reason.
     """
-    import asyncio
+    import threading
 
-    if connections < 1 or per_request < 1:
-        raise ValueError("connections and per_request must be ≥ 1")
-    if rate is not None and not rate > 0:
-        raise ValueError(f"rate must be > 0 records/s, got {rate}")
+    from producer.contributor import Contributor
+    from producer.transport import GatewayTransport
+
     rng = np.random.default_rng() if rng is None else rng
-    totals = {"ok": 0, "failed": 0}
-    reasons: dict[str, int] = {}
+    sent_metric = LOADGEN_RECORDS_SENT.labels(study.study_id)
+    error_metric = LOADGEN_SEND_ERRORS.labels(study.study_id)
     bar = tqdm(total=total, unit="rec", unit_scale=True, file=sys.stderr, disable=not progress,
-               desc=f"loadgen {study.study_id} via {base_url}", mininterval=0.5,
+               desc=f"loadgen {study.study_id} via gateway", mininterval=0.5,
                dynamic_ncols=True)
+    shown = {"ok": 0, "failed": 0, "hinted": False}
+    lock = threading.Lock()
+
+    def on_answer(transport: GatewayTransport) -> None:
+        ok, failed = transport.delivery.snapshot()
+        with lock:
+            if ok > shown["ok"]:
+                sent_metric.inc(ok - shown["ok"])
+                bar.update(ok - shown["ok"])
+                shown["ok"] = ok
+            if failed > shown["failed"]:
+                error_metric.inc(failed - shown["failed"])
+                shown["failed"] = failed
+            bar.set_postfix(refused=failed, retried=transport.retried, refresh=False)
+            if transport.rate_limited and not shown["hinted"]:
+                shown["hinted"] = True
+                tqdm.write(RATE_LIMITED_HINT.format(url=base_url), file=sys.stderr)
+
+    transport = GatewayTransport(base_url, connections=connections, per_request=per_request,
+                                 rate=rate, retry=retry, on_answer=on_answer)
+    device = Contributor(study, noise=rng, transport=transport,
+                         records_per_device=total if total else sys.maxsize)
     start = time.monotonic()
     interrupted = False
     try:
-        asyncio.run(_post_all(study, base_url, batches, connections, per_request, rate, rng,
-                              retry, totals, reasons, bar))
+        for xb, yb in batches:
+            if xb.shape[0]:
+                device.submit_many(xb, yb)
     except KeyboardInterrupt:
         interrupted = True
         log.warning("interrupted: stopped with the requests in flight unanswered")
     finally:
+        transport.close()
         bar.close()
     seconds = time.monotonic() - start
-    ok, failed = totals["ok"], totals["failed"]
+    ok, failed = transport.delivery.snapshot()
     return LoadgenResult(sent=ok, errors=failed, seconds=seconds,
                          rate=ok / seconds if seconds > 0 else 0.0, interrupted=interrupted,
-                         refused=dict(sorted(reasons.items())))
+                         refused=dict(sorted(transport.delivery.reasons.items())),
+                         retried=transport.retried, rate_limited=transport.rate_limited)
 
 
-class SharedPace:
-    """When the next request of a process that plays many devices may go.
-
-    The gateway limits requests per client address, and every simulated device here has the
-    same one. Each device honouring its own 429 is not enough: with C connections, C − rate of
-    them would be refused again every second, and the last records would run out of tries. So
-    a refusal also holds every connection until its ``Retry-After`` is over, and a 429 sets a
-    request rate for the whole process: half of what was accepted in the second before, then
-    one request/s more each second without a 429 (additive increase, multiplicative decrease,
-    as TCP does). Requests then go at about the gateway's rate, and a refusal is rare.
-    """
-
-    def __init__(self, rate: float | None) -> None:
-        #: Requests per second, or None while nothing was refused (and no --rate is set).
-        self.rate = rate
-        self._ceiling = rate
-        self._next = 0.0
-        self._hold_until = 0.0
-        self._last_cut = -float("inf")
-        self._accepted: deque[float] = deque()
-
-    async def turn(self) -> None:
-        """Wait until this request may go."""
-        import asyncio
-
-        while True:
-            now = time.monotonic()
-            due = max(self._hold_until, self._next if self.rate else 0.0)
-            if due <= now:
-                break
-            await asyncio.sleep(due - now)
-        if self.rate:
-            self._next = max(now, self._next) + 1.0 / self.rate
-
-    def accepted(self) -> None:
-        now = time.monotonic()
-        self._accepted.append(now)
-        while self._accepted and self._accepted[0] < now - 1.0:
-            self._accepted.popleft()
-        if self.rate and now >= self._hold_until:
-            grown = self.rate + 1.0 / self.rate
-            self.rate = grown if self._ceiling is None else min(grown, self._ceiling)
-
-    def refused(self, status: int, retry_after_s: float | None) -> None:
-        now = time.monotonic()
-        hold = retry_after_s if retry_after_s is not None else 1.0
-        self._hold_until = max(self._hold_until, now + hold)
-        # Answers to requests already in flight say the same thing: one cut per hold.
-        if status == 429 and now >= self._last_cut + hold:
-            self._last_cut = now
-            recent = sum(1 for t in self._accepted if t >= now - 1.0)
-            current = self.rate if self.rate else float(recent)
-            self.rate = max(1.0, min(current, max(recent, 1)) / 2)
-
-
-async def _post_all(study: Study, base_url: str,
-                    batches: Iterable[tuple[np.ndarray, np.ndarray]], connections: int,
-                    per_request: int, rate: float | None, rng: np.random.Generator,
-                    retry: RetryPolicy, totals: dict[str, int], reasons: dict[str, int],
-                    bar) -> None:
-    """Perturb and queue the bodies; ``connections`` tasks POST them, counting into totals."""
-    import asyncio
-    import random
-
-    from producer.gateway_client import AsyncGatewayConnection
-
-    sent_metric = LOADGEN_RECORDS_SENT.labels(study.study_id)
-    error_metric = LOADGEN_SEND_ERRORS.labels(study.study_id)
-    bodies: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue(maxsize=4 * connections)
-    pace = SharedPace(None if rate is None else rate / per_request)
-    jitter = random.Random(int(rng.integers(1 << 62)))
-
-    async def post(conn: AsyncGatewayConnection, body: bytes) -> str | None:
-        """POST one body; None once accepted, else the last refusal's reason."""
-        for attempt in range(1, retry.max_attempts + 1):
-            await pace.turn()
-            try:
-                answer = await conn.post_records(study.study_id, body)
-            except OSError as exc:
-                reason, retry_after = f"unreachable: {exc!r}", None
-            else:
-                if answer.status == 202:
-                    pace.accepted()
-                    return None
-                reason, retry_after = answer.error or f"HTTP {answer.status}", answer.retry_after_s
-                if not answer.retryable:
-                    return reason
-                pace.refused(answer.status, retry_after)
-            if attempt < retry.max_attempts:
-                await asyncio.sleep(retry.wait_s(attempt, retry_after, jitter))
-        return reason
-
-    async def worker() -> None:
-        async with AsyncGatewayConnection(base_url) as conn:
-            while (item := await bodies.get()) is not None:
-                body, k = item
-                reason = await post(conn, body)
-                if reason is None:
-                    totals["ok"] += k
-                    sent_metric.inc(k)
-                    bar.update(k)
-                else:
-                    totals["failed"] += k
-                    error_metric.inc(k)
-                    reasons[reason] = reasons.get(reason, 0) + k
-                    bar.set_postfix(refused=totals["failed"], refresh=False)
-
-    workers = [asyncio.create_task(worker()) for _ in range(connections)]
-    for xb, yb in batches:
-        if xb.shape[0] == 0:
-            continue
-        _, values = perturb_records(study, xb, yb, rng)
-        for lo, hi in _chunks(len(values), per_request):
-            await bodies.put((b"".join(values[lo:hi]), hi - lo))
-    for _ in workers:
-        await bodies.put(None)
-    await asyncio.gather(*workers)
+#: Said once per run, at the first 429 ``rate_limited`` (docs/operations.md, "The gateway").
+RATE_LIMITED_HINT = (
+    "the gateway at {url} answers 429 rate_limited: its per-address limit, not the gateway "
+    "itself, sets this run's pace, because every simulated device sends from this one address. "
+    "Refused requests are sent again after Retry-After, so every record still arrives, slowly. "
+    "To simulate at the gateway's real rate, list this address in "
+    "IPDP_GATEWAY_RELAY_ADDRESSES on the gateway (a relay's allowance is "
+    "IPDP_GATEWAY_RELAY_RECORD_LIMIT_PER_S).")

@@ -42,6 +42,8 @@ MODEL_TIMEOUT_S = 300.0
 #: SIGKILLed after its share (a signal's whole stop stays within 10 s).
 SERVICES_STOP_S = 4.0
 SERVER_STOP_S = 2.0
+#: The one address every simulated device sends from; the demo's gateway makes it a relay.
+SIMULATOR_ADDRESS = "127.0.0.1"
 
 
 class DemoFailed(IpdpError):
@@ -162,7 +164,10 @@ def _simulate(args: argparse.Namespace, study: Study, devices: int, started: flo
             if args.via_gateway:
                 url = f"http://127.0.0.1:{gateway_port}"
                 services.wait_for_gateway(url)
-                say(f"simulating {devices} devices through the gateway at {url} …")
+                say(f"simulating {devices} devices through the gateway at {url} (every one "
+                    f"sends from {SIMULATOR_ADDRESS}, which the demo's gateway lists in "
+                    "IPDP_GATEWAY_RELAY_ADDRESSES, so the per-address limit meant for one "
+                    "device does not apply) …")
                 sent = run_loadgen_http(study, url, row_batches(train.x, train.y, 2000),
                                         total=devices, progress=not args.json)
             else:
@@ -292,7 +297,7 @@ class Services:
         if gateway_port is not None:
             # One loopback address plays every device: a relay, with the relay allowance.
             self.env.update(IPDP_GATEWAY_HOST="127.0.0.1", IPDP_GATEWAY_PORT=str(gateway_port),
-                            IPDP_GATEWAY_RELAY_ADDRESSES="127.0.0.1")
+                            IPDP_GATEWAY_RELAY_ADDRESSES=SIMULATOR_ADDRESS)
         self.roles = roles
         self.procs: dict[str, subprocess.Popen] = {}
 

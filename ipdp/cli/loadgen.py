@@ -126,17 +126,17 @@ def _open_study(found: tuple[Study, StudyStatus] | None, study_id: str, missing:
 
 def _study_via_gateway(args: argparse.Namespace) -> Study:
     """The study as the gateway serves it (what a device over HTTP sees)."""
+    from ipdp.errors import StudyError
     from producer.contributor import trusted_study_keys
-    from producer.gateway_client import GatewayClient
+    from producer.transport import GatewayTransport
 
     trusted = trusted_study_keys(getattr(args, "trust", None))
     try:
-        with GatewayClient(args.via) as client:
-            found = client.study(args.study, trusted)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read study {args.study!r} from the gateway {args.via}: "
-                         f"{exc}") from None
-    return _open_study(found, args.study, f"the gateway {args.via} has no study {args.study!r}")
+        return GatewayTransport(args.via).study(args.study, trusted)
+    except ValueError as exc:
+        raise UsageError(f"--via {args.via}: {exc}") from None
+    except StudyError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _credentials(args: argparse.Namespace, study: Study) -> list[bytes] | None:
@@ -151,7 +151,8 @@ def _credentials(args: argparse.Namespace, study: Study) -> list[bytes] | None:
         return None
     if args.via:
         raise UsageError("--credentials sends straight to Kafka: over HTTP each request carries "
-                         "one device's credential (GatewayClient.post_records(credential=…))")
+                         "one device's credential (Contributor.connect(study, via=URL, "
+                         "credential=…))")
     try:
         lines = Path(args.credentials).read_text(encoding="ascii").split()
         tokens = [token_from_text(line) for line in lines]
@@ -274,6 +275,13 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
     print(f"errors        {result.errors}")
     for reason, k in result.refused.items():
         print(f"  {k:>10}  {reason}")
+    if args.via:
+        print(f"retried       {result.retried} request(s) sent again after a 429, a 503 or a "
+              "lost connection")
+        if result.rate_limited:
+            print(f"rate limited  {result.rate_limited} answer(s) 429 rate_limited: the "
+                  "gateway's per-address limit set the pace (IPDP_GATEWAY_RELAY_ADDRESSES "
+                  "on the gateway lifts it for this address)")
     print(f"elapsed       {result.seconds:.2f} s")
     print(f"records/s     {result.rate:.0f}")
     if result.interrupted:

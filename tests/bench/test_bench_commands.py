@@ -124,3 +124,19 @@ def test_bench_flood_connections_floods_the_edge_from_each_layout_and_probes_thr
         assert 0 <= r["answered"] <= r["probes"] == 2
         assert r["device_rps"] > 0
     assert [s["layout"] for s in figures["summary"]] == list(runs)
+
+
+def test_bench_record_path_traces_both_ways_and_times_each_stage():
+    _require_binaries()
+    out = subprocess.run([sys.executable, "-m", "bench.record_path", "--records", "5"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = re.findall(r"^(\d+) files, (\d+) distinct functions$", out.stdout, re.MULTILINE)
+    assert len(counts) == 2 and all(int(f) > 0 and int(n) > 0 for f, n in counts), out.stdout
+    # Only the HTTP way passes through the device's gateway transport.
+    kafka_way, http_way = out.stdout.split("\nHTTP: ", 1)
+    assert "| producer/gateway_client.py |" in http_way
+    assert "| producer/gateway_client.py |" not in kafka_way
+    stages = re.findall(r"^\| (Kafka|HTTP) \| (device|delivery|fold|total) \| ([\d.]+) \|",
+                        out.stdout, re.MULTILINE)
+    assert len(stages) == 8 and all(float(ms) > 0 for *_, ms in stages), out.stdout

@@ -1,5 +1,6 @@
 """Devices over HTTP, end to end: n records through the gateway → aggregator → trainer → exactly
-one model of exactly n records; and a load generator whose records are refused says so."""
+one model of exactly n records; a load generator whose records are refused says so; and one the
+gateway's per-address limit holds back sends again until every record is in, and says why."""
 
 from __future__ import annotations
 
@@ -58,4 +59,29 @@ def test_loadgen_exits_non_zero_with_the_reasons_when_records_are_finally_refuse
     assert "records sent  0\n" in run.stdout
     assert "errors        5\n" in run.stdout
     assert re.search(r"^ +5  too_large$", run.stdout, re.MULTILINE), run.stdout
+    assert "Traceback" not in run.stderr
+
+
+def test_loadgen_held_back_by_the_per_address_limit_delivers_every_record_and_says_why_once(
+        kafka_settings, redis_settings, topics):
+    devices = 60
+    study = create(kafka_settings, redis_settings, topics, study_id="gw-limited", d=4, n=2000,
+                   epsilon=1.0, delta=0.01)
+    # Not a relay: the default limits of one address (a burst, then a steady rate) apply.
+    with running_gateway(kafka_settings, topics, relay_addresses=None) as url:
+        run = subprocess.run(
+            [sys.executable, "-m", "ipdp.cli", "loadgen", "--via", url, "--study",
+             study.study_id, "--devices", str(devices), "--connections", "8"],
+            check=False, capture_output=True, text=True, timeout=300,
+            env={k: v for k, v in os.environ.items() if not k.startswith("IPDP_")})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"records sent  {devices}\n" in run.stdout
+    assert "errors        0\n" in run.stdout
+    retried = re.search(r"^retried +(\d+) request", run.stdout, re.MULTILINE)
+    assert retried and int(retried.group(1)) > 0, run.stdout
+    assert re.search(r"^rate limited +[1-9]\d* answer", run.stdout, re.MULTILINE), run.stdout
+    # Live: the progress bar's postfix counts refused records and requests sent again.
+    assert re.search(r"refused=0, retried=[1-9]", run.stderr), run.stderr
+    assert run.stderr.count("answers 429 rate_limited") == 1, run.stderr
+    assert "IPDP_GATEWAY_RELAY_ADDRESSES" in run.stderr
     assert "Traceback" not in run.stderr

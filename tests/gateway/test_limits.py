@@ -11,12 +11,15 @@ import random
 import socket
 import time
 
+import numpy as np
 import pytest
 
 from gateway.settings import GatewaySettings
+from ipdp.errors import RecordRefused
 from ipdp.metrics import EVERY_METRIC
 from ipdp.study import Study
 from ipdp.wire import decode_record, split_container
+from producer.contributor import Contributor
 from producer.gateway_client import GatewayClient, records_path
 from producer.retry import RetryPolicy, parse_retry_after
 from tests.gateway.conftest import running_gateway
@@ -188,15 +191,16 @@ def test_a_device_sends_its_refused_record_again_after_retry_after(
     with running_gateway(kafka_settings, topics, rate_limit_per_s=1.0, rate_limit_burst=1,
                          relay_addresses=None) as url:
         known(url, study.study_id)
-        sent = records(study, 3)
+        sent = records(study, 2)
         with GatewayClient(url) as c:
-            refused = c.post_records(study.study_id, sent[0])
+            c.post_records(study.study_id, sent[0])
             refused = c.post_records(study.study_id, sent[1])
-            assert refused.status == 429 and refused.retry_after_s == 1.0
-            answers = [c.send_record(study.study_id, r) for r in sent[1:]]
-            # Without a retry policy the first answer stands.
-            assert c.post_records(study.study_id, records(study, 1)[0]).status == 429
-    assert [a.status for a in answers] == [202, 202]
+        assert refused.status == 429 and refused.retry_after_s == 1.0
+        with Contributor.connect(study.study_id, via=url, records_per_device=2) as device:
+            for _ in range(2):
+                device.submit(np.full(D, 0.1), 0.2)
+    assert (device.delivered, device.failed) == (2, 0)
+    assert device.transport.retried >= 1
 
 
 def test_a_device_gives_up_after_its_tries_with_the_last_refusal(
@@ -208,11 +212,16 @@ def test_a_device_gives_up_after_its_tries_with_the_last_refusal(
                          relay_addresses=None) as url:
         known(url, study.study_id)
         with GatewayClient(url) as c:
-            assert c.send_record(study.study_id, records(study, 1)[0]).status == 202
-            before = refusals("rate_limited")
-            answer = c.send_record(study.study_id, records(study, 1)[0],
-                                   retry=RetryPolicy(max_attempts=3, max_wait_s=0.01))
-    assert (answer.status, answer.error, answer.retry_after_s) == (429, "rate_limited", 20.0)
+            assert c.post_records(study.study_id, records(study, 1)[0]).status == 202
+        before = refusals("rate_limited")
+        device = Contributor.connect(study.study_id, via=url,
+                                     retry=RetryPolicy(max_attempts=3, max_wait_s=0.01))
+        device.submit(np.full(D, 0.1), 0.2)
+        with pytest.raises(RecordRefused) as refused:
+            device.flush()
+        device.close()
+    assert (refused.value.status, refused.value.reason) == (429, "rate_limited")
+    assert (device.delivered, device.failed, device.transport.retried) == (0, 1, 2)
     assert refusals("rate_limited") == before + 3
 
 

@@ -9,6 +9,7 @@ record limit.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -47,6 +48,8 @@ def test_loadgen_via_a_default_gateway_gets_every_record_accepted_and_the_round_
             assert run.returncode == 0, run.stdout + run.stderr
             assert f"records sent  {DEVICES}\n" in run.stdout
             assert "errors        0\n" in run.stdout
+            retried = re.search(r"^retried +(\d+) request", run.stdout, re.MULTILINE)
+            assert retried and int(retried.group(1)) > 0, run.stdout
             # The limit was met: the gateway refused some requests, and each was sent again.
             refused = ps.value(ps.scrape(f"{url}/metrics"), "ipdp_gateway_refusals_total",
                                reason="rate_limited")
