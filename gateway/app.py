@@ -34,6 +34,7 @@ from ipdp.metrics import (
     GATEWAY_REQUESTS,
     role_registry,
 )
+from ipdp.process import stop_with_parent
 from ipdp.settings import KafkaSettings, TopicSettings
 from ipdp.wire import RejectReason
 
@@ -218,5 +219,8 @@ def create_app(settings: GatewaySettings | None = None, kafka: KafkaSettings | N
 
 def worker_app() -> GatewayApp:
     """The app of an ``ipdp gateway`` worker (granian's factory): settings from the IPDP_*
-    environment, and the process is the gateway's alone."""
+    environment, and the process is the gateway's alone. granian's workers are processes of
+    their own: each is told to stop (SIGTERM: its requests answered, its producer flushed) if
+    the main process dies without stopping it, so a killed gateway leaves no worker serving."""
+    stop_with_parent()
     return create_app(owns_process=True)

@@ -78,3 +78,29 @@ def pause_after_failure(backoff: Backoff, stop_event: threading.Event, backend: 
     delay = backoff.next()
     log.warning("%s %s failed (%s); retrying in %.1f s", backend, operation, exc, delay)
     stop_event.wait(delay)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent(signum: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send this process ``signum`` when its parent dies (PR_SET_PDEATHSIG), so a
+    server's worker never outlives a supervisor killed without a chance to stop it; False where
+    that is not available (another OS), or when the parent is already gone (then ``signum`` is
+    sent at once)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    if prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signum)
+        return False
+    return True

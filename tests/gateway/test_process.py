@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,40 @@ def test_a_gateway_worker_settles_its_heap_and_an_embedded_app_leaves_the_collec
     assert frozen > 10_000  # numpy, pydantic, starlette, kafka-python: tens of thousands
     assert young_before == 700 and young == wanted > young_before
     assert (middle, oldest) == (10, 10)
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True,
+                         check=False).stdout
+    return {int(p) for p in out.split()}
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_gateway_killed_without_warning_leaves_no_worker_serving(runtime, topics, tmp_path):
+    """granian's workers are processes of their own; SIGKILL of the main process (which can
+    stop nothing) still stops them, as each asked Linux to tell it when its parent dies."""
+    port = free_port()
+    env = {**os.environ, **runtime.env(), "IPDP_TOPIC_RECORDS": topics.records,
+           "IPDP_TOPIC_STUDIES": topics.studies, "IPDP_GATEWAY_HOST": "127.0.0.1"}
+    with open(tmp_path / "gateway.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "gateway", "--port",
+                                 str(port), "--workers", "2"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        with GatewayClient(f"http://127.0.0.1:{port}") as c:
+            c.wait_ready(60, "/healthz", alive=lambda: proc.poll() is None)
+        workers = _children(proc.pid)
+        assert workers, "granian forked no worker"
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while any(_running(w) for w in workers):
+            assert time.monotonic() < deadline, "a worker outlived the killed gateway"
+            time.sleep(0.2)
