@@ -420,8 +420,8 @@ const key = await sdk.importTrustedKey(process.argv[3]);
 const verified = await sdk.verifyStudyEnvelope(two.envelope, [key]);
 const x = Array.from({ length: 14 }, (_, i) => (i - 7) / 40);
 const device = await sdk.prepareTwoServerRecord(verified, x, 0.3);
-out.device = { record: sdk.toHex(device.bytes), q_tilde: [...device.qTilde],
-               p_hat: [...device.pHat] };
+out.device = { record: sdk.toHex(device.bytes), q_tilde: [...device.qNoisy],
+               p_hat: [...device.pNoisy] };
 console.log(JSON.stringify(out));
 """
 

@@ -12,6 +12,7 @@ import { concatBytes } from "./bytes.js";
 import { AUTH_SCHEME, credentialRecordId } from "./credential.js";
 import { IpdpError, type FailureReason } from "./errors.js";
 import { prepareRecord, type PreparedRecord, type RecordOverrides } from "./record.js";
+import { prepareTwoServerRecord, twoServerParameters } from "./two-server.js";
 import {
   importTrustedKey, requireOpen, verifyStudyEnvelope, type TrustedKey, type VerifiedStudy,
 } from "./study.js";
@@ -39,7 +40,7 @@ export type PinnedKeys = string | TrustedKey | readonly (string | TrustedKey)[];
 export interface Contribution {
   /** Hex of the 16-byte record id. */
   readonly recordId: string;
-  /** The record as sent: its bytes and the q̃, p̃ they hold. */
+  /** The record as sent: its bytes and the q̃, p̃ (or, two-server, q̃, p̂) they encode. */
   readonly record: PreparedRecord;
   readonly study: VerifiedStudy;
 }
@@ -83,7 +84,14 @@ export async function contribute(
     overrides = { ...options, recordId: await credentialRecordId(
       study, options.credential, options.slot ?? 0, options.createdMs ?? Date.now()) };
   }
-  const record = prepareRecord(study, x, y, overrides);
+  // A two-server study's record is version 3: fixed point, shares, the helper's sealed.
+  const record = twoServerParameters(study.study) === null
+    ? prepareRecord(study, x, y, overrides)
+    : await prepareTwoServerRecord(study, x, y, {
+      ...(overrides.recordId === undefined ? {} : { recordId: overrides.recordId }),
+      ...(overrides.createdMs === undefined ? {} : { createdMs: overrides.createdMs }),
+      ...(overrides.fill === undefined ? {} : { fill: overrides.fill }),
+    });
   await sendRecord(gatewayUrl, studyId, record.bytes, options);
   return { recordId: record.recordId, record, study };
 }

@@ -22,7 +22,7 @@ import { fromBase64, toHex } from "./bytes.js";
 import { clipPair, encodeExample } from "./encode.js";
 import { IpdpError } from "./errors.js";
 import { cryptoFill, gaussian, type RandomFill } from "./noise.js";
-import { newRecordId } from "./record.js";
+import { newRecordId, type PreparedRecord } from "./record.js";
 import { requireOpen, type Study, type VerifiedStudy } from "./study.js";
 import { HEADER_SIZE, ID_SIZE } from "./wire.js";
 
@@ -242,14 +242,9 @@ export function skellam(fill: RandomFill = cryptoFill): SkellamSource {
   };
 }
 
-/** What a two-server device sends and, readable, what it encoded. */
-export interface PreparedTwoServerRecord {
-  readonly recordId: string;
-  readonly createdMs: number;
-  readonly qTilde: Float64Array;
-  readonly pHat: Float64Array;
-  readonly bytes: Uint8Array;
-}
+/** What a two-server device sends (`bytes`) and, readable, what it encoded: q̃ in `qNoisy`, p̂
+ * (on the linear grid) in `pNoisy`. The bytes hold them only as shares. */
+export type PreparedTwoServerRecord = PreparedRecord;
 
 export interface TwoServerOverrides {
   /** Fixed (q̃, p̂) instead of perturbing (test vectors). */
@@ -294,8 +289,8 @@ export async function prepareTwoServerRecord(
   return {
     recordId: toHex(recordId),
     createdMs,
-    qTilde: perturbed.qTilde,
-    pHat: perturbed.pHat,
+    qNoisy: perturbed.qTilde,
+    pNoisy: perturbed.pHat,
     bytes: encodeTwoServerRecord(header, leaderShare(values, helper), sealed),
   };
 }

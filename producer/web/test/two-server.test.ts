@@ -3,7 +3,7 @@ import { test } from "node:test";
 
 import {
   encodeFixedPoint, encodeTwoServerRecord, fromHex, fromShareBytes, importTrustedKey,
-  leaderShare, openShare, prepareTwoServerRecord, roundHalfEven, sealShare, shareBytes, toHex,
+  leaderShare, openShare, prepareRecord, prepareTwoServerRecord, roundHalfEven, sealShare, shareBytes, toHex,
   twoServerHeader, twoServerLayout, twoServerParameters, verifyStudyEnvelope,
 } from "../src/index.js";
 import { vectors } from "./vectors.js";
@@ -20,6 +20,11 @@ test("roundHalfEven rounds ties to even, as numpy's rint (Math.round does not)",
   assert.deepEqual([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999999999999994, 2 ** 52 + 1]
     .map(roundHalfEven), [0, 2, 2, -0, -2, -2, 0, 2 ** 52 + 1]);
   assert.equal(Math.round(2.5), 3);
+});
+
+test("a two-server study's record is never version 1", async () => {
+  const verified = await verifiedTwoServerStudy();
+  assert.throws(() => prepareRecord(verified, new Array(14).fill(0), 0), /two-server/);
 });
 
 test("a record at d = 14 is 2,004 bytes in the documented order", () => {
@@ -103,12 +108,12 @@ test("a device's record: the shares sum to its fixed-point values and the helper
     const header = bytes.slice(0, 48);
     const helper = fromShareBytes(await openShare(
       helperPrivate, bytes.slice(layout.sealed, layout.proofLength), header));
-    const { values } = encodeFixedPoint(prepared.qTilde, prepared.pHat, params.fractionBits,
+    const { values } = encodeFixedPoint(prepared.qNoisy, prepared.pNoisy, params.fractionBits,
                                         params.clampLog2);
     const sum = leader.map((w, i) => BigInt.asUintN(64, w + helper[i]!));
     assert.deepEqual([...sum], [...values]);
     // p̂ lies on the linear grid 2^−f_b.
-    for (const v of prepared.pHat) {
+    for (const v of prepared.pNoisy) {
       assert.ok(Number.isInteger(v * 2 ** params.linearFractionBits));
     }
     // The helper share differs from the leader's and from the values: it is fresh randomness.
