@@ -403,7 +403,9 @@ def test_python_seals_in_the_vectors_open_to_their_helper_share_under_their_head
 #: of the vectors' study prepares with fresh noise and shares. Prints one JSON object.
 TS_SEALS = """
 import { readFileSync } from "node:fs";
-import * as sdk from "%s";
+import * as sdkMain from "%s";
+import * as sdkTwo from "%s";
+const sdk = { ...sdkMain, ...sdkTwo };
 const two = JSON.parse(readFileSync(process.argv[2], "utf8")).two_server;
 const pub = Uint8Array.from(Buffer.from(two.helper_public_key, "base64"));
 const out = { cases: [], device: null };
@@ -439,16 +441,17 @@ def test_typescript_seals_open_in_python_and_its_unsealed_bytes_are_pythons(tmp_
     node = require_tool("node", "running the browser SDK's two-server encoder")
     web = VECTORS.parent
     index = web / "dist" / "src" / "index.js"
+    module = web / "dist" / "src" / "two-server.js"
     sources = list((web / "src").glob("*.ts"))
-    if not index.is_file() or not (web / "node_modules" / "@hpke" / "core").is_dir():
+    if not module.is_file() or not (web / "node_modules" / "@hpke" / "core").is_dir():
         unavailable("producer/web is not built; run `cd producer/web && npm ci && npm run build`")
-    if max(f.stat().st_mtime for f in sources) > index.stat().st_mtime:
+    if max(f.stat().st_mtime for f in sources) > module.stat().st_mtime:
         pytest.fail("producer/web/dist is older than producer/web/src; run "
                     "`cd producer/web && npm run build`", pytrace=False)
     vectors = build_vectors()
     (tmp_path / "vectors.json").write_text(render(vectors), encoding="utf-8")
     script = tmp_path / "seal.mjs"
-    script.write_text(TS_SEALS % index.as_uri(), encoding="utf-8")
+    script.write_text(TS_SEALS % (index.as_uri(), module.as_uri()), encoding="utf-8")
     ran = subprocess.run([node, str(script), str(tmp_path / "vectors.json"),
                           vectors["keys"]["owner_public_key"]],
                          capture_output=True, text=True, timeout=60, check=False)

@@ -12,7 +12,6 @@ import { concatBytes } from "./bytes.js";
 import { AUTH_SCHEME, credentialRecordId } from "./credential.js";
 import { IpdpError, type FailureReason } from "./errors.js";
 import { prepareRecord, type PreparedRecord, type RecordOverrides } from "./record.js";
-import { prepareTwoServerRecord, twoServerParameters } from "./two-server.js";
 import {
   importTrustedKey, requireOpen, verifyStudyEnvelope, type TrustedKey, type VerifiedStudy,
 } from "./study.js";
@@ -84,10 +83,12 @@ export async function contribute(
     overrides = { ...options, recordId: await credentialRecordId(
       study, options.credential, options.slot ?? 0, options.createdMs ?? Date.now()) };
   }
-  // A two-server study's record is version 3: fixed point, shares, the helper's sealed.
-  const record = twoServerParameters(study.study) === null
+  // A two-server study's record is version 3: fixed point, shares, the helper's sealed. Its
+  // module (and its dependencies, @hpke/core and @stdlib/random-base-poisson) loads only then.
+  const twoServer = study.study.fields["two_server"] ?? null;
+  const record = twoServer === null
     ? prepareRecord(study, x, y, overrides)
-    : await prepareTwoServerRecord(study, x, y, {
+    : await (await import("./two-server.js")).prepareTwoServerRecord(study, x, y, {
       ...(overrides.recordId === undefined ? {} : { recordId: overrides.recordId }),
       ...(overrides.createdMs === undefined ? {} : { createdMs: overrides.createdMs }),
       ...(overrides.fill === undefined ? {} : { fill: overrides.fill }),

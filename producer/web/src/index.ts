@@ -24,11 +24,3 @@ export { encodeRow, parseSchema, schemaDimension } from "./schema.js";
 export type { EncodedRow, RawRow, Schema, SchemaFeature, SchemaTarget } from "./schema.js";
 export { encodeRecord, HEADER_SIZE, ID_SIZE, recordSize, WIRE_VERSION } from "./wire.js";
 export { fromHex, toHex } from "./bytes.js";
-export {
-  encodeFixedPoint, encodeTwoServerRecord, entries, fromShareBytes, helperShare, leaderShare,
-  openShare, prepareTwoServerRecord, roundHalfEven, SEAL_OVERHEAD, sealShare, shareBytes, skellam,
-  TWO_SERVER_WIRE_VERSION, twoServerHeader, twoServerLayout, twoServerParameters,
-} from "./two-server.js";
-export type {
-  PreparedTwoServerRecord, SkellamSource, TwoServerOverrides, TwoServerParameters,
-} from "./two-server.js";

@@ -1,11 +1,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
+import { fromHex, importTrustedKey, prepareRecord, toHex, verifyStudyEnvelope } from "../src/index.js";
 import {
-  encodeFixedPoint, encodeTwoServerRecord, fromHex, fromShareBytes, importTrustedKey,
-  leaderShare, openShare, prepareRecord, prepareTwoServerRecord, roundHalfEven, sealShare, shareBytes, toHex,
-  twoServerHeader, twoServerLayout, twoServerParameters, verifyStudyEnvelope,
-} from "../src/index.js";
+  encodeFixedPoint, encodeTwoServerRecord, fromShareBytes, leaderShare, openShare,
+  prepareTwoServerRecord, roundHalfEven, sealShare, shareBytes, twoServerHeader, twoServerLayout,
+  twoServerParameters,
+} from "../src/two-server.js";
 import { vectors } from "./vectors.js";
 
 const two = vectors.two_server;
