@@ -138,8 +138,8 @@ def two_server_rows(study) -> list[tuple[str, str]]:
         return rows
     fp = two.encoding
     return rows + [
-        ("calibration", "a two-server study keeps the one-server σ_u², Δ_in, γ₁ and γ₂; these "
-                        "rows replace its σ_b², norm check and ε, δ splits"),
+        ("calibration", ("a two-server study keeps the one-server σ_u², Δ_in, γ₁ and γ₂; these "
+                        "rows replace its σ_b², norm check and ε, δ splits")),
         ("encoding", (f"ring Z_2^64, f = {fp.fraction_bits} fraction bits, entries clamped to "
                      f"±2^{fp.clamp_log2}, {fp.entries} values per record")),
         ("linear noise (two-server)", (f"2^−{two.linear_bits}·(Poisson(μ) − Poisson(μ)) per "
