@@ -128,6 +128,28 @@ def _split(parts: dict[str, float]) -> str:
     return ", ".join(f"{k}={fmt(v, 4)}" for k, v in parts.items())
 
 
+def two_server_rows(study) -> list[tuple[str, str]]:
+    """A study's mode and, for a two-server study, its devices' encoding and the two-server
+    calibration's noise and (ε, δ) split (ipdp.two_server, docs/wire-format.md "Two-server
+    records"), which replace the one-server σ_b² and split above."""
+    rows = [("servers", study.mode_text)]
+    two = study.two_server_calibration
+    if two is None:
+        return rows
+    fp = two.encoding
+    return rows + [
+        ("calibration", ("a two-server study keeps the one-server σ_u², Δ_in, γ₁ and γ₂; these "
+                        "rows replace its σ_b², norm check and ε, δ splits")),
+        ("encoding", (f"ring Z_2^64, f = {fp.fraction_bits} fraction bits, entries clamped to "
+                     f"±2^{fp.clamp_log2}, {fp.entries} values per record")),
+        ("linear noise (two-server)", (f"2^−{two.linear_bits}·(Poisson(μ) − Poisson(μ)) per "
+                                      f"coordinate, μ = {fmt(two.poisson_mean)}; "
+                                      f"σ_b² = {fmt(two.sigma_b2)}")),
+        ("ε split (two-server)", _split(two.epsilon_split)),
+        ("δ split (two-server)", _split(two.delta_split)),
+    ]
+
+
 def calibration_table(cal: Calibration, more: list[tuple[str, str]] | None = None) -> str:
     """`ipdp calibrate`'s human output, with `more` rows at the end."""
     return table(calibration_rows(cal) + (more or []), title="ipdp calibration")

@@ -24,7 +24,8 @@ import enum
 import json
 import math
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -37,11 +38,17 @@ from pydantic import (
 
 from ipdp.calibration import Calibration, Mode, RecordNormBounds, calibrate, record_norm_bounds
 from ipdp.errors import CalibrationError, ConfigurationError, MalformedValue
+from ipdp.fixed_point import FixedPoint
 from ipdp.sample_size import schema_eta
 from ipdp.schema import Schema
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
 from ipdp.wire import study_hash
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+    from ipdp.two_server import TwoServerCalibration
 
 #: Format of the studies-topic value; the domain tag of its signed bytes.
 STUDY_MESSAGE_FORMAT = 2
@@ -62,7 +69,8 @@ PAPER_DEFAULT_DELTA_IN = 1e-6
 #: Fields left out of the canonical text at their default, so that a study created before they
 #: existed keeps its text and hash: name → default.
 OPTIONAL_DEFAULTS = {"budget_epsilon": None, "budget_delta": None,
-                     "require_credentials": False, "records_per_device": 1, "schema": None}
+                     "require_credentials": False, "records_per_device": 1, "schema": None,
+                     "two_server": None}
 #: A budget is counted up to this many rounds (a few seconds of accounting); a budget that
 #: would allow more closes the study here, which spends less than the budget, never more.
 BUDGET_ROUNDS_COUNTED = 10_000
@@ -101,6 +109,67 @@ class StudyNoise(BaseModel):
     std_p: float
 
 
+#: The fields of a study's ``two_server`` block that its calibration sets (a device's encoding).
+TWO_SERVER_ENCODING_FIELDS = ("fraction_bits", "clamp_log2", "linear_fraction_bits",
+                              "poisson_mean")
+
+
+class TwoServer(BaseModel):
+    """A two-server study's helper and the fixed-point encoding its devices use
+    (docs/wire-format.md, "Two-server records"; docs/privacy.md, "Two-server mode").
+
+    The helper is named by ``helper_id`` and ``helper_url`` and holds the private half of
+    ``helper_key`` (the ``.pub`` line of `ipdp keys generate --helper`): devices seal the
+    helper's share of each record to it. The encoding fields are calibrate_two_server's for the
+    study's parameters: left out, the study fills them in; given (a study read from its text),
+    they must be exactly those.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    helper_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    helper_url: str = Field(max_length=2048)
+    helper_key: str = Field(description="Standard base64 of the helper's raw X25519 public key.")
+    fraction_bits: int | None = None
+    """f: a value v is the ring element rint(2^f·v)."""
+    clamp_log2: int | None = None
+    """c: every entry is clamped to [−2^c, 2^c]."""
+    linear_fraction_bits: int | None = None
+    """f_b: p̂ lies on the grid 2^−f_b."""
+    poisson_mean: float | None = None
+    """μ: each device's linear noise is Poisson(μ) − Poisson(μ) per coordinate, times 2^−f_b."""
+
+    @model_validator(mode="after")
+    def _check_helper(self) -> TwoServer:
+        parts = urlsplit(self.helper_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"helper_url {self.helper_url!r} is not an http(s):// URL with a "
+                             "host")
+        from ipdp.sealing import parse_helper_public_key
+
+        try:
+            parse_helper_public_key(self.helper_key)
+        except ConfigurationError as exc:
+            raise ValueError(f"helper_key: {exc}") from None
+        return self
+
+    @property
+    def public_key(self) -> X25519PublicKey:
+        """The helper's key the devices seal to."""
+        from ipdp.sealing import parse_helper_public_key
+
+        return parse_helper_public_key(self.helper_key)
+
+    @property
+    def key_id(self) -> str:
+        """Hex SHA-256 of the raw public key, first 8 bytes (as a signing key's id)."""
+        import base64
+
+        from ipdp.signing import key_id
+
+        return key_id(base64.b64decode(self.helper_key))
+
+
 class Study(BaseModel):
     """Public parameters of one study (docs/privacy.md). Immutable once created."""
 
@@ -127,6 +196,9 @@ class Study(BaseModel):
         "1e-6 (paper)."
     )
     mode: Mode = "rigorous"
+    two_server: TwoServer | None = Field(
+        None, description="The helper of a two-server study and its devices' fixed-point "
+        "encoding (docs/wire-format.md, \"Two-server records\"); None: one server.")
     max_rounds: int | None = Field(None, ge=1, description="Close the study after this many.")
     budget_epsilon: float | None = Field(
         None, description="Total ε a device that contributes once per round may spend; with "
@@ -190,16 +262,54 @@ class Study(BaseModel):
                                  f"epsilon={self.epsilon} (the budget of one round)")
             if not (self.delta <= self.budget_delta < 1.0):
                 raise ValueError(f"budget_delta={self.budget_delta} must lie in [delta, 1)")
+        if self.two_server is not None:
+            self._fill_two_server()
         try:
             cal = self.calibration
         except CalibrationError as exc:
             raise ValueError(str(exc)) from None
+        if self.two_server is not None:
+            # A two-server device's linear noise is h_b·S, S ~ Skellam(μ): its std is h_b·√(2μ).
+            two = self.two_server_calibration
+            noise = StudyNoise(std_q=two.noise_std_q,
+                               std_p=two.linear_step * math.sqrt(2.0 * two.poisson_mean))
+            if self.noise is not None and self.noise != noise:
+                raise ValueError(f"noise {self.noise} is not the two-server calibration's "
+                                 f"{noise} for these parameters")
+            object.__setattr__(self, "noise", noise)
         if self.noise is None:
             # Filled in once, here, so that a study carries its noise like every other parameter
             # (and equals the same study read back from its text); the model is frozen after.
             object.__setattr__(self, "noise", StudyNoise(std_q=cal.noise_std_q,
                                                           std_p=cal.noise_std_p))
         return self
+
+    def _fill_two_server(self) -> None:
+        """The two_server block's encoding from calibrate_two_server; a given one must match,
+        and the encoding must not let a round's sum wrap (n·B·2^f ≤ 2⁶³ − 1)."""
+        if self.mode != "rigorous":
+            raise ValueError("a two-server study is proven in rigorous mode only "
+                             "(docs/privacy.md, \"Two-server mode\")")
+        given = self.two_server
+        if given.fraction_bits is not None and given.clamp_log2 is not None:
+            try:
+                FixedPoint(d=self.d, n=self.n, fraction_bits=given.fraction_bits,
+                           clamp_log2=given.clamp_log2)
+            except ValidationError as exc:
+                raise ValueError("two_server: " + "; ".join(
+                    e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+        try:
+            two = self.two_server_calibration
+        except CalibrationError as exc:
+            raise ValueError(f"two_server: {exc}") from None
+        encoding = {"fraction_bits": two.encoding.fraction_bits,
+                    "clamp_log2": two.encoding.clamp_log2,
+                    "linear_fraction_bits": two.linear_bits, "poisson_mean": two.poisson_mean}
+        for name, value in encoding.items():
+            if getattr(given, name) is not None and getattr(given, name) != value:
+                raise ValueError(f"two_server.{name}={getattr(given, name)!r} is not the "
+                                 f"calibration's {value!r} for these parameters: leave it out")
+        object.__setattr__(self, "two_server", given.model_copy(update=encoding))
 
     @model_serializer(mode="wrap")
     def _omit_defaults(self, handler):
@@ -219,12 +329,42 @@ class Study(BaseModel):
         return PAPER_DEFAULT_DELTA_IN
 
     @cached_property
+    def two_server_calibration(self) -> TwoServerCalibration | None:
+        """A two-server study's calibration (ipdp.two_server.calibrate_two_server: the noise,
+        the encoding and the guarantee of what the servers sum); None for a one-server study."""
+        if self.two_server is None:
+            return None
+        from ipdp.two_server import calibrate_two_server
+
+        return calibrate_two_server(
+            epsilon=self.epsilon, delta=self.delta, n=self.n, d=self.d, lam=self.lam,
+            p_bound=self.p_bound, eta=self.eta, delta_in=self.delta_in, loss=self.loss)
+
+    @property
+    def encoding(self) -> FixedPoint | None:
+        """A two-server study's fixed-point encoding; None for a one-server study."""
+        two = self.two_server_calibration
+        return None if two is None else two.encoding
+
+    @property
+    def mode_text(self) -> str:
+        """`one server`, or `two-server, helper NAME at URL, key id …`: what a report names."""
+        t = self.two_server
+        if t is None:
+            return "one server"
+        return f"two-server, helper {t.helper_id} at {t.helper_url}, key id {t.key_id}"
+
+    @cached_property
     def calibration(self) -> Calibration:
         """σ_u², σ_b², Δ_in and the guarantees for these parameters (ipdp.calibration).
 
         A study given its noise (read from its text) keeps it if it is proven: studies created
-        before a change of Step 8's rule keep their noise, hence their hash.
+        before a change of Step 8's rule keep their noise, hence their hash. A two-server study's
+        is the one-server part its two_server_calibration keeps (σ_u, Δ_in, γ₁, γ₂); its linear
+        noise, encoding and (ε, δ) split are two_server_calibration's.
         """
+        if self.two_server_calibration is not None:
+            return self.two_server_calibration.one_server
         return calibrate(
             mode=self.mode, epsilon=self.epsilon, delta=self.delta, n=self.n, d=self.d,
             lam=self.lam, p_bound=self.p_bound, eta=self.eta, delta_in=self.resolved_delta_in,

@@ -33,10 +33,13 @@ from ipdp.errors import (
     TooManyRecords,
     UnknownStudy,
 )
-from ipdp.losses import NoiseSource, SystemNoise, prepare
+from ipdp.fixed_point import RandomBytes
+from ipdp.losses import NoiseSource, SystemNoise, clip, encode, prepare
 from ipdp.settings import KafkaSettings, TopicSettings, TrustSettings
 from ipdp.signing import TrustedKeys, parse_trusted_keys
 from ipdp.study import Study
+from ipdp.two_server import perturb_two_server
+from ipdp.two_server_wire import two_server_records
 from ipdp.wire import encode_batch
 from producer.retry import DEVICE_RETRY, RetryPolicy
 from producer.transport import GatewayTransport, KafkaTransport, Transport
@@ -72,18 +75,33 @@ def new_record_ids(k: int) -> np.ndarray:
 
 
 def perturb_records(study: Study, x: np.ndarray, y: np.ndarray, noise: NoiseSource,
-                    ids: np.ndarray | None = None) -> tuple[np.ndarray, list[bytes]]:
+                    ids: np.ndarray | None = None, *,
+                    grid_generator: np.random.Generator | None = None,
+                    random_bytes: RandomBytes = os.urandom) -> tuple[np.ndarray, list[bytes]]:
     """What k devices do before anything leaves them: encode → clip → perturb → wire-encode.
 
     x (k, d), y (k,) → (record ids (k, 16) uint8, k wire values). The one device step: the SDK
     (with :class:`SystemNoise`), the load generator and the benchmarks (with numpy's seeded
     generator, for simulated devices) all call it, each naming its noise source. ``ids``: the
     record ids to use (a credential's slots), random ones when None.
+
+    A two-server study's records are version 3 (ipdp.two_server_wire): q̃ and the grid noise of
+    p̂ (ipdp.two_server.perturb_two_server; its Skellam draws from ``grid_generator``, a fresh
+    CSPRNG-seeded one when None), fixed point, shares (the helper's from ``random_bytes``), the
+    helper's sealed to the study's helper key.
     """
-    q, p = prepare(study.loss, x, y, study.calibration, noise)
     k = x.shape[0]
     ids = new_record_ids(k) if ids is None else ids
-    return ids, encode_batch(study.hash, ids, np.full(k, now_ms(), dtype=np.int64), q, p)
+    created = np.full(k, now_ms(), dtype=np.int64)
+    two = study.two_server_calibration
+    if two is None:
+        q, p = prepare(study.loss, x, y, study.calibration, noise)
+        return ids, encode_batch(study.hash, ids, created, q, p)
+    q, p = encode(study.loss, x, y)
+    q, p = clip(q, p, study.lam, study.p_bound)
+    q_tilde, p_hat = perturb_two_server(q, p, two, noise, grid_generator)
+    return ids, two_server_records(study.hash, ids, created, q_tilde, p_hat, two.encoding,
+                                   study.two_server.public_key, random_bytes)
 
 
 def trusted_study_keys(keys: TrustedKeys | str | Iterable[str] | None) -> TrustedKeys:

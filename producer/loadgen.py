@@ -3,11 +3,14 @@
 Each batch of devices is one (batch, d) array: :func:`ipdp.losses.prepare` perturbs every row with
 its own noise draw (exactly what each device would do alone), :func:`ipdp.wire.encode_batch`
 encodes the rows in one structured-array pass, and each value goes to ``producer.send`` with its
-record id as the key. The only per-record Python work is the ``send`` call itself. Through the
-gateway (:func:`run_loadgen_http`) the device SDK sends them, one record per request.
+record id as the key. The only per-record Python work is the ``send`` call itself (and, for a
+two-server study, sealing each record's helper share: perturb_two_server → fixed point → shares →
+seal → version 3, producer.contributor.perturb_records). Through the gateway
+(:func:`run_loadgen_http`) the device SDK sends them, one record per request.
 
 Simulated devices draw their noise from numpy's PCG64 (OS-seeded unless an ``rng`` is passed, in
-tests), not from the CSPRNG real devices use (ipdp.losses.SystemNoise): a simulator needs speed and
+tests), not from the CSPRNG real devices use (ipdp.losses.SystemNoise), and so do a two-server
+study's grid noise and helper shares: a simulator needs speed and
 reproducibility, and its records protect no one. ``--seed`` on the command line seeds only the
 simulated dataset. Record ids always come from ``os.urandom``.
 """
@@ -196,7 +199,8 @@ def run_loadgen_batches(study: Study, kafka: KafkaSettings, topics: TopicSetting
                     ids = np.concatenate([slot_record_ids(credential_id(t), 1) for t in tokens])
                     per_record = [[*headers, credentials_header([(t, 1)])] for t in tokens]
                 devices += k
-                ids, values = perturb_records(study, xb, yb, rng, ids)
+                ids, values = perturb_records(study, xb, yb, rng, ids, grid_generator=rng,
+                                              random_bytes=rng.bytes)
                 keys = split_ids(ids)
                 for lo, hi in _chunks(k, chunk):
                     if rate is not None:

@@ -134,6 +134,17 @@ def study_flags(p: argparse.ArgumentParser, *, with_id: bool) -> None:
         p.add_argument("--records-per-device", dest="records_per_device", type=int,
                        default=None, help="Records one credential may contribute (default 1; "
                        "needs --require-credentials).")
+        p.add_argument("--two-server", dest="two_server", action="store_true",
+                       help="A two-server study: each device splits its record between this "
+                       "service and a helper (docs/wire-format.md, \"Two-server records\"); "
+                       "needs --helper-key, --helper-url and --helper-id.")
+        p.add_argument("--helper-key", dest="helper_key", default=None, metavar="PATH",
+                       help="The helper's public key: the .pub file of `ipdp keys generate "
+                       "--helper` (or its base64 line).")
+        p.add_argument("--helper-url", dest="helper_url", default=None, metavar="URL",
+                       help="The helper's base URL, http(s)://HOST[:PORT].")
+        p.add_argument("--helper-id", dest="helper_id", default=None, metavar="NAME",
+                       help="The helper's name (letters, digits, . _ -).")
     p.add_argument("--loss", choices=["squared", "logistic"], default=None,
                    help="The model's loss (default squared); it also picks the error Step 8 "
                    "minimises (docs/privacy.md).")
@@ -179,10 +190,30 @@ def study_from_args(args: argparse.Namespace, base: dict | None = None):
                    if getattr(args, k, None) is not None})
     if getattr(args, "schema", None) is not None:
         fields["schema"] = load_json_file(args.schema, "schema")
+    helper = {k: getattr(args, k, None) for k in ("helper_id", "helper_url", "helper_key")}
+    if getattr(args, "two_server", False):
+        missing = [f"--{k.replace('_', '-')}" for k, v in helper.items() if v is None]
+        if missing:
+            raise UsageError(f"--two-server needs {', '.join(missing)}")
+        fields["two_server"] = helper | {"helper_key": helper_key_text(helper["helper_key"])}
+    elif any(v is not None for v in helper.values()):
+        raise UsageError("--helper-key, --helper-url and --helper-id go with --two-server")
     try:
         return Study(**fields)
     except ValidationError as exc:
         raise UsageError(format_validation_error(exc)) from None
+
+
+def helper_key_text(value: str) -> str:
+    """The helper's public key line: the file ``value`` names, or ``value`` itself when no such
+    file exists (a base64 line; the study validates it)."""
+    path = Path(value)
+    if not path.is_file():
+        return value.strip()
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read helper key {value}: {exc}") from None
 
 
 def format_validation_error(exc: ValidationError) -> str:

@@ -157,7 +157,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_study_create(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from ipdp.report import calibration_table, sample_size_warning
+    from ipdp.report import calibration_table, sample_size_warning, two_server_rows
     from ipdp.state import create_study
 
     base = load_study_file(args.file) if args.file else None
@@ -174,8 +174,11 @@ def cmd_study_create(args: argparse.Namespace) -> int:
     with redis_connection(args) as r, kafka_producer_for(args) as producer:
         created = create_study(r, producer, topic_settings(), study, key)
     if args.json:
+        two = study.two_server_calibration
         print(json.dumps({"study": study.model_dump(mode="json"), "created": created,
                           "calibration": study.calibration.model_dump(mode="json"),
+                          "two_server_calibration": None if two is None
+                          else two.model_dump(mode="json"),
                           "sample_size": asdict(size)}, sort_keys=True))
         return 0
     if created:
@@ -184,7 +187,8 @@ def cmd_study_create(args: argparse.Namespace) -> int:
         print(f"study {study.study_id} already exists with these parameters; nothing changed")
     if key:  # unsigned: ipdp.state.create_study has warned, once
         print(f"signed by key {key.key_id}")
-    print(calibration_table(study.calibration, _advice_rows(study, size)))
+    print(calibration_table(study.calibration,
+                            _advice_rows(study, size) + two_server_rows(study)))
     warning = sample_size_warning(size, study.n)
     if warning:
         print(warning, file=sys.stderr)
@@ -244,15 +248,17 @@ def study_info(r, study_id: str) -> dict:
 
 
 def cmd_study_show(args: argparse.Namespace) -> int:
-    from ipdp.report import calibration_rows, fmt, table
+    from ipdp.report import calibration_rows, fmt, table, two_server_rows
 
     with redis_connection(args) as r:
         info = study_info(r, args.study_id)
     study = info["study"]
     cal = study.calibration
     if args.json:
+        two = study.two_server_calibration
         out = {**info, "study": study.model_dump(mode="json"),
-               "calibration": cal.model_dump(mode="json")}
+               "calibration": cal.model_dump(mode="json"),
+               "two_server_calibration": None if two is None else two.model_dump(mode="json")}
         print(json.dumps(out, sort_keys=True))
         return 0
     o = info["open_round"]
@@ -273,7 +279,7 @@ def cmd_study_show(args: argparse.Namespace) -> int:
         ("Δ_in given", "mode default" if study.delta_in is None else fmt(study.delta_in)),
         ("signed by", f"key {info['key_id']}" if info["key_id"] else "nobody (unsigned)"),
         ("study hash", study.hash.hex()),
-    ]
+    ] + two_server_rows(study)
     print(table(rows, title=f"study {study.study_id}"))
     print()
     print(table(calibration_rows(cal), title="calibration"))

@@ -14,7 +14,9 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ipdp.credentials import (
     credential_id,
@@ -23,9 +25,18 @@ from ipdp.credentials import (
     slot_record_ids,
     token_text,
 )
+from ipdp.fixed_point import FixedPoint
+from ipdp.fixed_point import encode as fixed_point_encode
 from ipdp.losses import clip, encode
+from ipdp.sealing import HelperKey, SealError, open_share
 from ipdp.signing import SigningKey
-from ipdp.study import Study, study_message
+from ipdp.study import Study, parse_study_message, study_message
+from ipdp.two_server_wire import (
+    TwoServerLayout,
+    encode_two_server_batch,
+    headers,
+    seal_helper_shares,
+)
 from ipdp.wire import encode_record
 
 VECTORS = Path(__file__).resolve().parents[2] / "producer" / "web" / "test-vectors.json"
@@ -36,6 +47,9 @@ OWNER_SEED = bytes(range(32))
 STRANGER_SEED = bytes(range(32, 64))
 #: Fixed Ed25519 seed of the test credential issuer.
 ISSUER_SEED = bytes(range(64, 96))
+#: Fixed X25519 private key of the test two-server study's helper.
+HELPER_SEED = bytes(range(96, 128))
+TWO_SERVER_CASES = Path(__file__).resolve().parents[1] / "ipdp" / "two_server_vectors.json"
 
 
 def _study_hash(study_text: str) -> bytes:
@@ -116,6 +130,87 @@ def _schema_case(owner: SigningKey, study: Study, rows: list[dict]) -> dict:
         "rows": [{"row": row, "x": e.x[0].tolist(), "y": float(e.y[0]),
                   "clipped": [name for name, k in e.clipped.items() if k]}
                  for row, e in zip(rows, encoded, strict=True)],
+    }
+
+
+def _committed_two_server() -> dict[str, str]:
+    """name → the committed Python-sealed record of each two-server case (HPKE seals with a
+    fresh ephemeral key, so a seal is kept from the committed file while it still opens to the
+    same share under the same header; :func:`_two_server_case` checks that)."""
+    if not VECTORS.exists():
+        return {}
+    committed = json.loads(VECTORS.read_text(encoding="utf-8")).get("two_server", {})
+    return {c["name"]: c["record"] for c in committed.get("cases", [])}
+
+
+def _two_server_case(name: str, *, helper: HelperKey, study_hash: bytes, record_id: bytes,
+                     created_ms: int, encoding: FixedPoint, q_tilde: list[float],
+                     p_hat: list[float], helper_share: bytes, committed: dict[str, str]) -> dict:
+    values, clamped = fixed_point_encode(np.array([q_tilde]), np.array([p_hat]), encoding)
+    helper_words = np.frombuffer(helper_share, "<u8").reshape(values.shape)
+    leader = values - helper_words
+    header = headers(study_hash, np.frombuffer(record_id, np.uint8).reshape(1, 16),
+                     np.array([created_ms]), encoding.d)
+    unsealed = header[0].tobytes() + leader.astype("<u8").tobytes()
+    layout = TwoServerLayout(encoding.d)
+    old = bytes.fromhex(committed.get(name, ""))
+    try:
+        keep = (len(old) == layout.size and old[:layout.sealed.start] == unsealed
+                and open_share(helper.private, old[layout.sealed], header[0].tobytes())
+                == helper_share)
+    except SealError:
+        keep = False
+    record = old if keep else encode_two_server_batch(
+        header, leader, seal_helper_shares(helper.public, header, helper_words))[0]
+    return {
+        "name": name, "d": encoding.d, "fraction_bits": encoding.fraction_bits,
+        "clamp_log2": encoding.clamp_log2, "study_hash": study_hash.hex(),
+        "record_id": record_id.hex(), "created_ms": created_ms, "q_tilde": q_tilde,
+        "p_hat": p_hat, "values": [str(v) for v in values[0].tolist()], "clamped": clamped,
+        "helper_share": helper_share.hex(), "header": header[0].tobytes().hex(),
+        "leader_share": leader.astype("<u8").tobytes().hex(), "unsealed": unsealed.hex(),
+        "record": record.hex(),
+    }
+
+
+def _two_server_vectors(owner: SigningKey) -> dict:
+    """A signed two-server study, and version-3 records for fixed (q̃, p̂), ids, times and
+    helper shares: the fixed-point cases of tests/ipdp/two_server_vectors.json (ties, the clamp,
+    n = 1,000 at the largest f) and one record of the study at d = 14."""
+    helper = HelperKey(X25519PrivateKey.from_private_bytes(HELPER_SEED))
+    study = Study(study_id="web-vectors-two-server", d=14, n=2_000, epsilon=1.0, delta=0.01,
+                  two_server={"helper_id": "helper-a",
+                              "helper_url": "https://helper.example.org",
+                              "helper_key": helper.public_b64})
+    committed = _committed_two_server()
+    cases = []
+    fixed = json.loads(TWO_SERVER_CASES.read_text(encoding="utf-8"))["cases"]
+    for i, case in enumerate(fixed):
+        encoding = FixedPoint(**case["encoding"])
+        for j, (q_tilde, p_hat) in enumerate(zip(case["q_tilde"], case["p_hat"], strict=True)):
+            cases.append(_two_server_case(
+                f"{case['name']} record {j}", helper=helper, study_hash=study.hash,
+                record_id=hashlib.sha256(f"two-server-{i}-{j}".encode()).digest()[:16],
+                created_ms=1_700_000_000_000 + 10 * i + j, encoding=encoding, q_tilde=q_tilde,
+                p_hat=p_hat, helper_share=bytes.fromhex(case["helper_share_hex"][j]),
+                committed=committed))
+    two = study.two_server_calibration
+    grid = 2.0 ** -two.linear_bits
+    d14 = study.encoding
+    cases.append(_two_server_case(
+        "web-vectors-two-server d=14", helper=helper, study_hash=study.hash,
+        record_id=hashlib.sha256(b"two-server-d14").digest()[:16], created_ms=2**53 - 1,
+        encoding=d14, q_tilde=[v / 64.0 + n for v, n in zip(
+            _spread(14, 21), _noise(14, 22, two.noise_std_q), strict=True)],
+        p_hat=[float(k) * grid for k in (int(v * 1e4) for v in _spread(14, 23))],
+        helper_share=hashlib.shake_256(b"two-server-d14").digest(8 * d14.entries),
+        committed=committed))
+    return {
+        "envelope": json.loads(study_message(study, "open", owner)),
+        "study_hash": study.hash.hex(),
+        "helper_private_key": helper.private.private_bytes_raw().hex(),
+        "helper_public_key": helper.public_b64,
+        "cases": cases,
     }
 
 
@@ -221,6 +316,7 @@ def build_vectors() -> dict:
         "wire": wire,
         "credentials": credentials,
         "batch_credential": credential_vector(batch[2]),
+        "two_server": _two_server_vectors(owner),
     }
 
 
@@ -285,3 +381,97 @@ def test_envelope_signature_verifies_with_the_owner_key_only():
             raise AssertionError("a stranger's key verified the owner's signature")
         assert case["study_hash"] == _study_hash(env["study"]).hex()
         assert json.loads(env["study"])["noise"]["std_q"] > 0
+
+
+def test_python_seals_in_the_vectors_open_to_their_helper_share_under_their_header_only():
+    two = build_vectors()["two_server"]
+    helper = HelperKey(X25519PrivateKey.from_private_bytes(HELPER_SEED))
+    for case in two["cases"]:
+        layout = TwoServerLayout(case["d"])
+        record = bytes.fromhex(case["record"])
+        assert record[:layout.sealed.start].hex() == case["unsealed"]
+        assert record[layout.proof_length] == bytes(4)
+        header = bytes.fromhex(case["header"])
+        assert open_share(helper.private, record[layout.sealed], header).hex() == \
+            case["helper_share"]
+        moved = bytes([header[0]]) + header[1:40] + bytes(8)
+        with pytest.raises(SealError):
+            open_share(helper.private, record[layout.sealed], moved)
+
+
+#: Node, on the built SDK: each two-server vector sealed by TypeScript, and one record a device
+#: of the vectors' study prepares with fresh noise and shares. Prints one JSON object.
+TS_SEALS = """
+import { readFileSync } from "node:fs";
+import * as sdkMain from "%s";
+import * as sdkTwo from "%s";
+const sdk = { ...sdkMain, ...sdkTwo };
+const two = JSON.parse(readFileSync(process.argv[2], "utf8")).two_server;
+const pub = Uint8Array.from(Buffer.from(two.helper_public_key, "base64"));
+const out = { cases: [], device: null };
+for (const c of two.cases) {
+  const { values } = sdk.encodeFixedPoint(c.q_tilde, c.p_hat, c.fraction_bits, c.clamp_log2);
+  const helper = sdk.fromShareBytes(sdk.fromHex(c.helper_share));
+  const header = sdk.twoServerHeader(sdk.fromHex(c.study_hash), sdk.fromHex(c.record_id),
+                                     c.created_ms, c.d);
+  const sealed = await sdk.sealShare(pub, sdk.shareBytes(helper), header);
+  out.cases.push(sdk.toHex(sdk.encodeTwoServerRecord(header, sdk.leaderShare(values, helper),
+                                                     sealed)));
+}
+const key = await sdk.importTrustedKey(process.argv[3]);
+const verified = await sdk.verifyStudyEnvelope(two.envelope, [key]);
+const x = Array.from({ length: 14 }, (_, i) => (i - 7) / 40);
+const device = await sdk.prepareTwoServerRecord(verified, x, 0.3);
+out.device = { record: sdk.toHex(device.bytes), q_tilde: [...device.qNoisy],
+               p_hat: [...device.pNoisy] };
+console.log(JSON.stringify(out));
+"""
+
+
+def test_typescript_seals_open_in_python_and_its_unsealed_bytes_are_pythons(tmp_path):
+    """The browser SDK's version-3 records (node runs the built SDK): the unsealed part of each
+    vector byte for byte, the seal opened by ipdp.sealing, and a device's fresh record whose two
+    shares sum to the fixed-point values of what it says it perturbed."""
+    import subprocess
+
+    from ipdp.fixed_point import combine
+    from ipdp.two_server_wire import decode_two_server_batch
+    from tests.tooling import require_tool, unavailable
+
+    node = require_tool("node", "running the browser SDK's two-server encoder")
+    web = VECTORS.parent
+    index = web / "dist" / "src" / "index.js"
+    module = web / "dist" / "src" / "two-server.js"
+    sources = list((web / "src").glob("*.ts"))
+    if not module.is_file() or not (web / "node_modules" / "@hpke" / "core").is_dir():
+        unavailable("producer/web is not built; run `cd producer/web && npm ci && npm run build`")
+    if max(f.stat().st_mtime for f in sources) > module.stat().st_mtime:
+        pytest.fail("producer/web/dist is older than producer/web/src; run "
+                    "`cd producer/web && npm run build`", pytrace=False)
+    vectors = build_vectors()
+    (tmp_path / "vectors.json").write_text(render(vectors), encoding="utf-8")
+    script = tmp_path / "seal.mjs"
+    script.write_text(TS_SEALS % (index.as_uri(), module.as_uri()), encoding="utf-8")
+    ran = subprocess.run([node, str(script), str(tmp_path / "vectors.json"),
+                          vectors["keys"]["owner_public_key"]],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    helper = HelperKey(X25519PrivateKey.from_private_bytes(HELPER_SEED))
+    two = vectors["two_server"]
+    for case, record_hex in zip(two["cases"], out["cases"], strict=True):
+        layout = TwoServerLayout(case["d"])
+        record = bytes.fromhex(record_hex)
+        assert record[:layout.sealed.start].hex() == case["unsealed"], case["name"]
+        assert record[layout.proof_length] == bytes(4)
+        assert open_share(helper.private, record[layout.sealed],
+                          bytes.fromhex(case["header"])).hex() == case["helper_share"]
+    study, _ = parse_study_message(json.dumps(two["envelope"]).encode())
+    batch, rejects = decode_two_server_batch([bytes.fromhex(out["device"]["record"])], 14)
+    assert rejects == [] and batch.study_hash[0].tobytes() == study.hash
+    helper_share = np.frombuffer(open_share(helper.private, batch.sealed[0],
+                                            batch.header[0].tobytes()), "<u8")
+    values, _ = fixed_point_encode(np.array(out["device"]["q_tilde"]),
+                                   np.array(out["device"]["p_hat"]), study.encoding)
+    assert np.array_equal(combine(batch.leader[0], helper_share), values)
+    assert not np.array_equal(batch.leader[0], values)

@@ -39,7 +39,7 @@ export type PinnedKeys = string | TrustedKey | readonly (string | TrustedKey)[];
 export interface Contribution {
   /** Hex of the 16-byte record id. */
   readonly recordId: string;
-  /** The record as sent: its bytes and the q̃, p̃ they hold. */
+  /** The record as sent: its bytes and the q̃, p̃ (or, two-server, q̃, p̂) they encode. */
   readonly record: PreparedRecord;
   readonly study: VerifiedStudy;
 }
@@ -83,7 +83,16 @@ export async function contribute(
     overrides = { ...options, recordId: await credentialRecordId(
       study, options.credential, options.slot ?? 0, options.createdMs ?? Date.now()) };
   }
-  const record = prepareRecord(study, x, y, overrides);
+  // A two-server study's record is version 3: fixed point, shares, the helper's sealed. Its
+  // module (and its dependencies, @hpke/core and @stdlib/random-base-poisson) loads only then.
+  const twoServer = study.study.fields["two_server"] ?? null;
+  const record = twoServer === null
+    ? prepareRecord(study, x, y, overrides)
+    : await (await import("./two-server.js")).prepareTwoServerRecord(study, x, y, {
+      ...(overrides.recordId === undefined ? {} : { recordId: overrides.recordId }),
+      ...(overrides.createdMs === undefined ? {} : { createdMs: overrides.createdMs }),
+      ...(overrides.fill === undefined ? {} : { fill: overrides.fill }),
+    });
   await sendRecord(gatewayUrl, studyId, record.bytes, options);
   return { recordId: record.recordId, record, study };
 }

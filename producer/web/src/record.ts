@@ -7,6 +7,7 @@ import { toHex } from "./bytes.js";
 import { addNoise, clipPair, encodeExample, type QuadraticPair } from "./encode.js";
 import { cryptoFill, drawNoise, type Noise, type RandomFill } from "./noise.js";
 import { requireOpen, type Study, type VerifiedStudy } from "./study.js";
+import { IpdpError } from "./errors.js";
 import { encodeRecord, ID_SIZE } from "./wire.js";
 
 /** The study parameters encoding and clipping use. */
@@ -73,6 +74,10 @@ export function prepareRecord(
   overrides: RecordOverrides = {},
 ): PreparedRecord {
   const { study, studyHash } = requireOpen(verified);
+  if (study.fields["two_server"] !== undefined && study.fields["two_server"] !== null) {
+    throw new IpdpError("bad_study", `study ${study.studyId} is two-server: its records are ` +
+      "version 3 (prepareTwoServerRecord), not version 1");
+  }
   const fill = overrides.fill ?? cryptoFill;
   const { q, p } = overrides.noise === undefined
     ? perturb(study, x, y, fill)

@@ -32,6 +32,14 @@ export interface SchemaVector {
   rows: { row: Record<string, number | string>; x: number[]; y: number; clipped: string[] }[];
 }
 
+export interface TwoServerCase {
+  name: string; d: number; fraction_bits: number; clamp_log2: number; study_hash: string;
+  record_id: string; created_ms: number; q_tilde: number[]; p_hat: number[]; values: string[];
+  clamped: number; helper_share: string; header: string; leader_share: string; unsealed: string;
+  /** The whole version-3 record, its helper share sealed by Python. */
+  record: string;
+}
+
 export interface Vectors {
   keys: { owner_public_key: string; owner_key_id: string; stranger_public_key: string };
   studies: StudyVector[];
@@ -42,6 +50,11 @@ export interface Vectors {
   batch_credential: CredentialVector;
   /** Studies with a schema, and raw rows with what Python encodes them to. */
   schemas: SchemaVector[];
+  /** A signed two-server study and version-3 records for fixed inputs and helper shares. */
+  two_server: {
+    envelope: Envelope; study_hash: string; helper_private_key: string; helper_public_key: string;
+    cases: TwoServerCase[];
+  };
 }
 
 // Compiled to .test-build/test/, two levels below producer/web/.
