@@ -1,11 +1,6 @@
 """The helper's state, in its own Redis: jobs, the replay set, and the rounds' sums of shares.
 
-| key | type | holds |
-|---|---|---|
-| `ipdp-helper:job:<job id>` | hash | `study` (id), `n`, `d`, `digest` (SHA-256 of the prepare request), `answer` (its JSON), `ids` (the accepted records' 16-byte ids), `shares` (their opened shares, 8·L bytes each, until the commit), `commit_digest` and `commit_answer` once committed |
-| `ipdp-helper:{<id>}:hash` | string | the 16-byte hash of the study text the helper first folded for the id |
-| `ipdp-helper:{<id>}:seen` | zset | 16-byte id of every record accepted at a prepare → its created_ms; trimmed below the record window |
-| `ipdp-helper:{<id>}:round:<r>` | hash | `n`, `count`, `checksum` (XOR of SHA-256(id) over the round, 32 bytes), `sum` (8·L bytes: the shares' sum mod 2⁶⁴, little-endian uint64) |
+The key layout is docs/architecture.md's table under "The helper".
 
 An opened share is L uniformly random words, independent of its record (ipdp.fixed_point), and a
 sum of shares is as uniform: nothing here reveals a record or a partial sum without the
