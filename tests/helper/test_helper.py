@@ -54,7 +54,7 @@ def test_the_helper_refuses_on_its_own_with_a_reason_per_record(rig, rng):
     study, d = rig.study, rig.study.d
     good = make_records(study, rig.key.public, 3, rng)
     tampered = bytearray(good.records[1])
-    tampered[-20] ^= 1  # inside the sealed share's ciphertext
+    tampered[-20] ^= 1  # inside the sealed share (its AES-GCM tag)
     moved = bytearray(good.records[2])
     moved[41] ^= 1  # created_ms: the header the share is bound to changed
     day_ms = 86_400_000
