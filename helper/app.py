@@ -6,6 +6,7 @@
 | `PUT /jobs/{job_id}` | prepare: check and open a job's records, answer the accept mask |
 | `POST /jobs/{job_id}/commit` | fold the accepted records the leader assigns to rounds |
 | `GET /studies/{study_id}/rounds/{round}` | a round's count, id checksum and sum share, once it holds n |
+| `GET /metrics` | the helper's Prometheus metrics (ipdp.metrics, role ``helper``) |
 
 Every route but /healthz needs ``Authorization: Bearer <IPDP_HELPER_LEADER_TOKEN>`` (compared
 in constant time; 401 otherwise). A job learns its study from the signed studies-topic value the
@@ -23,17 +24,19 @@ import re
 import time
 from typing import Annotated
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from helper.records import check_records
 from helper.settings import HelperSettings
 from helper.store import HelperStore, JobConflict, UnknownJob
 from ipdp.errors import ConfigurationError, MalformedValue, SignatureError
+from ipdp.metrics import HELPER_RECORDS, HELPER_RECORDS_FOLDED, HELPER_REQUESTS, role_registry
 from ipdp.sealing import HelperKey
 from ipdp.signing import TrustedKeys
 from ipdp.study import StudyStatus, parse_study_message
@@ -147,9 +150,16 @@ class HelperApp:
                                       n=study.n, d=study.d, digest=digest, checked=checked,
                                       now_ms=now_ms)
         try:
-            return JSONResponse(await run_in_threadpool(run))
+            answer, new = await run_in_threadpool(run)
         except JobConflict as exc:
             return _error(409, exc.reason, exc.detail)
+        if new:
+            refused = [r["reason"] for r in answer["refused"]]
+            if answer["accepted"]:
+                HELPER_RECORDS.labels(study.study_id, "accepted").inc(answer["accepted"])
+            for reason in set(refused):
+                HELPER_RECORDS.labels(study.study_id, reason).inc(refused.count(reason))
+        return JSONResponse(answer)
 
     async def commit(self, request: Request) -> JSONResponse:
         body = await self.body(request)
@@ -164,12 +174,18 @@ class HelperApp:
         rounds = [(a.round, [bytes.fromhex(i) for i in a.ids]) for a in assignment.rounds]
         digest = hashlib.sha256(assignment.model_dump_json().encode()).digest()
         try:
-            answer = await run_in_threadpool(self.store.commit, job_id, rounds, digest)
+            answer, new = await run_in_threadpool(self.store.commit, job_id, rounds, digest)
         except UnknownJob:
             return _error(404, "unknown_job", f"job {job_id!r} was not prepared here")
         except JobConflict as exc:
             return _error(409, exc.reason, exc.detail)
+        if new:
+            HELPER_RECORDS_FOLDED.labels(answer["study_id"]).inc(sum(len(ids) for _, ids in rounds))
         return JSONResponse(answer)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(role_registry("helper")),
+                        media_type=CONTENT_TYPE_LATEST)
 
     async def round_share(self, request: Request) -> JSONResponse:
         study_id = request.path_params["study_id"]
@@ -184,6 +200,22 @@ class HelperApp:
             "checksum": share.checksum.hex(),
             "sum": base64.b64encode(share.sum.astype("<u8").tobytes()).decode("ascii"),
         })
+
+
+_ROUTE_TEMPLATES = [
+    (re.compile(r"/jobs/[^/]+"), "/jobs/{job_id}"),
+    (re.compile(r"/jobs/[^/]+/commit"), "/jobs/{job_id}/commit"),
+    (re.compile(r"/studies/[^/]+/rounds/[^/]+"), "/studies/{study_id}/rounds/{round}"),
+    (re.compile(r"/healthz|/metrics"), None),
+]
+
+
+def route_template(path: str) -> str:
+    """The route a path names, as the request metric labels it (``other`` for no route)."""
+    for pattern, template in _ROUTE_TEMPLATES:
+        if pattern.fullmatch(path):
+            return template or path
+    return "other"
 
 
 def _job_id(request: Request) -> str:
@@ -209,18 +241,28 @@ def create_app(settings: HelperSettings, store: HelperStore, key: HelperKey,
         Route("/jobs/{job_id}", helper.prepare, methods=["PUT"]),
         Route("/jobs/{job_id}/commit", helper.commit, methods=["POST"]),
         Route("/studies/{study_id}/rounds/{round:int}", helper.round_share, methods=["GET"]),
+        Route("/metrics", helper.metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes)
 
     async def require_token(scope, receive, send):
-        if (scope["type"] == "http" and scope["path"] != "/healthz"
-                and not helper.authorised(Request(scope))):
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        route = route_template(scope["path"])
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                HELPER_REQUESTS.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        if route != "/healthz" and not helper.authorised(Request(scope)):
             response = JSONResponse({"error": "unauthorised", "detail": "the leader's bearer "
                                      "token is required"}, status_code=401,
                                     headers={"www-authenticate": "Bearer"})
-            await response(scope, receive, send)
+            await response(scope, receive, counted)
             return
-        await app(scope, receive, send)
+        await app(scope, receive, counted)
 
     return require_token
 

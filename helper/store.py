@@ -87,9 +87,10 @@ class HelperStore:
         self.forget_after_ms = forget_after_ms
 
     def prepare(self, job_id: str, *, study_id: str, study_hash: bytes, n: int, d: int,
-                digest: bytes, checked: CheckedRecords, now_ms: int) -> dict:
-        """Store the job and its answer, or return the stored answer of the same request; a
-        different request under ``job_id`` raises :class:`JobConflict`."""
+                digest: bytes, checked: CheckedRecords, now_ms: int) -> tuple[dict, bool]:
+        """(answer, whether it is new): store the job and its answer, or return the stored
+        answer of the same request; a different request under ``job_id`` raises
+        :class:`JobConflict`."""
         key, seen = job_key(job_id), seen_key(study_id)
         while True:
             with self.r.pipeline() as pipe:
@@ -100,7 +101,7 @@ class HelperStore:
                         if stored[0] != digest:
                             raise JobConflict("job_conflict", f"job {job_id!r} was prepared with "
                                               "another request")
-                        return json.loads(stored[1])
+                        return json.loads(stored[1]), False
                     known_hash = pipe.get(study_hash_key(study_id))
                     if known_hash is not None and known_hash != study_hash:
                         raise JobConflict("study_mismatch", f"study {study_id!r} has another "
@@ -133,14 +134,16 @@ class HelperStore:
                     })
                     pipe.expire(key, self.job_ttl_s)
                     pipe.execute()
-                    return answer
+                    return answer, True
                 except redis.WatchError:
                     continue
 
-    def commit(self, job_id: str, rounds: list[tuple[int, list[bytes]]], digest: bytes) -> dict:
-        """Fold the job's accepted shares into ``rounds`` ((round, ids) pairs), once: the same
-        request again returns the stored answer; another one raises :class:`JobConflict`, as
-        do ids not accepted at prepare and a round that would exceed n."""
+    def commit(self, job_id: str, rounds: list[tuple[int, list[bytes]]], digest: bytes
+               ) -> tuple[dict, bool]:
+        """(answer, whether it is new): fold the job's accepted shares into ``rounds`` ((round,
+        ids) pairs), once: the same request again returns the stored answer; another one raises
+        :class:`JobConflict`, as do ids not accepted at prepare and a round that would exceed
+        n."""
         key = job_key(job_id)
         while True:
             with self.r.pipeline() as pipe:
@@ -153,7 +156,7 @@ class HelperStore:
                         if job[b"commit_digest"] != digest:
                             raise JobConflict("job_conflict", f"job {job_id!r} was committed "
                                               "with another assignment")
-                        return json.loads(job[b"commit_answer"])
+                        return json.loads(job[b"commit_answer"]), False
                     study_id = job[b"study"].decode()
                     n, d = int(job[b"n"]), int(job[b"d"])
                     width = 8 * entries(d)
@@ -202,7 +205,7 @@ class HelperStore:
                                             "commit_answer": json.dumps(answer,
                                                                         separators=(",", ":"))})
                     pipe.execute()
-                    return answer
+                    return answer, True
                 except redis.WatchError:
                     continue
 

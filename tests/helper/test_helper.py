@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from scipy.stats import chisquare
 from aggregator.helper_client import HelperRefused
 from ipdp.fixed_point import combine, decode, fold
 from ipdp.helper_protocol import helper_part
+from ipdp.metrics import EVERY_METRIC
 from ipdp.signing import SigningKey
 from ipdp.study import StudyStatus
 from tests.helper.conftest import TOKEN, make_study
@@ -24,6 +26,16 @@ from tests.helper.devices import fixed_point_of, make_records
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(37)
+
+
+def records_counted(study_id: str, outcome: str) -> float:
+    return EVERY_METRIC.get_sample_value("ipdp_helper_records_total",
+                                         {"study": study_id, "outcome": outcome}) or 0.0
+
+
+def folded_counted(study_id: str) -> float:
+    return EVERY_METRIC.get_sample_value("ipdp_helper_records_folded_total",
+                                         {"study": study_id}) or 0.0
 
 
 def test_every_route_but_healthz_needs_the_leaders_token(rig):
@@ -36,10 +48,17 @@ def test_every_route_but_healthz_needs_the_leaders_token(rig):
         assert prefix.request("GET", "/studies/two-server/rounds/0")[0] == 401
     with rig.client() as right:
         assert right.request("GET", "/studies/two-server/rounds/0")[0] == 409
+    scrape = urllib.request.Request(f"{rig.url}/metrics",
+                                    headers={"authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(scrape, timeout=10) as response:
+        assert b"ipdp_helper_requests_total" in response.read()
+    assert EVERY_METRIC.get_sample_value(
+        "ipdp_helper_requests_total", {"route": "/jobs/{job_id}", "status": "401"}) >= 1
 
 
 def test_a_job_prepared_twice_gets_one_answer_and_another_body_is_refused(rig, rng):
     batch = make_records(rig.study, rig.key.public, 5, rng)
+    before = records_counted(rig.study.study_id, "accepted")
     with rig.client() as client:
         first = client.prepare("p0:e1:0-4", rig.study_value(), batch.records, rig.study.d)
         again = client.prepare("p0:e1:0-4", rig.study_value(), batch.records, rig.study.d)
@@ -48,6 +67,7 @@ def test_a_job_prepared_twice_gets_one_answer_and_another_body_is_refused(rig, r
         with pytest.raises(HelperRefused) as refused:
             client.prepare("p0:e1:0-4", rig.study_value(), batch.records[:4], rig.study.d)
         assert (refused.value.status, refused.value.reason) == (409, "job_conflict")
+    assert records_counted(rig.study.study_id, "accepted") == before + 5  # the job, once
 
 
 def test_the_helper_refuses_on_its_own_with_a_reason_per_record(rig, rng):
@@ -68,8 +88,10 @@ def test_the_helper_refuses_on_its_own_with_a_reason_per_record(rig, rng):
     v1[0] = 1
     records = [good.records[0], bytes(tampered), bytes(moved), *stale.records, *future.records,
                *proof.records, *other_study.records, bytes(v1), good.records[0]]
+    seals = records_counted(study.study_id, "bad_seal")
     with rig.client() as client:
         got = client.prepare("job-refusals", rig.study_value(), records, d)
+        assert records_counted(study.study_id, "bad_seal") == seals + 2
         assert got.mask.tolist() == [True] + [False] * 8
         assert got.refused == {1: "bad_seal", 2: "bad_seal", 3: "stale", 4: "future",
                                5: "unexpected_proof", 6: "study_mismatch",
@@ -103,6 +125,7 @@ def test_a_study_it_cannot_verify_or_a_closed_one_folds_nothing(rig, rng):
 
 def test_commit_folds_once_and_a_round_is_released_only_at_n(rig, rng):
     study, d, n = rig.study, rig.study.d, rig.study.n
+    folded = folded_counted(study.study_id)
     first = make_records(study, rig.key.public, 50, rng)
     second = make_records(study, rig.key.public, 60, rng)
     with rig.client() as client:
@@ -128,6 +151,7 @@ def test_commit_folds_once_and_a_round_is_released_only_at_n(rig, rng):
         full = client.round_share(study.study_id, 0)
         assert client.round_share(study.study_id, 1) is None  # 10 of n
     assert full is not None and full.count == n
+    assert folded_counted(study.study_id) == folded + 110  # each committed job counted once
     in_round = first.ids + second.ids[:50]
     leader_sum = fold(np.concatenate([first.leader, second.leader[:50]]))
     total = combine(leader_sum, full.sum)
