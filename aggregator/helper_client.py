@@ -2,9 +2,10 @@
 helper"): prepare a job, commit it to rounds, fetch a full round's sum share.
 
 Every call carries the leader's bearer token. Prepare and commit are idempotent by job id on the
-helper, so a call that fails on the connection (the helper restarting, a reset) is sent again
-with the same job id and body until it is answered or ``retry_s`` has passed: the helper answers
-the stored result of a job it already prepared or committed, and folds each record once.
+helper, so a call that fails on the connection (the helper restarting, a reset) or is answered
+503 (the helper's Redis unreachable) is sent again with the same job id and body until it is
+answered or ``retry_s`` has passed: the helper answers the stored result of a job it already
+prepared or committed, and folds each record once.
 
 A job id must name one batch for good (for instance the aggregator's partition, epoch, first
 and last offset), so that a leader that crashed and polled the batch again sends the same job.
@@ -94,7 +95,7 @@ class HelperClient:
         return self._conn
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        """(status, JSON answer) of one request, sent again on a connection error until
+        """(status, JSON answer) of one request, sent again on a connection error or a 503 until
         ``retry_s`` has passed (every request here is idempotent)."""
         payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         headers = {"authorization": f"Bearer {self._token}", "accept": "application/json"}
@@ -108,13 +109,15 @@ class HelperClient:
                 conn.request(method, self._base + path, body=payload, headers=headers)
                 response = conn.getresponse()
                 data = response.read()
-                return response.status, json.loads(data) if data else {}
+                answer = json.loads(data) if data else {}
+                if response.status != 503 or time.monotonic() + pause > deadline:
+                    return response.status, answer
             except _RETRIED:
                 self.close()
                 if time.monotonic() + pause > deadline:
                     raise
-                time.sleep(pause)
-                pause = min(1.0, pause * 2)
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
 
     def _expect_ok(self, status: int, answer: dict) -> dict:
         if status != 200:

@@ -24,6 +24,7 @@ import re
 import time
 from typing import Annotated
 
+import redis
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.applications import Starlette
@@ -84,6 +85,14 @@ def job_digest(study_value: bytes, parts: list[bytes]) -> bytes:
 
 def _error(status: int, reason: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": reason, "detail": detail}, status_code=status)
+
+
+async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 while the helper's Redis cannot be reached: nothing was stored, and the leader sends
+    the same request again (every request is idempotent)."""
+    answer = _error(503, "redis_unavailable", f"the helper's Redis: {type(exc).__name__}")
+    answer.headers["retry-after"] = "1"
+    return answer
 
 
 class HelperApp:
@@ -243,7 +252,7 @@ def create_app(settings: HelperSettings, store: HelperStore, key: HelperKey,
         Route("/studies/{study_id}/rounds/{round:int}", helper.round_share, methods=["GET"]),
         Route("/metrics", helper.metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={redis.RedisError: _redis_unavailable})
 
     async def require_token(scope, receive, send):
         if scope["type"] != "http":

@@ -5,6 +5,7 @@ released at n, and what its Redis holds."""
 from __future__ import annotations
 
 import base64
+import threading
 import time
 import urllib.request
 
@@ -234,3 +235,22 @@ def test_the_helper_never_takes_a_record_with_the_leaders_share(rig, rng):
     assert status == 200 and answer["mask"] == "00"
     assert {r["reason"] for r in answer["refused"]} == {"undecodable"}
     assert len(helper_part(batch.records[0], rig.study.d)) < len(batch.records[0])
+
+
+def test_a_redis_outage_is_answered_503_and_the_leader_waits_it_out(rig, fresh_redis, rng):
+    batch = make_records(rig.study, rig.key.public, 4, rng)
+    fresh_redis.stop()
+    with rig.client(retry_s=0) as impatient:
+        status, answer = impatient.request("GET", "/studies/two-server/rounds/0")
+        assert (status, answer["error"]) == (503, "redis_unavailable")
+    restart = threading.Timer(1.0, fresh_redis.start)
+    restart.start()
+    try:
+        with rig.client(retry_s=60) as client:
+            got = client.prepare("job-outage", rig.study_value(), batch.records, rig.study.d)
+            assert got.mask.all()
+            client.commit("job-outage", {0: batch.ids})
+            assert client.request("GET", "/studies/two-server/rounds/0")[1]["detail"].endswith(
+                "holds 4 records, not n")
+    finally:
+        restart.join()
