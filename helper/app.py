@@ -139,8 +139,6 @@ class HelperApp:
         except (ValidationError, ValueError) as exc:
             return _error(400, "bad_request", _first_line(exc))
         study_value = job.study.encode()
-        if not self.trusted:
-            return _error(403, "untrusted_study", "the helper pins no study key")
         try:
             study, status = parse_study_message(study_value, self.trusted)
         except SignatureError as exc:
@@ -244,6 +242,9 @@ def create_app(settings: HelperSettings, store: HelperStore, key: HelperKey,
     if settings.leader_token is None or not settings.leader_token.get_secret_value():
         raise ConfigurationError("IPDP_HELPER_LEADER_TOKEN is required: the leader's "
                                  "credential for every route but /healthz")
+    if not trusted:
+        raise ConfigurationError("IPDP_TRUSTED_STUDY_KEYS is required: without a pinned key "
+                                 "parse_study_message would not verify the study")
     helper = HelperApp(settings, store, key, trusted, settings.leader_token.get_secret_value())
     routes = [
         Route("/healthz", helper.healthz, methods=["GET"]),

@@ -5,9 +5,12 @@ released at n, and what its Redis holds."""
 from __future__ import annotations
 
 import base64
+import http.client
+import json
 import threading
 import time
 import urllib.request
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -254,3 +257,30 @@ def test_a_redis_outage_is_answered_503_and_the_leader_waits_it_out(rig, fresh_r
                 "holds 4 records, not n")
     finally:
         restart.join()
+
+
+def test_a_malformed_request_is_refused_before_anything_is_stored(rig, rng):
+    batch = make_records(rig.study, rig.key.public, 1, rng)
+    part = base64.b64encode(helper_part(batch.records[0], rig.study.d)).decode()
+    value = rig.study_value().decode()
+    with rig.client() as client:
+        for path, body in (("/jobs/a%20b", {"study": value, "records": [part]}),
+                           ("/jobs/j", {"study": value, "records": ["not base64!"]}),
+                           ("/jobs/j", {"study": value, "records": []}),
+                           ("/jobs/j", {"study": "{}", "records": [part]})):
+            status, answer = client.request("PUT", path, body)
+            assert (status, answer["error"]) == (400, "bad_request"), (path, answer)
+        for rounds in ([{"round": -1, "ids": [batch.ids[0].hex()]}],
+                       [{"round": 0, "ids": ["00"]}]):
+            status, answer = client.request("POST", "/jobs/j/commit", {"rounds": rounds})
+            assert (status, answer["error"]) == (400, "bad_request")
+    conn = http.client.HTTPConnection(urlsplit(rig.url).hostname, urlsplit(rig.url).port,
+                                      timeout=10)
+    conn.putrequest("PUT", "/jobs/big")  # a head that announces more than the helper takes
+    conn.putheader("authorization", f"Bearer {TOKEN}")
+    conn.putheader("content-length", str((64 << 20) + 1))
+    conn.endheaders()
+    response = conn.getresponse()
+    assert (response.status, json.loads(response.read())["error"]) == (413, "too_large")
+    conn.close()
+    assert redis.Redis.from_url(rig.redis_url).dbsize() == 0
