@@ -1,7 +1,8 @@
 """`ipdp helper run`: the helper's ASGI app (helper.app) on granian, one worker.
 
 Before it listens it checks what it cannot run without: the helper's key file, the leader's
-token, at least one pinned study-owner key (it refuses unsigned studies) and its own Redis.
+token, at least one pinned study-owner key (it refuses unsigned studies) and its own Redis, which
+must not be a leader's.
 SIGTERM or SIGINT stops accepting, lets the requests in progress be answered and exits 0.
 TLS is the edge's, as for the gateway (docs/operations.md, "The helper").
 """
@@ -12,6 +13,7 @@ import logging
 
 from helper.settings import HelperSettings
 from helper.store import HelperStore
+from ipdp import state
 from ipdp.errors import ConfigurationError
 from ipdp.redis_io import check_redis, describe, redis_client
 from ipdp.sealing import HelperKey, load_helper_key
@@ -42,6 +44,10 @@ def load_service(settings: HelperSettings) -> tuple[HelperSettings, HelperStore,
     key = load_helper_key(settings.key_file)
     client = redis_client(RedisSettings(url=settings.redis_url))
     check_redis(client)
+    if client.exists(state.STUDY_HASHES, state.ROUNDS_STREAM):
+        # One Redis for both servers would put both shares of every record in one domain.
+        raise ConfigurationError(f"IPDP_HELPER_REDIS_URL points at a leader's Redis (it holds "
+                                 f"{state.STUDY_HASHES}): the helper needs its own")
     window = settings.window()
     store = HelperStore(client, job_ttl_s=settings.replay_window_s + settings.max_future_skew_s,
                         forget_after_ms=window.replay_window_ms + window.max_future_skew_ms)

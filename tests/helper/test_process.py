@@ -125,3 +125,14 @@ def test_ipdp_helper_run_says_what_it_is_missing(helper_env):
     done = _run_helper({**helper_env, "IPDP_TRUSTED_STUDY_KEYS": ""})
     assert done.returncode == 2
     assert "IPDP_TRUSTED_STUDY_KEYS is required" in done.stderr
+
+
+def test_ipdp_helper_run_refuses_the_leaders_redis(helper_env, fresh_redis):
+    import redis
+
+    from ipdp.state import STUDY_HASHES
+
+    redis.Redis.from_url(fresh_redis.settings().url).hset(STUDY_HASHES, b"h" * 16, b"s1")
+    done = _run_helper(helper_env)
+    assert done.returncode == 2
+    assert "points at a leader's Redis" in done.stderr
