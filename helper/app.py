@@ -5,7 +5,7 @@
 | `GET /healthz` | 200 while the process serves (no credential) |
 | `PUT /jobs/{job_id}` | prepare: check and open a job's records, answer the accept mask |
 | `POST /jobs/{job_id}/commit` | fold the accepted records the leader assigns to rounds |
-| `GET /studies/{study_id}/rounds/{round}` | a round's count, id checksum and sum share, once it holds n |
+| `GET /studies/{study_id}/rounds/{round}` | a full round's count, id checksum and sum share |
 | `GET /metrics` | the helper's Prometheus metrics (ipdp.metrics, role ``helper``) |
 
 Every route but /healthz needs ``Authorization: Bearer <IPDP_HELPER_LEADER_TOKEN>`` (compared
@@ -147,7 +147,7 @@ class HelperApp:
             return _error(400, "bad_request", str(exc))
         digest = job_digest(study_value, parts)
 
-        def run() -> dict:
+        def run() -> tuple[dict, bool]:
             now_ms = time.time_ns() // 1_000_000
             checked = check_records(parts, d=study.d, study_hash=study.hash,
                                     open_study=status == StudyStatus.OPEN,
