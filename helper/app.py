@@ -148,6 +148,9 @@ class HelperApp:
         digest = job_digest(study_value, parts)
 
         def run() -> tuple[dict, bool]:
+            stored = self.store.prepared_answer(job_id, digest)
+            if stored is not None:
+                return stored, False
             now_ms = time.time_ns() // 1_000_000
             checked = check_records(parts, d=study.d, study_hash=study.hash,
                                     open_study=status == StudyStatus.OPEN,

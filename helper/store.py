@@ -86,6 +86,18 @@ class HelperStore:
         self.job_ttl_s = job_ttl_s
         self.forget_after_ms = forget_after_ms
 
+    def prepared_answer(self, job_id: str, digest: bytes) -> dict | None:
+        """The stored answer of a job prepared with this request, None for a job not prepared
+        yet; :class:`JobConflict` for one prepared with another request. Lets a resent job be
+        answered without opening its shares again (:meth:`prepare` checks again, atomically)."""
+        stored = self.r.hmget(job_key(job_id), "digest", "answer")
+        if stored[0] is None:
+            return None
+        if stored[0] != digest:
+            raise JobConflict("job_conflict", f"job {job_id!r} was prepared with another "
+                              "request")
+        return json.loads(stored[1])
+
     def prepare(self, job_id: str, *, study_id: str, study_hash: bytes, n: int, d: int,
                 digest: bytes, checked: CheckedRecords, now_ms: int) -> tuple[dict, bool]:
         """(answer, whether it is new): store the job and its answer, or return the stored
