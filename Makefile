@@ -27,7 +27,7 @@ bench: $(STAMP)
 	$(BIN)/ipdp bench throughput
 
 lint: $(STAMP)
-	$(BIN)/ruff check ipdp producer aggregator trainer gateway tests bench
+	$(BIN)/ruff check ipdp producer aggregator trainer gateway helper tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

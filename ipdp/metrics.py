@@ -30,7 +30,7 @@ from ipdp.settings import MetricsSettings
 
 log = logging.getLogger(__name__)
 
-Role = Literal["aggregator", "trainer", "gateway", "loadgen"]
+Role = Literal["aggregator", "trainer", "gateway", "loadgen", "helper"]
 
 #: Every ipdp metric; served by no endpoint (see the module docstring).
 EVERY_METRIC = CollectorRegistry(auto_describe=True)
@@ -106,6 +106,15 @@ LOADGEN_VALUES_CLIPPED = _counter(
     "ipdp_loadgen_values_clipped_total",
     "Values of the CSV rows the load generator sends for a schema study that lie outside their "
     "column's public range, so its devices clip them.", ["study", "column"])
+HELPER_REQUESTS = _counter(
+    "ipdp_helper_requests_total", "HTTP requests the helper answered.", ["route", "status"])
+HELPER_RECORDS = _counter(
+    "ipdp_helper_records_total",
+    "Records of the jobs the helper prepared, by outcome: accepted, or its reason to refuse.",
+    ["study", "outcome"])
+HELPER_RECORDS_FOLDED = _counter(
+    "ipdp_helper_records_folded_total", "Records whose share the helper folded into a round.",
+    ["study"])
 GATEWAY_REQUESTS = _counter(
     "ipdp_gateway_requests_total", "HTTP requests the gateway answered.", ["route", "status"])
 GATEWAY_RECORDS_ACCEPTED = _counter(
@@ -165,6 +174,7 @@ _ROLE_METRICS: dict[str, tuple] = {
                 GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED,
                 GATEWAY_KAFKA_SECONDS, GATEWAY_CONTAINER_RECORDS, TOPIC_VALUES_MALFORMED,
                 *_STUDIES),
+    "helper": (HELPER_REQUESTS, HELPER_RECORDS, HELPER_RECORDS_FOLDED),
     "loadgen": (LOADGEN_RECORDS_SENT, LOADGEN_SEND_ERRORS, LOADGEN_VALUES_CLIPPED,
                 TOPIC_VALUES_MALFORMED, *_STUDIES),
 }

@@ -34,7 +34,7 @@ OPERATIONS_MD = REPO / "docs" / "operations.md"
 
 #: Where the settings models live: the shared ones, then each role's own.
 SETTINGS_MODULES = ("ipdp.settings", "aggregator.settings", "trainer.settings", "producer.loadgen",
-                    "gateway.settings")
+                    "gateway.settings", "helper.settings")
 
 
 def settings_models() -> list[type[BaseSettings]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ROLES = ("producer", "aggregator", "trainer", "gateway")
+ROLES = ("producer", "aggregator", "trainer", "gateway", "helper")
 
 
 def imported_modules(path: Path, package: str | None = None) -> set[str]:

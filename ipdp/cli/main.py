@@ -18,6 +18,7 @@ from ipdp.cli import (
     dead_letters,
     demo,
     gateway,
+    helper,
     keys,
     loadgen,
     models,
@@ -86,6 +87,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         if role == "aggregator":
             add_resume(actions)
     gateway.add_commands(sub)
+    helper.add_commands(sub)
     loadgen.add_commands(sub, with_flags=words is None or words[:1] == ["loadgen"])
     models.add_commands(sub)
     dead_letters.add_commands(sub)

@@ -31,6 +31,7 @@ BLOCK = re.compile(r"<!-- run: (shell|file (\S+)) -->\s*```(\w+)\n(.*?)```", re.
 RUN_ELSEWHERE = {
     "ipdp demo": "tests/system/test_demo.py",
     "ipdp gateway": "tests/gateway/test_process.py",
+    "ipdp helper": "tests/helper/test_process.py",
     "ipdp keys": "tests/system/test_cli.py",
     "ipdp study delete": "tests/system/test_study_mistakes.py",
     "ipdp bench accuracy": "tests/bench/test_bench_commands.py",

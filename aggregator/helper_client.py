@@ -1,0 +1,155 @@
+"""The leader's client of a two-server study's helper (helper/; docs/architecture.md, "The
+helper"): prepare a job, commit it to rounds, fetch a full round's sum share.
+
+Every call carries the leader's bearer token. Prepare and commit are idempotent by job id on the
+helper, so a call that fails on the connection (the helper restarting, a reset) or is answered
+503 (the helper's Redis unreachable) is sent again with the same job id and body until it is
+answered or ``retry_s`` has passed: the helper answers the stored result of a job it already
+prepared or committed, and folds each record once.
+
+A job id must name one batch for good (for instance the aggregator's partition, epoch, first
+and last offset), so that a leader that crashed and polled the batch again sends the same job.
+The client forwards each record's helper part only (ipdp.helper_protocol.helper_part): the
+helper never receives the leader's share.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import time
+from dataclasses import dataclass
+from typing import Self
+from urllib.parse import quote, urlsplit
+
+import numpy as np
+
+from ipdp.errors import IpdpError
+from ipdp.helper_protocol import helper_part
+
+__all__ = ["HelperClient", "HelperRefused", "Prepared", "RoundShare"]
+
+_RETRIED = (ConnectionError, http.client.HTTPException, TimeoutError, OSError)
+
+
+class HelperRefused(IpdpError):
+    """The helper answered a request with an error: ``status`` and its ``reason`` word."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(f"the helper refused ({status} {reason}): {detail}")
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The helper's answer to a job: which records it accepted, and why it refused the rest."""
+
+    mask: np.ndarray
+    """One bool per record of the job, in its order."""
+    refused: dict[int, str]
+    """Record index → the helper's reason."""
+
+
+@dataclass(frozen=True)
+class RoundShare:
+    """The helper's part of a full round: its count, id checksum and sum of shares."""
+
+    count: int
+    checksum: bytes
+    sum: np.ndarray
+
+
+class HelperClient:
+    """One keep-alive HTTP/1.1 connection to the helper (not thread-safe: one per thread)."""
+
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0,
+                 retry_s: float = 60.0) -> None:
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"the helper's URL is http(s)://host[:port], not {base_url!r}")
+        self._https = url.scheme == "https"
+        self._host, self._port = url.hostname, url.port
+        self._base = url.path.rstrip("/")
+        self._token = token
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._conn: http.client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+        return self._conn
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        """(status, JSON answer) of one request, sent again on a connection error or a 503 until
+        ``retry_s`` has passed (every request here is idempotent)."""
+        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        headers = {"authorization": f"Bearer {self._token}", "accept": "application/json"}
+        if payload is not None:
+            headers["content-type"] = "application/json"
+        deadline = time.monotonic() + self.retry_s
+        pause = 0.05
+        while True:
+            try:
+                conn = self._connection()
+                conn.request(method, self._base + path, body=payload, headers=headers)
+                response = conn.getresponse()
+                data = response.read()
+                answer = json.loads(data) if data else {}
+                if response.status != 503 or time.monotonic() + pause > deadline:
+                    return response.status, answer
+            except _RETRIED:
+                self.close()
+                if time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
+
+    def _expect_ok(self, status: int, answer: dict) -> dict:
+        if status != 200:
+            raise HelperRefused(status, str(answer.get("error", "")), str(answer.get("detail", "")))
+        return answer
+
+    def prepare(self, job_id: str, study_value: bytes, records: list[bytes], d: int) -> Prepared:
+        """Send a job: the study's signed studies-topic value and its version-3 records (their
+        helper parts go out). The same job again gets the same answer."""
+        body = {"study": study_value.decode("utf-8"),
+                "records": [base64.b64encode(helper_part(r, d)).decode("ascii")
+                            for r in records]}
+        answer = self._expect_ok(*self.request("PUT", f"/jobs/{quote(job_id, safe='')}", body))
+        mask = np.frombuffer(answer["mask"].encode("ascii"), np.uint8) == ord("1")
+        return Prepared(mask=mask, refused={int(r["index"]): r["reason"]
+                                            for r in answer["refused"]})
+
+    def commit(self, job_id: str, rounds: dict[int, list[bytes]]) -> dict:
+        """Fold the job's records ``rounds`` names (round → 16-byte record ids, all accepted
+        by both servers) on the helper, once."""
+        body = {"rounds": [{"round": r, "ids": [i.hex() for i in ids]}
+                           for r, ids in sorted(rounds.items())]}
+        return self._expect_ok(*self.request("POST", f"/jobs/{quote(job_id, safe='')}/commit",
+                                             body))
+
+    def round_share(self, study_id: str, round_no: int) -> RoundShare | None:
+        """The helper's part of a round that holds n records; None while it holds fewer."""
+        status, answer = self.request("GET", f"/studies/{quote(study_id, safe='')}/rounds/"
+                                      f"{round_no}")
+        if status == 409 and answer.get("error") == "round_not_full":
+            return None
+        answer = self._expect_ok(status, answer)
+        return RoundShare(count=int(answer["count"]), checksum=bytes.fromhex(answer["checksum"]),
+                          sum=np.frombuffer(base64.b64decode(answer["sum"]), "<u8")
+                          .astype(np.uint64))

@@ -1,0 +1,113 @@
+"""What the helper receives of a version-3 record, and the checks it makes on its own.
+
+The leader forwards the helper part of each version-3 record (ipdp.helper_protocol: the
+record without the leader's share). The helper refuses a record, whatever the leader decided,
+when it is not of that layout for the study (``undecodable``, ``unsupported_version``,
+``wrong_dimension``, ``study_mismatch``), carries a proof (``unexpected_proof``: no study
+requires one yet), was created outside the record window (``stale``, ``future``), repeats an id
+of the same job (``duplicate_record``), or its share does not open under the helper's key and
+the record's header (``bad_seal``). Replays across jobs are the store's check (helper.store).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from ipdp.helper_protocol import PROOF_LENGTH, TWO_SERVER_VERSION, helper_part_size
+from ipdp.sealing import SealError, open_share
+from ipdp.wire import (
+    CREATED_MS_BYTES,
+    D_BYTES,
+    HEADER_SIZE,
+    RECORD_ID_BYTES,
+    RESERVED_BYTES,
+    STUDY_HASH_BYTES,
+    VERSION_BYTE,
+    RecordWindow,
+)
+
+
+class HelperRefusal(enum.StrEnum):
+    """Why the helper refuses one record of a job (the names the aggregator's dead letters use
+    where both have the reason)."""
+
+    UNDECODABLE = "undecodable"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    WRONG_DIMENSION = "wrong_dimension"
+    STUDY_MISMATCH = "study_mismatch"
+    CLOSED_STUDY = "closed_study"
+    UNEXPECTED_PROOF = "unexpected_proof"
+    STALE = "stale"
+    FUTURE = "future"
+    DUPLICATE_RECORD = "duplicate_record"
+    REPLAYED = "replayed"
+    BAD_SEAL = "bad_seal"
+
+
+@dataclass
+class CheckedRecords:
+    """A job's records after the helper's own checks: per record, its id, creation time, the
+    refusal (None: accepted so far) and the opened share (accepted records only)."""
+
+    ids: list[bytes]
+    created_ms: np.ndarray
+    refusals: list[HelperRefusal | None]
+    shares: list[bytes | None]
+
+
+def check_records(parts: list[bytes], *, d: int, study_hash: bytes, open_study: bool,
+                  window: RecordWindow, now_ms: int, private_key) -> CheckedRecords:
+    """Check and open each part (ipdp.helper_protocol.helper_part) of a job for a study of
+    dimension ``d``.
+
+    The cheap checks go first; only a record that passes them is opened (one HPKE open each).
+    """
+    size = helper_part_size(d)
+    k = len(parts)
+    ids = [b""] * k
+    created = np.zeros(k, dtype=np.int64)
+    refusals: list[HelperRefusal | None] = [None] * k
+    shares: list[bytes | None] = [None] * k
+    seen_in_job: set[bytes] = set()
+    for i, part in enumerate(parts):
+        if len(part) < HEADER_SIZE:
+            refusals[i] = HelperRefusal.UNDECODABLE
+            continue
+        ids[i] = bytes(part[RECORD_ID_BYTES])
+        created[i] = int.from_bytes(part[CREATED_MS_BYTES], "little", signed=True)
+        if part[VERSION_BYTE] != TWO_SERVER_VERSION or any(part[RESERVED_BYTES]):
+            refusals[i] = HelperRefusal.UNSUPPORTED_VERSION
+        elif int.from_bytes(part[D_BYTES], "little") != d:
+            refusals[i] = HelperRefusal.WRONG_DIMENSION
+        elif part[STUDY_HASH_BYTES] != study_hash:
+            refusals[i] = HelperRefusal.STUDY_MISMATCH
+        elif (len(part) < size or len(part) != size + PROOF_LENGTH.unpack_from(
+                part, size - PROOF_LENGTH.size)[0]):
+            refusals[i] = HelperRefusal.UNDECODABLE
+        elif len(part) != size:
+            refusals[i] = HelperRefusal.UNEXPECTED_PROOF
+        elif not open_study:
+            refusals[i] = HelperRefusal.CLOSED_STUDY
+    pending = np.array([r is None for r in refusals], dtype=bool)
+    for where, reason, _ in window.failures(created, now_ms):
+        hit = pending & np.asarray(where, dtype=bool)
+        for i in np.flatnonzero(hit):
+            refusals[i] = HelperRefusal(reason.value)
+        pending &= ~hit
+    for i in np.flatnonzero(pending):
+        if ids[i] in seen_in_job:
+            refusals[i] = HelperRefusal.DUPLICATE_RECORD
+            continue
+        part = parts[i]
+        try:
+            shares[i] = open_share(private_key, bytes(part[HEADER_SIZE:size - PROOF_LENGTH.size]),
+                                   bytes(part[:HEADER_SIZE]))
+        except SealError:
+            refusals[i] = HelperRefusal.BAD_SEAL
+            continue
+        seen_in_job.add(ids[i])
+    return CheckedRecords(ids, created, refusals, shares)
+

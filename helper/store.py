@@ -1,0 +1,234 @@
+"""The helper's state, in its own Redis: jobs, the replay set, and the rounds' sums of shares.
+
+The key layout is docs/architecture.md's table under "The helper".
+
+An opened share is L uniformly random words, independent of its record (ipdp.fixed_point), and a
+sum of shares is as uniform: nothing here reveals a record or a partial sum without the
+leader's sums (tests/helper/test_helper.py reads every key and checks it). A job key expires
+after the record window; a round key stays until the study's operator deletes it.
+
+Each change is one WATCH/MULTI/EXEC transaction, redone on a conflict: a prepare stores the
+job's answer, shares and the accepted ids in the replay set together; a commit adds the shares
+to the rounds, drops them from the job and records the commit together. So a job is prepared
+once and committed once, whatever the leader resends. The keys of one job span several studies'
+hash slots in the general case, so the helper's Redis is one server, not a cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import redis
+
+from helper.records import CheckedRecords, HelperRefusal
+from ipdp.fixed_point import entries, fold
+
+_PREFIX = "ipdp-helper"
+CHECKSUM_BYTES = 32
+
+
+def job_key(job_id: str) -> str:
+    return f"{_PREFIX}:job:{job_id}"
+
+
+def study_hash_key(study_id: str) -> str:
+    return f"{_PREFIX}:{{{study_id}}}:hash"
+
+
+def seen_key(study_id: str) -> str:
+    return f"{_PREFIX}:{{{study_id}}}:seen"
+
+
+def round_key(study_id: str, round_no: int) -> str:
+    return f"{_PREFIX}:{{{study_id}}}:round:{round_no}"
+
+
+def id_checksum(ids: list[bytes]) -> bytes:
+    """XOR of SHA-256(id) over ``ids``: equal on both servers iff (with overwhelming
+    probability) they folded the same set of ids."""
+    total = np.zeros(CHECKSUM_BYTES, dtype=np.uint8)
+    for record_id in ids:
+        total ^= np.frombuffer(hashlib.sha256(record_id).digest(), dtype=np.uint8)
+    return total.tobytes()
+
+
+class JobConflict(Exception):
+    """A request that contradicts what the helper stored: ``reason`` names it, for a 409."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class UnknownJob(Exception):
+    """A commit for a job the helper never prepared (or whose key expired)."""
+
+
+@dataclass(frozen=True)
+class RoundShare:
+    """A full round as the helper releases it to the leader's trainer."""
+
+    count: int
+    n: int
+    checksum: bytes
+    sum: np.ndarray
+
+
+class HelperStore:
+    """The helper's Redis: prepare, commit and release (module docstring for the keys)."""
+
+    def __init__(self, r: redis.Redis, *, job_ttl_s: int, forget_after_ms: int) -> None:
+        self.r = r
+        self.job_ttl_s = job_ttl_s
+        self.forget_after_ms = forget_after_ms
+
+    def prepared_answer(self, job_id: str, digest: bytes) -> dict | None:
+        """The stored answer of a job prepared with this request, None for a job not prepared
+        yet; :class:`JobConflict` for one prepared with another request. Lets a resent job be
+        answered without opening its shares again (:meth:`prepare` checks again, atomically)."""
+        stored = self.r.hmget(job_key(job_id), "digest", "answer")
+        if stored[0] is None:
+            return None
+        if stored[0] != digest:
+            raise JobConflict("job_conflict", f"job {job_id!r} was prepared with another "
+                              "request")
+        return json.loads(stored[1])
+
+    def prepare(self, job_id: str, *, study_id: str, study_hash: bytes, n: int, d: int,
+                digest: bytes, checked: CheckedRecords, now_ms: int) -> tuple[dict, bool]:
+        """(answer, whether it is new): store the job and its answer, or return the stored
+        answer of the same request; a different request under ``job_id`` raises
+        :class:`JobConflict`."""
+        key, seen = job_key(job_id), seen_key(study_id)
+        while True:
+            with self.r.pipeline() as pipe:
+                try:
+                    pipe.watch(key, seen, study_hash_key(study_id))
+                    stored = pipe.hmget(key, "digest", "answer")
+                    if stored[0] is not None:
+                        if stored[0] != digest:
+                            raise JobConflict("job_conflict", f"job {job_id!r} was prepared with "
+                                              "another request")
+                        return json.loads(stored[1]), False
+                    known_hash = pipe.get(study_hash_key(study_id))
+                    if known_hash is not None and known_hash != study_hash:
+                        raise JobConflict("study_mismatch", f"study {study_id!r} has another "
+                                          "text than the one this helper folds for it")
+                    refusals = list(checked.refusals)
+                    candidates = [i for i, reason in enumerate(refusals) if reason is None]
+                    if candidates:
+                        scores = pipe.zmscore(seen, [checked.ids[i] for i in candidates])
+                        for i, score in zip(candidates, scores, strict=True):
+                            if score is not None:
+                                refusals[i] = HelperRefusal.REPLAYED
+                    accepted = [i for i, reason in enumerate(refusals) if reason is None]
+                    answer = {
+                        "job_id": job_id, "study_id": study_id, "accepted": len(accepted),
+                        "mask": "".join("0" if reason else "1" for reason in refusals),
+                        "refused": [{"index": i, "reason": reason.value}
+                                    for i, reason in enumerate(refusals) if reason is not None],
+                    }
+                    pipe.multi()
+                    if accepted:
+                        pipe.zadd(seen, {checked.ids[i]: int(checked.created_ms[i])
+                                         for i in accepted})
+                    pipe.zremrangebyscore(seen, "-inf", f"({now_ms - self.forget_after_ms}")
+                    pipe.set(study_hash_key(study_id), study_hash)
+                    pipe.hset(key, mapping={
+                        "study": study_id, "n": n, "d": d, "digest": digest,
+                        "answer": json.dumps(answer, separators=(",", ":")),
+                        "ids": b"".join(checked.ids[i] for i in accepted),
+                        "shares": b"".join(checked.shares[i] for i in accepted),
+                    })
+                    pipe.expire(key, self.job_ttl_s)
+                    pipe.execute()
+                    return answer, True
+                except redis.WatchError:
+                    continue
+
+    def commit(self, job_id: str, rounds: list[tuple[int, list[bytes]]], digest: bytes
+               ) -> tuple[dict, bool]:
+        """(answer, whether it is new): fold the job's accepted shares into ``rounds`` ((round,
+        ids) pairs), once: the same request again returns the stored answer; another one raises
+        :class:`JobConflict`, as do ids not accepted at prepare and a round that would exceed
+        n."""
+        key = job_key(job_id)
+        while True:
+            with self.r.pipeline() as pipe:
+                try:
+                    pipe.watch(key)
+                    job = pipe.hgetall(key)
+                    if not job:
+                        raise UnknownJob(job_id)
+                    if b"commit_digest" in job:
+                        if job[b"commit_digest"] != digest:
+                            raise JobConflict("job_conflict", f"job {job_id!r} was committed "
+                                              "with another assignment")
+                        return json.loads(job[b"commit_answer"]), False
+                    study_id = job[b"study"].decode()
+                    n, d = int(job[b"n"]), int(job[b"d"])
+                    width = 8 * entries(d)
+                    ids = job[b"ids"]
+                    row_of = {ids[16 * j:16 * (j + 1)]: j for j in range(len(ids) // 16)}
+                    shares = np.frombuffer(job[b"shares"], dtype="<u8").reshape(-1, width // 8)
+                    assigned: set[bytes] = set()
+                    for _, round_ids in rounds:
+                        for record_id in round_ids:
+                            if record_id not in row_of:
+                                raise JobConflict("not_accepted", f"record {record_id.hex()} "
+                                                  f"was not accepted in job {job_id!r}")
+                            if record_id in assigned:
+                                raise JobConflict("assigned_twice", f"record {record_id.hex()} "
+                                                  "is assigned twice")
+                            assigned.add(record_id)
+                    keys = [round_key(study_id, r) for r, _ in rounds]
+                    if len(set(keys)) != len(keys):
+                        raise JobConflict("round_twice", "a round is named twice in one commit")
+                    pipe.watch(*keys)
+                    updates = {}
+                    for (round_no, round_ids), rkey in zip(rounds, keys, strict=True):
+                        current = pipe.hgetall(rkey)
+                        count = int(current.get(b"count", 0))
+                        if count + len(round_ids) > n:
+                            raise JobConflict("round_over_n", f"round {round_no} holds {count} "
+                                              f"of n = {n}: {len(round_ids)} more exceed it")
+                        rows = [row_of[i] for i in round_ids]
+                        total = fold(shares[rows])
+                        if b"sum" in current:
+                            total = total + np.frombuffer(current[b"sum"], dtype="<u8")
+                        checksum = np.frombuffer(id_checksum(round_ids), np.uint8)
+                        if b"checksum" in current:
+                            checksum = checksum ^ np.frombuffer(current[b"checksum"], np.uint8)
+                        updates[rkey] = {"n": n, "count": count + len(round_ids),
+                                         "checksum": checksum.tobytes(),
+                                         "sum": total.astype("<u8").tobytes()}
+                    answer = {"job_id": job_id, "study_id": study_id,
+                              "rounds": [{"round": r, "count": int(updates[k]["count"])}
+                                         for (r, _), k in zip(rounds, keys, strict=True)]}
+                    pipe.multi()
+                    for rkey, mapping in updates.items():
+                        pipe.hset(rkey, mapping=mapping)
+                    pipe.hdel(key, "shares")
+                    pipe.hset(key, mapping={"commit_digest": digest,
+                                            "commit_answer": json.dumps(answer,
+                                                                        separators=(",", ":"))})
+                    pipe.execute()
+                    return answer, True
+                except redis.WatchError:
+                    continue
+
+    def round_share(self, study_id: str, round_no: int) -> RoundShare | None:
+        """The round's count, checksum and sum share if it holds exactly n, else None."""
+        got = self.r.hgetall(round_key(study_id, round_no))
+        if not got or int(got[b"count"]) != int(got[b"n"]):
+            return None
+        return RoundShare(count=int(got[b"count"]), n=int(got[b"n"]), checksum=got[b"checksum"],
+                          sum=np.frombuffer(got[b"sum"], dtype="<u8").astype(np.uint64))
+
+    def round_count(self, study_id: str, round_no: int) -> int:
+        """How many records the round holds (0 for a round never folded)."""
+        return int(self.r.hget(round_key(study_id, round_no), "count") or 0)
