@@ -281,7 +281,10 @@ def create_app(settings: HelperSettings, store: HelperStore, key: HelperKey,
 
 
 def service_app():
-    """The app of `ipdp helper run`, from the environment (helper.service's factory)."""
+    """The app of `ipdp helper run`, from the environment (helper.service's factory). Its
+    granian worker stops with a main process killed without stopping it, as the gateway's do."""
     from helper.service import load_service
+    from ipdp.process import stop_with_parent
 
+    stop_with_parent()
     return create_app(*load_service(HelperSettings()))
