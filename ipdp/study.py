@@ -170,6 +170,19 @@ class TwoServer(BaseModel):
         return key_id(base64.b64decode(self.helper_key))
 
 
+def _encoding_of(two: TwoServerCalibration) -> dict:
+    """What a two-server study's text carries of its calibration: a device's encoding."""
+    return {"fraction_bits": two.encoding.fraction_bits, "clamp_log2": two.encoding.clamp_log2,
+            "linear_fraction_bits": two.linear_bits, "poisson_mean": two.poisson_mean}
+
+
+def _two_server_noise(two: TwoServerCalibration) -> StudyNoise:
+    """A two-server device's noise stds: its linear noise is h_b·S, S ~ Skellam(μ), whose std
+    is h_b·√(2μ)."""
+    return StudyNoise(std_q=two.noise_std_q,
+                      std_p=two.linear_step * math.sqrt(2.0 * two.poisson_mean))
+
+
 class Study(BaseModel):
     """Public parameters of one study (docs/privacy.md). Immutable once created."""
 
@@ -263,26 +276,42 @@ class Study(BaseModel):
             if not (self.delta <= self.budget_delta < 1.0):
                 raise ValueError(f"budget_delta={self.budget_delta} must lie in [delta, 1)")
         if self.two_server is not None:
+            if self._read_back():
+                # Its calibration (scipy, and a search) is computed, and held to this text, when
+                # first used (two_server_calibration): a study list or a follower never pays it.
+                return self
             self._fill_two_server()
         try:
             cal = self.calibration
         except CalibrationError as exc:
             raise ValueError(str(exc)) from None
         if self.two_server is not None:
-            # A two-server device's linear noise is h_b·S, S ~ Skellam(μ): its std is h_b·√(2μ).
-            two = self.two_server_calibration
-            noise = StudyNoise(std_q=two.noise_std_q,
-                               std_p=two.linear_step * math.sqrt(2.0 * two.poisson_mean))
-            if self.noise is not None and self.noise != noise:
-                raise ValueError(f"noise {self.noise} is not the two-server calibration's "
-                                 f"{noise} for these parameters")
-            object.__setattr__(self, "noise", noise)
+            object.__setattr__(self, "noise", _two_server_noise(self.two_server_calibration))
         if self.noise is None:
             # Filled in once, here, so that a study carries its noise like every other parameter
             # (and equals the same study read back from its text); the model is frozen after.
             object.__setattr__(self, "noise", StudyNoise(std_q=cal.noise_std_q,
                                                           std_p=cal.noise_std_p))
         return self
+
+    def _read_back(self) -> bool:
+        """A two-server study read from its text: every encoding field and the noise given. Only
+        the encoding's own bound is checked here (n·B·2^f ≤ 2⁶³ − 1)."""
+        given = self.two_server
+        if self.noise is None or any(getattr(given, name) is None for name in
+                                         TWO_SERVER_ENCODING_FIELDS):
+            return False
+        self._check_encoding_fits(given)
+        return True
+
+    def _check_encoding_fits(self, given: TwoServer) -> None:
+        if given.fraction_bits is not None and given.clamp_log2 is not None:
+            try:
+                FixedPoint(d=self.d, n=self.n, fraction_bits=given.fraction_bits,
+                           clamp_log2=given.clamp_log2)
+            except ValidationError as exc:
+                raise ValueError("two_server: " + "; ".join(
+                    e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
 
     def _fill_two_server(self) -> None:
         """The two_server block's encoding from calibrate_two_server; a given one must match,
@@ -291,25 +320,12 @@ class Study(BaseModel):
             raise ValueError("a two-server study is proven in rigorous mode only "
                              "(docs/privacy.md, \"Two-server mode\")")
         given = self.two_server
-        if given.fraction_bits is not None and given.clamp_log2 is not None:
-            try:
-                FixedPoint(d=self.d, n=self.n, fraction_bits=given.fraction_bits,
-                           clamp_log2=given.clamp_log2)
-            except ValidationError as exc:
-                raise ValueError("two_server: " + "; ".join(
-                    e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+        self._check_encoding_fits(given)
         try:
             two = self.two_server_calibration
         except CalibrationError as exc:
             raise ValueError(f"two_server: {exc}") from None
-        encoding = {"fraction_bits": two.encoding.fraction_bits,
-                    "clamp_log2": two.encoding.clamp_log2,
-                    "linear_fraction_bits": two.linear_bits, "poisson_mean": two.poisson_mean}
-        for name, value in encoding.items():
-            if getattr(given, name) is not None and getattr(given, name) != value:
-                raise ValueError(f"two_server.{name}={getattr(given, name)!r} is not the "
-                                 f"calibration's {value!r} for these parameters: leave it out")
-        object.__setattr__(self, "two_server", given.model_copy(update=encoding))
+        object.__setattr__(self, "two_server", given.model_copy(update=_encoding_of(two)))
 
     @model_serializer(mode="wrap")
     def _omit_defaults(self, handler):
@@ -336,9 +352,23 @@ class Study(BaseModel):
             return None
         from ipdp.two_server import calibrate_two_server
 
-        return calibrate_two_server(
+        if self.mode != "rigorous":
+            raise CalibrationError("a two-server study is proven in rigorous mode only")
+        two = calibrate_two_server(
             epsilon=self.epsilon, delta=self.delta, n=self.n, d=self.d, lam=self.lam,
             p_bound=self.p_bound, eta=self.eta, delta_in=self.delta_in, loss=self.loss)
+        given = self.two_server
+        wrong = [f"{name}={getattr(given, name)!r}, not {value!r}"
+                 for name, value in _encoding_of(two).items()
+                 if getattr(given, name) is not None and getattr(given, name) != value]
+        noise = _two_server_noise(two)
+        if self.noise is not None and self.noise != noise:
+            wrong.append(f"noise {self.noise}, not {noise}")
+        if wrong:
+            raise CalibrationError(f"study {self.study_id!r}: its two_server encoding is not the "
+                                   f"calibration's for its parameters ({'; '.join(wrong)}): leave "
+                                   "it out and it is filled in")
+        return two
 
     @property
     def encoding(self) -> FixedPoint | None:

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import ValidationError
 
 from ipdp.cli.common import UsageError
-from ipdp.errors import MalformedValue
+from ipdp.errors import CalibrationError
 from ipdp.redis_io import redis_client
 from ipdp.sealing import HelperKey, generate_helper_key_files
 from ipdp.signing import SigningKey, parse_trusted_keys
@@ -56,10 +56,32 @@ def test_a_signed_two_server_study_reads_back_equal_and_a_changed_encoding_is_re
     assert back == study and back.canonical_text == study.canonical_text
     fields = json.loads(study.canonical_text)
     fields["two_server"]["fraction_bits"] -= 1
-    with pytest.raises(MalformedValue, match="fraction_bits"):
-        parse_study_message(json.dumps({"format": 2, "study": json.dumps(fields),
-                                        "status": "open", "key_id": "", "signature": ""}
-                                       ).encode())
+    # Read back, a study is checked for what parsing needs (the encoding cannot wrap); its
+    # calibration, computed when first used (by a device, a report), holds it to the text.
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    changed, _ = parse_study_message(json.dumps({"format": 2, "study": text,
+                                                 "status": "open", "key_id": "",
+                                                 "signature": ""}).encode())
+    with pytest.raises(CalibrationError, match="fraction_bits"):
+        _ = changed.two_server_calibration
+
+
+def test_reading_a_two_server_study_back_costs_no_calibration():
+    """A follower, a `study list`, reads a two-server study without its calibration (scipy's
+    import and a search); the first use computes it."""
+    import subprocess
+    import sys
+
+    text = Study(**BASE, two_server=HELPER_FIELDS).canonical_text
+    code = ("import json, sys\n"
+            "from ipdp.study import Study\n"
+            f"study = Study.model_validate(json.loads({text!r}))\n"
+            "print('scipy' in sys.modules)\n"
+            "study.two_server_calibration\n"
+            "print('scipy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out == ["False", "True"]
 
 
 @pytest.mark.parametrize("change, message", [
