@@ -3,11 +3,13 @@ of its (ε, δ) on small instances."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from bench import tukey
 
@@ -68,13 +70,14 @@ def test_too_few_models_for_the_test_return_no_model():
 
 def release_law(models: np.ndarray, grids, epsilon: float, delta: float):
     """TukeyEM's exact output law on the cells of `grids` (the models' coordinates of both data
-    sets, per axis): P(no model), and the probability of each cell (depth is constant on one)."""
-    coords = tukey.sorted_coordinates(models)
-    t = (len(models) // 2) // 2
-    eps = epsilon / 2.0
-    k_hat = tukey.safe_distance(tukey.log_volumes(coords), eps, delta, t)
-    x = (math.log(1.0 / (2.0 * delta)) / eps - k_hat) * eps
-    passes = 0.5 * math.exp(-x) if x >= 0 else 1.0 - 0.5 * math.exp(x)
+    sets, per axis): P(no model), and the probability of each cell (depth is constant on one).
+
+    The law is read from the plan tukey_em draws from (its k̂, threshold, Laplace scale and
+    depth masses); only the geometry, which cell has which depth and volume, is derived here,
+    and test_the_release_draws_what_its_plan_says checks the draws against the plan."""
+    plan = tukey.tukey_plan(models, epsilon=epsilon, delta=delta)
+    passes = float(stats.laplace.sf(plan.threshold - plan.k_hat, scale=plan.laplace_scale))
+    coords = plan.coords
     mids = [0.5 * (g[:-1] + g[1:]) for g in grids]
     depth = np.full([len(mid) for mid in mids], np.iinfo(int).max)
     volume = np.ones_like(depth, dtype=float)
@@ -85,8 +88,15 @@ def release_law(models: np.ndarray, grids, epsilon: float, delta: float):
         shape[j] = len(mid)
         depth = np.minimum(depth, np.minimum(below, above).reshape(shape))
         volume = volume * np.diff(grids[j]).reshape(shape)
-    weight = np.where(depth >= t, np.exp(eps * depth / 2.0), 0.0) * volume
-    return 1.0 - passes, passes * weight / weight.sum()
+    mass = np.exp(plan.log_mass - plan.log_mass.max())
+    mass /= mass.sum()
+    cells = np.zeros_like(volume)
+    for s, p_s in zip(plan.depths, mass, strict=True):
+        shell = depth == s
+        if p_s > 0:
+            assert volume[shell].sum() > 0, f"the plan puts mass on depth {s}, which is empty"
+            cells[shell] = p_s * volume[shell] / volume[shell].sum()
+    return 1.0 - passes, passes * cells
 
 
 def hockey_stick(a: np.ndarray, b: np.ndarray, epsilon: float, delta: float,
@@ -113,14 +123,17 @@ def neighbours(rng: np.random.Generator, m: int, d: int):
         yield other, base
 
 
-@pytest.mark.parametrize(("d", "epsilon", "delta"), [(1, 2.0, 0.05), (1, 4.0, 0.1),
-                                                     (2, 2.0, 0.05), (2, 4.0, 0.1)])
+@pytest.mark.parametrize(("d", "epsilon", "delta"), [(1, 1.0, 0.05), (1, 2.0, 0.05),
+                                                     (1, 4.0, 0.1), (2, 2.0, 0.05),
+                                                     (2, 4.0, 0.1)])
 def test_the_release_respects_its_epsilon_and_delta_exactly_on_small_instances(
         d, epsilon, delta):
     """An audit with the exact law instead of samples: on every pair of neighbouring model sets
     tried (one model replaced, the only change one record makes), the hockey-stick divergence
     at ε is at most δ; and the audit has power: the same pairs break a tenth of ε (where the
-    test passes, m ≥ 100, the restricted exponential mechanism alone is between ε/4 and ε/2)."""
+    test passes, m ≥ 100, the restricted exponential mechanism alone is between ε/4 and ε/2).
+    At ε = 1 a test noise of scale ε_PTR instead of 1/ε_PTR breaks δ; depth weights at twice
+    ε_EM stay within ε, and test_the_plan_tests_at_half_the_budget… pins them."""
     rng = np.random.default_rng(10 * d + int(epsilon))
     worst, tenth = 0.0, 0.0
     for m in (12, 20, 46, 100, 160):
@@ -129,3 +142,39 @@ def test_the_release_respects_its_epsilon_and_delta_exactly_on_small_instances(
             tenth = max(tenth, hockey_stick(a, b, epsilon, delta, epsilon / 10))
     assert worst <= delta
     assert tenth > delta
+
+
+def test_the_release_draws_what_its_plan_says():
+    """The sampling half of the audit: the test passes with the plan's Laplace tail, and a
+    passing release has each depth with the plan's mass."""
+    rng = np.random.default_rng(4)
+    plan = tukey.tukey_plan(rng.standard_normal((40, 2)), epsilon=2.0, delta=0.05)
+    draws = 20_000
+    for k_hat, threshold, scale in ((2, 2.5, 1.0), (2, 2.5, 0.25), (3, 2.0, 2.0)):
+        trial = dataclasses.replace(plan, k_hat=k_hat, threshold=threshold, laplace_scale=scale)
+        expected = stats.laplace.sf(threshold - k_hat, scale=scale)
+        passed = sum(trial.release(rng) is not None for _ in range(draws))
+        assert abs(passed - draws * expected) <= 5 * math.sqrt(draws * expected * (1 - expected))
+    always = dataclasses.replace(plan, k_hat=10**6, threshold=0.0)
+    coords = plan.coords
+    found = np.bincount([tukey.depth(coords, always.release(rng)) for _ in range(draws)],
+                        minlength=plan.depths.max() + 1)[plan.depths]
+    p = np.exp(plan.log_mass - plan.log_mass.max())
+    p /= p.sum()
+    assert np.all(np.abs(found - draws * p) <= 5 * np.sqrt(draws * p * (1 - p)) + 1)
+
+
+def test_the_plan_tests_at_half_the_budget_with_laplace_noise_of_scale_two_over_epsilon():
+    """ε_PTR = ε_EM = ε/2 (Theorem 3.6): threshold log(1/(2δ))/ε_PTR, Laplace scale 1/ε_PTR,
+    depth mass (V_s − V_{s+1})·e^{ε_EM·s/2}."""
+    rng = np.random.default_rng(5)
+    models = rng.standard_normal((40, 2))
+    plan = tukey.tukey_plan(models, epsilon=4.0, delta=0.05)
+    assert plan.laplace_scale == 0.5
+    assert plan.threshold == math.log(10.0) / 2.0
+    log_v = tukey.log_volumes(plan.coords)
+    assert plan.k_hat == tukey.safe_distance(log_v, 2.0, 0.05, 10)
+    depths, log_mass = tukey.depth_weights(log_v, 2.0, 10)
+    np.testing.assert_array_equal(plan.depths, depths)
+    np.testing.assert_allclose(plan.log_mass, log_mass)
+    assert tukey.tukey_plan(models[:3], epsilon=4.0, delta=0.05) is None
