@@ -163,6 +163,20 @@ def test_a_loaded_model_predicts_in_raw_units_what_its_weights_give_on_the_encod
         m.predict_proba(rows)
 
 
+def test_a_model_without_an_intercept_keeps_every_weight_for_a_feature(tmp_path):
+    s = study(RENTS | {"intercept": False})
+    w = np.array([1.1, -0.4])
+    path = tmp_path / "model.json"
+    path.write_text(message(s, w).model_dump_json())
+    m = load_model(path)
+    rows = {"area": np.array([35.0, 90.0, 140.0]), "rooms": np.array([1.0, 3.0, 5.0])}
+    direct = 1250.0 + 1250.0 * (s.schema_.encode(rows | {"rent": [0, 0, 0]}).x @ w)
+    assert m.coef_.shape == (2,)
+    np.testing.assert_allclose(m.predict(rows), direct, rtol=1e-12)
+    np.testing.assert_allclose(m.intercept_ + np.column_stack(list(rows.values())) @ m.coef_,
+                               direct, rtol=1e-12)
+
+
 def test_a_pandas_data_frame_is_a_mapping_of_columns_to_predict_from():
     pd = pytest.importorskip("pandas")
     m = Model(message(study(), [0.2, 1.1, -0.4]))
