@@ -68,3 +68,17 @@ def test_a_container_of_an_unknown_version_is_refused():
                                       CAUSES[:1], [b"r"], max_bytes=1 << 20)
     with pytest.raises(ValueError, match="version 2"):
         read_dead_letters(value, [(DEAD_LETTERS_HEADER, b"2"), ("topic", b"t")])
+
+
+@pytest.mark.parametrize("change", ["truncated", "extended"])
+def test_a_container_whose_entries_lengths_do_not_add_up_is_refused(change):
+    (_, value), = encode_dead_letters(np.zeros(2), np.arange(2), np.full(2, -1), np.zeros(2),
+                                      CAUSES[:1], [b"first", b"second"], max_bytes=1 << 20)
+    broken = value[:-1] if change == "truncated" else value + b"!"
+    with pytest.raises(ValueError, match="lengths do not add up"):
+        read_dead_letters(broken, dead_letter_headers("t"))
+
+
+def test_an_empty_container_reads_as_no_records():
+    value = bytes((1, 0, 0, 0)) + (0).to_bytes(4, "little") + (0).to_bytes(4, "little")
+    assert read_dead_letters(value, dead_letter_headers("t")) == []
