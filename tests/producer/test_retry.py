@@ -69,14 +69,18 @@ def test_retry_after_is_read_in_its_delta_seconds_form_only(header, seconds):
     assert parse_retry_after(header) == seconds
 
 
-@pytest.mark.parametrize("fields", [
-    {"max_attempts": 0}, {"backoff_s": 0.0}, {"max_wait_s": 0.0}, {"jitter": -0.1},
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"max_attempts": 0}, "max_attempts must be ≥ 1, got 0"),
+    ({"backoff_s": 0.0}, "backoff_s and max_wait_s must be > 0, jitter ≥ 0"),
+    ({"max_wait_s": 0.0}, "backoff_s and max_wait_s must be > 0, jitter ≥ 0"),
+    ({"jitter": -0.1}, "backoff_s and max_wait_s must be > 0, jitter ≥ 0"),
 ])
-def test_a_policy_that_could_not_retry_sensibly_is_refused(fields):
-    with pytest.raises(ValueError):
+def test_a_policy_that_could_not_retry_sensibly_is_refused_with_what_is_wrong(fields, message):
+    with pytest.raises(ValueError) as refused:
         RetryPolicy(**fields)
+    assert str(refused.value) == message
 
 
-def test_a_policy_of_one_try_and_no_jitter_is_allowed():
-    policy = RetryPolicy(max_attempts=1, jitter=0.0)
-    assert policy.wait_s(1, 2.0) == 2.0
+def test_a_policy_of_one_try_no_jitter_and_sub_second_waits_is_allowed():
+    policy = RetryPolicy(max_attempts=1, backoff_s=0.1, max_wait_s=0.5, jitter=0.0)
+    assert policy.wait_s(1, 2.0) == 0.5
