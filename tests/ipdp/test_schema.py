@@ -225,6 +225,54 @@ def test_the_signed_model_carries_its_schema_and_a_model_without_one_cannot_be_l
         Model(schemaless)
 
 
+def test_a_model_names_what_is_wrong_with_the_rows_it_is_given():
+    m = Model(message(study(), [0.2, 1.1, -0.4]))
+    for rows, got in ((np.ones((2, 3)), "(2, 3)"), (np.ones(2), "(2,)")):
+        with pytest.raises(ValueError) as refused:
+            m.predict(rows)
+        assert str(refused.value) == ("X must have shape (k, 2) with columns ['area', "
+                                      f"'rooms'], got {got}")
+    with pytest.raises(KeyError) as refused:
+        m.predict({"colour": [1.0]})
+    assert refused.value.args[0] == "no column(s) 'area', 'rooms'; the model needs 'area', 'rooms'"
+    with pytest.raises(AttributeError) as refused:
+        m.predict_proba({"area": [1.0], "rooms": [2.0]})
+    assert str(refused.value) == ("target 'rent' is a number: predict_proba is for a class "
+                                  "target (a logistic study)")
+
+
+def test_a_model_says_which_study_and_round_it_is():
+    m = Model(message(study(), [0.2, 1.1, -0.4]).model_copy(update={"round": 7}))
+    assert (m.study_id, m.round, m.target_name, m.classes) == ("s", 7, "rent", None)
+    assert repr(m) == "Model(study='s', round=7, features=['area', 'rooms'], target='rent')"
+
+
+def test_a_logistic_model_at_a_score_of_zero_says_the_second_class_at_even_odds():
+    m = Model(message(study(LOANS, loss="logistic"), [0.0, 0.0, 0.0]))
+    rows = {"income": [20.0], "debt": [5.0]}
+    assert m.classes == ("no", "yes")
+    assert m.predict(rows).tolist() == ["yes"]
+    np.testing.assert_array_equal(m.predict_proba(rows), [[0.5, 0.5]])
+    assert m.intercept_ == 0.0 and m.coef_.tolist() == [0.0, 0.0]
+
+
+def test_a_model_file_that_cannot_be_read_is_a_configuration_error(tmp_path):
+    with pytest.raises(ConfigurationError) as refused:
+        load_model(tmp_path / "absent.json")
+    assert str(refused.value).startswith(f"cannot read model {str(tmp_path / 'absent.json')!r}: ")
+    assert "No such file" in str(refused.value)
+
+
+def test_trusted_keys_are_read_from_base64_lines_or_a_key_set(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = SigningKey(Ed25519PrivateKey.generate())
+    path = tmp_path / "model.json"
+    path.write_text(model_value(message(study(), [0.1, 0.2, 0.3]), key).decode())
+    assert load_model(path, trusted_keys=key.public_b64).round == 1
+    assert load_model(path, trusted_keys=TrustedKeys([key.private.public_key()])).round == 1
+
+
 def test_importing_ipdp_loads_neither_the_model_code_nor_numpy_until_load_model_is_used():
     import subprocess
     import sys
