@@ -168,3 +168,15 @@ def test_system_noise_is_box_muller_on_the_top_53_bits_of_each_kernel_word(monke
     assert losses.SystemNoise().normal(0.0, 1.0).shape == ()
     np.testing.assert_allclose(losses.SystemNoise().normal(size=2), [cos[0], sin[0]], rtol=1e-15)
     assert asked == [32, 48, 16, 16], "two words per pair of normals, a pair per two draws"
+
+
+def test_perturb_adds_the_first_draw_to_q_and_subtracts_the_second_from_p():
+    """Algorithm 1, lines 3–5: q̃ = q + u, p̃ = p − r, u drawn before r."""
+    cal = Study(**BASE).calibration
+    q, p = np.full((2, 14), 0.1), np.full((2, 14), 0.2)
+    twin = np.random.default_rng(8)
+    u = twin.normal(0.0, cal.noise_std_q, size=q.shape)
+    r = twin.normal(0.0, cal.noise_std_p, size=p.shape)
+    q_noisy, p_noisy = perturb(q, p, cal, np.random.default_rng(8))
+    np.testing.assert_array_equal(q_noisy, q + u)
+    np.testing.assert_array_equal(p_noisy, p - r)
