@@ -3,12 +3,14 @@
 
     python scripts/mutation.py                       # every module of [tool.mutmut] only_mutate
     python scripts/mutation.py producer/retry.py     # only these
+    python scripts/mutation.py --survivors ipdp/losses.py   # only its last run's survivors
 
 For each module it runs ``mutmut run`` on that module's mutants (mutmut runs, per mutant, only
 the tests of ``pytest_add_cli_args_test_selection`` that called the mutated function), then
 reads every mutant's status from ``mutmut results``, and prints the kill rate per module and
 every survivor with its change (``mutmut show``). The table is also written as markdown and
-JSON (``--markdown``, ``--json``; under mutants/ by default). Survivors docs/testing.md names as
+JSON (``--markdown``, ``--json``; under mutants/ by default), with the modules of earlier runs
+kept from the JSON file, each with the command its numbers come from. Survivors docs/testing.md names as
 equivalent (its "Equivalent mutants" table) are counted apart: the kill rate is
 killed / (mutants − equivalent).
 
@@ -88,12 +90,18 @@ def change(name: str) -> str:
     return " / ".join(" ".join(line.split()) for line in lines)
 
 
-def run_module(module: str, workers: int, equivalent: set[str]) -> ModuleResult:
+def run_module(module: str, workers: int, equivalent: set[str],
+               survivors_only: bool = False) -> ModuleResult:
     prefix = mutant_prefix(module)
+    names = [prefix + "*"]
+    if survivors_only:  # mutmut keeps every mutant's last status: only the rest run again
+        names = [name for name, status in statuses().items()
+                 if name.startswith(prefix) and status not in CAUGHT and name not in equivalent]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    subprocess.run([*MUTMUT, "run", "--max-children", str(workers), prefix + "*"], cwd=REPO,
-                   check=False)
+    if names:
+        subprocess.run([*MUTMUT, "run", "--max-children", str(workers), *names], cwd=REPO,
+                       check=False)
     wall = time.monotonic() - start
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = ModuleResult(module, wall_s=wall,
@@ -113,16 +121,17 @@ def run_module(module: str, workers: int, equivalent: set[str]) -> ModuleResult:
     return result
 
 
-def markdown(results: list[ModuleResult], command: str) -> str:
-    lines = [f"`{command}`", "",
-             "| module | mutants | killed | equivalent | survived | kill rate | wall | CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in results:
+def markdown(rows: list[tuple[ModuleResult, str]]) -> str:
+    """The kill-rate table, each module with the command its numbers come from, then every
+    survivor."""
+    header = "| module | mutants | killed | equivalent | survived | kill rate | wall | CPU | command |"
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r, command in rows:
         lines.append(f"| `{r.module}` | {r.mutants} | {r.killed} | {r.equivalent} | "
                      f"{len(r.survivors)} | {100 * r.kill_rate:.1f} % | {r.wall_s:.0f} s | "
-                     f"{r.cpu_s:.0f} s |")
+                     f"{r.cpu_s:.0f} s | `{command}` |")
     survivors = [(name, status, r.changes.get(name, ""))
-                 for r in results for name, status in r.survivors.items()]
+                 for r, _ in rows for name, status in r.survivors.items()]
     if survivors:
         lines += ["", "| survivor | status | change |", "|---|---|---|"]
         lines += [f"| `{name}` | {status} | `{text.replace('|', '¦')}` |"
@@ -134,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", help="paths from [tool.mutmut] only_mutate")
     parser.add_argument("--workers", type=int, default=1, help="mutmut's --max-children")
+    parser.add_argument("--survivors", action="store_true",
+                        help="run again only the mutants the last run did not kill (after "
+                             "adding tests); the time is then that of this run")
     parser.add_argument("--markdown", type=Path, default=REPO / "mutants" / "mutation.md")
     parser.add_argument("--json", type=Path, default=REPO / "mutants" / "mutation.json")
     args = parser.parse_args(argv)
@@ -145,28 +157,42 @@ def main(argv: list[str] | None = None) -> int:
     modules = args.modules or sorted(known, key=lambda m: len((REPO / m).read_bytes()))
     equivalent = equivalent_mutants(TESTING_MD.read_text(encoding="utf-8")
                                     if TESTING_MD.exists() else "")
-    command = "python scripts/mutation.py " + " ".join(args.modules) if args.modules \
-        else "make mutation"
+    command = " ".join(["python scripts/mutation.py", *(["--survivors"] if args.survivors
+                                                         else []), *args.modules]) \
+        if args.modules or args.survivors else "make mutation"
     results = []
     for module in modules:
-        results.append(run_module(module, args.workers, equivalent))
+        results.append(run_module(module, args.workers, equivalent, args.survivors))
         r = results[-1]
         print(f"{module}: {r.killed}/{r.mutants - r.equivalent} killed "
               f"({100 * r.kill_rate:.1f} %), {r.equivalent} equivalent, "
               f"{r.wall_s:.0f} s", flush=True)
         # Written after each module, so an interrupted run leaves the modules it finished.
         write(results, command.strip(), args.markdown, args.json)
-    print(markdown(results, command.strip()))
+    print(args.markdown.read_text(encoding="utf-8"))
     print(f"wrote {args.markdown} and {args.json}")
     return 0
 
 
 def write(results: list[ModuleResult], command: str, md_path: Path, json_path: Path) -> None:
+    """The table of every module's latest run: this run's modules, and from ``json_path`` the
+    modules an earlier run left there."""
+    latest = {}
+    if json_path.exists():
+        for row in json.loads(json_path.read_text(encoding="utf-8")):
+            row.pop("kill_rate", None)
+            earlier = row.pop("command", "make mutation")
+            latest[row["module"]] = (ModuleResult(**row), earlier)
+    latest |= {r.module: (r, command) for r in results}
+    order = configured_modules()
+    rows = sorted(latest.values(), key=lambda rc: order.index(rc[0].module)
+                  if rc[0].module in order else len(order))
     md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(markdown(results, command), encoding="utf-8")
+    md_path.write_text(markdown(rows), encoding="utf-8")
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps([asdict(r) | {"kill_rate": r.kill_rate} for r in results],
-                                    indent=2, ensure_ascii=False), encoding="utf-8")
+    json_path.write_text(json.dumps([asdict(r) | {"kill_rate": r.kill_rate, "command": c}
+                                     for r, c in rows], indent=2, ensure_ascii=False),
+                         encoding="utf-8")
 
 
 if __name__ == "__main__":
