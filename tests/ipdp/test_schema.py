@@ -221,8 +221,11 @@ def test_the_signed_model_carries_its_schema_and_a_model_without_one_cannot_be_l
     parsed = parse_model_value(model_value(m, key), TrustedKeys([key.private.public_key()]))
     assert parsed.schema_ == study().schema_
     schemaless = m.model_copy(update={"schema_": None})
-    with pytest.raises(ConfigurationError, match="has no schema"):
+    with pytest.raises(ConfigurationError) as refused:
         Model(schemaless)
+    assert str(refused.value) == (
+        "the model of study 's' round 1 has no schema: its weights are in the encoded space the "
+        "devices used, with no map back to raw units (create the study with --schema)")
 
 
 def test_a_model_names_what_is_wrong_with_the_rows_it_is_given():
@@ -239,6 +242,16 @@ def test_a_model_names_what_is_wrong_with_the_rows_it_is_given():
         m.predict_proba({"area": [1.0], "rooms": [2.0]})
     assert str(refused.value) == ("target 'rent' is a number: predict_proba is for a class "
                                   "target (a logistic study)")
+
+
+def test_a_model_reads_columns_of_numbers_written_as_text_or_in_any_array_shape():
+    m = Model(message(study(), [0.2, 1.1, -0.4]))
+    expected = m.predict({"area": np.array([35.0, 90.0]), "rooms": np.array([1.0, 3.0])})
+    np.testing.assert_array_equal(m.predict({"area": ["35", "90"], "rooms": ["1", "3"]}), expected)
+    np.testing.assert_array_equal(m.predict({"area": [[35.0, 90.0]], "rooms": [[1.0], [3.0]]}),
+                                  expected)
+    np.testing.assert_array_equal(m.predict([["35", "1"], ["90", "3"]]), expected)
+    assert m.schema == study().schema_
 
 
 def test_a_model_says_which_study_and_round_it_is():
