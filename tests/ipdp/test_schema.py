@@ -296,3 +296,72 @@ def test_importing_ipdp_loads_neither_the_model_code_nor_numpy_until_load_model_
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout
     assert out == "[] ipdp.model\n"
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    (RENTS | {"target": {"name": "rent", "min": 0}},
+     "target 'rent': a numeric target needs both min and max"),
+    (RENTS | {"target": {"name": "rent"}},
+     ("target 'rent': give either min and max (a number) or classes (two class names), not both "
+     "and not neither")),
+    (RENTS | {"target": {"name": "rent", "min": 0, "max": math.inf}},
+     "'rent': min=0.0 and max=inf must be finite numbers"),
+    (RENTS | {"features": [{"name": "area", "min": -math.inf, "max": 1}]},
+     "'area': min=-inf and max=1.0 must be finite numbers"),
+    (LOANS | {"target": {"name": "approved", "classes": ["yes ", "no"]}},
+     ("target 'approved': its two classes must be distinct, non-empty names without surrounding "
+     "spaces, got ['yes ', 'no']")),
+    (LOANS | {"target": {"name": "approved", "classes": ["", "no"]}},
+     ("target 'approved': its two classes must be distinct, non-empty names without surrounding "
+     "spaces, got ['', 'no']")),
+    (RENTS | {"features": [{"name": f"f{i}", "min": 0, "max": 1} for i in range(4096)]},
+     "4096 features give d=4097 > 4096"),
+    (RENTS | {"features": [{"name": "a", "min": 0, "max": 1}] * 2 + [{"name": "b", "min": 0,
+                                                                      "max": 1}] * 2},
+     "feature names must be unique; repeated: a, b"),
+])
+def test_a_schema_is_refused_with_exactly_what_is_wrong(schema, message):
+    from ipdp.schema import Schema
+
+    with pytest.raises(ValueError) as refused:
+        Schema.model_validate(schema)
+    assert message in str(refused.value)
+    assert Schema.model_validate(RENTS | {"features": [
+        {"name": f"f{i}", "min": 0, "max": 1} for i in range(4095)]}).d == 4096
+
+
+def test_values_at_a_range_s_ends_are_not_counted_as_clipped_and_labels_are_stripped():
+    s = study()
+    enc = s.schema_.encode({"area": [20, 150], "rooms": [1, 6], "rent": [0, 2500]})
+    assert enc.clipped == {"area": 0, "rooms": 0, "rent": 0}
+    np.testing.assert_allclose(enc.y, [-1.0, 1.0])
+    one = s.schema_.encode({"area": 85, "rooms": 3.5, "rent": 1250})
+    np.testing.assert_allclose(one.x, [[1 / math.sqrt(3), 0.0, 0.0]], atol=1e-15)
+    labels = study(LOANS, loss="logistic").schema_.encode(
+        {"income": [10, 20], "debt": [1, 2], "approved": [" yes", "no "]})
+    np.testing.assert_array_equal(labels.y, [1.0, -1.0])
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ({"area": [1], "rent": [1]},
+     "row has no column(s) 'rooms'; the schema names 'area', 'rooms' and target 'rent'"),
+    ({"area": [1, 2], "rooms": [1, 2], "rent": [1]}, "target 'rent' has 1 value(s) for 2 row(s)"),
+    ({"area": ["big"], "rooms": [1], "rent": [1]},
+     "column 'area' holds a value that is not a number"),
+    ({"area": [[1, 2]], "rooms": [1], "rent": [1]}, "column 'area' must be 1-D, got shape (1, 2)"),
+    ({"area": [math.nan], "rooms": [1], "rent": [1]},
+     "column 'area' holds a missing or non-finite value"),
+    ({"area": [1], "rooms": [1], "rent": [None]}, "column 'rent' holds a missing or non-finite value"),
+])
+def test_a_row_that_cannot_be_encoded_is_refused_naming_the_column(rows, message):
+    with pytest.raises(ValueError) as refused:
+        study().schema_.encode(rows)
+    assert str(refused.value) == message
+
+
+def test_the_target_map_gives_the_middle_and_half_width_of_the_range():
+    assert study().schema_.target_map() == (1250.0, 1250.0)
+    a, c = study().schema_.feature_map()
+    root3 = math.sqrt(3)
+    np.testing.assert_allclose(a, [2 / (130 * root3), 2 / (5 * root3)])
+    np.testing.assert_allclose(c, [-170 / (130 * root3), -7 / (5 * root3)])
