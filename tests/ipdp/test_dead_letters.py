@@ -121,3 +121,31 @@ def test_a_single_record_dead_letter_without_an_index_and_without_a_value_reads(
                                     ("source", b"ipdp.records:0:5")])
     assert (x.topic, x.partition, x.offset, x.index, x.value, x.source) == (
         "ipdp.records", 0, 5, None, b"", "0:5")
+
+
+def test_a_record_of_exactly_the_size_limit_is_kept_in_a_container_of_its_own():
+    limit = 64
+    values = [b"x" * limit, b"y" * (limit + 1), b"z"]
+    containers = encode_dead_letters(np.zeros(3), np.arange(3), np.full(3, -1), np.zeros(3),
+                                     CAUSES[:1], values, max_bytes=limit)
+    assert [x.value for x in _read_all(containers)] == [b"x" * limit, b"", b"z"]
+    assert len(containers) == 2  # the entry of the kept record already passes the limit
+
+
+@pytest.mark.parametrize(("lengths", "containers"), [
+    ((26, 26), 1),  # 50 + 50 bytes of entries and records: exactly the limit, one container
+    ((30, 23), 2),  # 54 + 47 = 101: one byte over, the second record starts the next one
+])
+def test_a_container_is_cut_where_its_entries_and_bytes_would_pass_the_limit(lengths, containers):
+    values = [b"r" * n for n in lengths]
+    k = len(values)
+    out = encode_dead_letters(np.zeros(k), np.arange(k), np.full(k, -1), np.zeros(k),
+                              CAUSES[:1], values, max_bytes=100)
+    assert len(out) == containers
+    assert [x.value for x in _read_all(out)] == values
+
+
+def test_a_container_s_reserved_header_bytes_are_zero():
+    (_, value), = encode_dead_letters(np.zeros(1), np.zeros(1), np.full(1, -1), np.zeros(1),
+                                      CAUSES[:1], [b"r"], max_bytes=1 << 20)
+    assert value[:4] == bytes((1, 0, 0, 0))
