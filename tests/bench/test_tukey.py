@@ -178,3 +178,72 @@ def test_the_plan_tests_at_half_the_budget_with_laplace_noise_of_scale_two_over_
     np.testing.assert_array_equal(plan.depths, depths)
     np.testing.assert_allclose(plan.log_mass, log_mass)
     assert tukey.tukey_plan(models[:3], epsilon=4.0, delta=0.05) is None
+
+
+def test_a_singular_block_gets_its_minimum_norm_least_squares_fit():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((40, 3))
+    x[:10, 2] = 0.0  # the first block's Gram matrix is singular
+    y = rng.standard_normal(40)
+    models = tukey.block_models(x, y, m=4)
+    np.testing.assert_allclose(models[0], np.linalg.lstsq(x[:10], y[:10], rcond=None)[0],
+                               atol=1e-10)
+    np.testing.assert_allclose(models[1], np.linalg.lstsq(x[10:20], y[10:20], rcond=None)[0],
+                               atol=1e-10)
+    with pytest.raises(ValueError) as refused:
+        tukey.block_models(x[:11], y[:11], m=4)
+    assert str(refused.value) == "4 models need 12 rows at d = 3, got 11"
+
+
+def brute_safe_distance(log_v, epsilon_em, delta, t):
+    """k̂ of step 3 straight from its definition, g by g."""
+    top, threshold, best = len(log_v), math.log(delta / (8.0 * math.exp(epsilon_em))), -1
+    for k in range(t):
+        if not (t - k - 1 >= 1 and t + k + 2 <= top):
+            break
+        gaps = [log_v[t - k - 2] - log_v[t + k + g] - epsilon_em * g / 2.0
+                for g in range(1, top - t - k)]
+        if min(gaps) > threshold:
+            break
+        best = k
+    return best
+
+
+def test_the_safe_distance_is_the_definitions_on_random_instances():
+    rng = np.random.default_rng(7)
+    seen = set()
+    for _ in range(400):
+        m = int(rng.integers(8, 120))
+        coords = tukey.sorted_coordinates(rng.standard_normal((m, int(rng.integers(1, 4))))
+                                          * rng.uniform(0.1, 10.0))
+        log_v = tukey.log_volumes(coords)
+        epsilon, delta, t = float(rng.uniform(0.1, 40.0)), float(rng.uniform(1e-6, 0.2)), \
+            (m // 2) // 2
+        got = tukey.safe_distance(log_v, epsilon, delta, t)
+        assert got == brute_safe_distance(log_v, epsilon, delta, t), (m, epsilon, delta)
+        seen.add(got == -1)
+    assert seen == {True, False}, "instances both with and without a safe distance"
+
+
+def test_a_point_drawn_at_the_deepest_depth_of_an_even_number_of_models_has_that_depth():
+    models = np.array([[i, -3.0 * i] for i in range(1, 9)], dtype=float)
+    coords = tukey.sorted_coordinates(models)
+    rng = np.random.default_rng(8)
+    for s in range(1, 5):
+        assert all(tukey.depth(coords, tukey.sample_at_depth(coords, s, rng)) == s
+                   for _ in range(200))
+
+
+def test_racing_never_draws_an_index_of_weight_zero():
+    rng = np.random.default_rng(9)
+    draws = {tukey._racing(np.array([0.0, -np.inf, 0.0, -np.inf]), rng) for _ in range(500)}
+    assert draws == {0, 2}
+
+
+def test_many_models_at_a_large_epsilon_release_a_deep_model():
+    rng = np.random.default_rng(10)
+    models = rng.standard_normal((200, 2))
+    coords = tukey.sorted_coordinates(models)
+    released = [tukey.tukey_em(models, epsilon=20.0, delta=1e-3, rng=rng) for _ in range(20)]
+    assert all(w is not None and w.shape == (2,) and tukey.depth(coords, w) >= 50
+               for w in released)
