@@ -365,3 +365,27 @@ def test_the_target_map_gives_the_middle_and_half_width_of_the_range():
     root3 = math.sqrt(3)
     np.testing.assert_allclose(a, [2 / (130 * root3), 2 / (5 * root3)])
     np.testing.assert_allclose(c, [-170 / (130 * root3), -7 / (5 * root3)])
+
+
+def test_a_target_range_off_zero_maps_to_minus_one_one_and_back():
+    s = study(RENTS | {"target": {"name": "rent", "min": 500, "max": 2500}})
+    enc = s.schema_.encode({"area": [20, 20, 20, 20], "rooms": [1, 1, 1, 1],
+                            "rent": [500, 1500, 2500, 4000]})
+    np.testing.assert_allclose(enc.y, [-1.0, 0.0, 1.0, 1.0])
+    assert enc.clipped["rent"] == 1
+    assert s.schema_.target_map() == (1500.0, 1000.0)
+
+
+def test_a_range_of_one_point_and_two_missing_columns_and_many_unknown_labels_are_refused():
+    from ipdp.schema import Feature
+
+    with pytest.raises(ValueError, match=re.escape("'a': max=5.0 must be greater than min=5.0")):
+        Feature(name="a", min=5, max=5)
+    with pytest.raises(ValueError) as refused:
+        study().schema_.encode({"rent": [1]})
+    assert str(refused.value).startswith("row has no column(s) 'area', 'rooms'; ")
+    with pytest.raises(ValueError) as refused:
+        study(LOANS, loss="logistic").schema_.encode(
+            {"income": [1] * 4, "debt": [1] * 4, "approved": ["a", "b", "c", "d"]})
+    assert str(refused.value) == "target 'approved': ['a', 'b', 'c'] not among its classes " \
+                                 "['no', 'yes']"
