@@ -247,3 +247,40 @@ def test_many_models_at_a_large_epsilon_release_a_deep_model():
     released = [tukey.tukey_em(models, epsilon=20.0, delta=1e-3, rng=rng) for _ in range(20)]
     assert all(w is not None and w.shape == (2,) and tukey.depth(coords, w) >= 50
                for w in released)
+
+
+def test_a_point_at_depth_s_is_uniform_on_the_ring_between_the_two_boxes():
+    """Models (i, i³), i = 1 … 9: depth 2 is the box [2, 8]×[8, 512] less [3, 7]×[27, 343];
+    the inner box takes a different share of each axis (4/6, 316/504), so a wrong share between
+    the axes, or between the two sides of one, shows."""
+    import warnings
+
+    models = np.array([[i, i**3] for i in range(1, 10)], dtype=float)
+    coords = tukey.sorted_coordinates(models)
+    rng = np.random.default_rng(11)
+    draws = 40_000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # log(0) of an empty inner box is expected, not warned
+        points = np.array([tukey.sample_at_depth(coords, 2, rng) for _ in range(draws)])
+        assert tukey.depth(coords, tukey.sample_at_depth(coords, 4, rng)) == 4
+    ring = 6 * 504 - 4 * 316
+    x_out = (points[:, 0] < 3) | (points[:, 0] > 7)
+    left = points[:, 0] < 3
+    below = (points[:, 1] < 27) & ~x_out
+    for hits, area in ((x_out, 2 * 504), (left, 1 * 504), (below, 4 * 19)):
+        p = area / ring
+        assert abs(hits.sum() - draws * p) <= 5 * math.sqrt(draws * p * (1 - p)), (area, hits.sum())
+    assert points[:, 0].min() >= 2 and points[:, 0].max() <= 8
+    assert points[:, 1].min() >= 8 and points[:, 1].max() <= 512
+
+
+def test_too_few_models_for_any_depth_release_nothing():
+    rng = np.random.default_rng(12)
+    assert tukey.tukey_em(rng.standard_normal((3, 2)), epsilon=1.0, delta=1e-5, rng=rng) is None
+
+
+def test_blocks_of_exactly_d_rows_are_fitted():
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((12, 3))
+    w = np.array([1.0, -2.0, 0.5])
+    np.testing.assert_allclose(tukey.block_models(x, x @ w, m=4), np.tile(w, (4, 1)), atol=1e-9)
