@@ -178,6 +178,7 @@ def test_the_plan_tests_at_half_the_budget_with_laplace_noise_of_scale_two_over_
     np.testing.assert_array_equal(plan.depths, depths)
     np.testing.assert_allclose(plan.log_mass, log_mass)
     assert tukey.tukey_plan(models[:3], epsilon=4.0, delta=0.05) is None
+    assert tukey.tukey_plan(models[:4], epsilon=4.0, delta=0.05).depths.tolist() == [1, 2]
 
 
 def test_a_singular_block_gets_its_minimum_norm_least_squares_fit():
@@ -213,7 +214,7 @@ def test_the_safe_distance_is_the_definitions_on_random_instances():
     rng = np.random.default_rng(7)
     seen = set()
     for _ in range(400):
-        m = int(rng.integers(8, 120))
+        m = int(rng.integers(4, 120))
         coords = tukey.sorted_coordinates(rng.standard_normal((m, int(rng.integers(1, 4))))
                                           * rng.uniform(0.1, 10.0))
         log_v = tukey.log_volumes(coords)
