@@ -27,7 +27,7 @@ bench: $(STAMP)
 	$(BIN)/ipdp bench throughput
 
 # Not part of `make test`: mutates the modules a guarantee rests on and runs their fast tests
-# against each mutant (docs/testing.md); one worker at low priority, it takes hours.
+# against each mutant (docs/testing.md); one worker at low priority.
 mutation: $(STAMP)
 	nice -n 15 $(BIN)/python scripts/mutation.py
 
