@@ -285,3 +285,20 @@ def test_blocks_of_exactly_d_rows_are_fitted():
     x = rng.standard_normal((12, 3))
     w = np.array([1.0, -2.0, 0.5])
     np.testing.assert_allclose(tukey.block_models(x, x @ w, m=4), np.tile(w, (4, 1)), atol=1e-9)
+
+
+def test_the_plan_is_the_same_at_any_scale_and_silent_on_empty_boxes():
+    import warnings
+
+    rng = np.random.default_rng(14)
+    models = rng.standard_normal((40, 2))
+    plan = tukey.tukey_plan(models, epsilon=2.0, delta=0.05)
+    huge = tukey.tukey_plan(models * 1e150, epsilon=2.0, delta=0.05)
+    np.testing.assert_allclose(huge.log_mass - huge.log_mass.max(),
+                               plan.log_mass - plan.log_mass.max(), atol=1e-9)
+    assert huge.k_hat == plan.k_hat
+    flat = models.copy()
+    flat[:, 1] = 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # log(0) of a box of width 0 is -inf, not a warning
+        assert np.isneginf(tukey.log_volumes(tukey.sorted_coordinates(flat))).all()
