@@ -302,3 +302,8 @@ def test_the_plan_is_the_same_at_any_scale_and_silent_on_empty_boxes():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # log(0) of a box of width 0 is -inf, not a warning
         assert np.isneginf(tukey.log_volumes(tukey.sorted_coordinates(flat))).all()
+        # Two depths of one volume: the shell between them is empty, its mass exp(-inf) = 0.
+        depths, log_mass = tukey.depth_weights(np.log([8.0, 4.0, 4.0, 1.0]), 1.0, 1)
+    assert depths.tolist() == [1, 2, 3, 4] and np.isneginf(log_mass[1])
+    np.testing.assert_allclose(np.exp(log_mass[[0, 2, 3]]),
+                               np.array([0.5, 0.375, 0.125]) * np.exp([0.5, 1.5, 2.0]))
