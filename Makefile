@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench lint mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,13 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/ipdp bench throughput
 
+# Not part of `make test`: mutates the modules a guarantee rests on and runs their fast tests
+# against each mutant (docs/testing.md); one worker at low priority.
+mutation: $(STAMP)
+	nice -n 15 $(BIN)/python scripts/mutation.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check ipdp producer aggregator trainer gateway helper tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache mutants

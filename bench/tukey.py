@@ -30,12 +30,14 @@ noise:
   Lap(1/ε_PTR) with probability exactly δ, which is what the test's privacy rests on; the code
   draws scale ε_PTR (0.5 at ε = 1, against 2).
 `tests/bench/test_tukey.py` audits the whole release (the test's outcome and the sampled
-point) exactly on small one- and two-dimensional instances.
+point) exactly on small one- and two-dimensional instances, from the :class:`TukeyPlan` that
+:func:`tukey_em` draws from, and checks by sampling that the draws follow the plan.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -154,12 +156,31 @@ def _racing(log_weights: np.ndarray, rng: np.random.Generator) -> int:
     return int(np.argmax(log_weights + rng.gumbel(size=len(log_weights))))
 
 
-def tukey_em(models: np.ndarray, *, epsilon: float, delta: float,
-             rng: np.random.Generator) -> np.ndarray | None:
-    """Algorithm 1 on the m models: a model, or None when the propose-test-release check fails.
+@dataclass(frozen=True)
+class TukeyPlan:
+    """Everything TukeyEM settles before its first draw: the test's k̂, threshold and Laplace
+    scale (step 3), the depths and their log mass (step 4). The exact audit
+    (tests/bench/test_tukey.py) reads the law of the release from this, the object
+    :func:`tukey_em` draws from."""
 
-    (ε, δ)-DP for replacing one record, which changes one model (§3.3, Theorem 3.6).
-    """
+    coords: np.ndarray
+    k_hat: int
+    threshold: float
+    """log(1/(2δ))/ε_PTR: the test passes when k̂ + Lap(laplace_scale) exceeds it."""
+    laplace_scale: float
+    depths: np.ndarray
+    log_mass: np.ndarray
+
+    def release(self, rng: np.random.Generator) -> np.ndarray | None:
+        """One run of the test, then of the restricted exponential mechanism if it passes."""
+        if self.k_hat + rng.laplace(scale=self.laplace_scale) <= self.threshold:
+            return None
+        return sample_at_depth(self.coords, int(self.depths[_racing(self.log_mass, rng)]), rng)
+
+
+def tukey_plan(models: np.ndarray, *, epsilon: float, delta: float) -> TukeyPlan | None:
+    """Steps 2–4 up to the draws, with ε_PTR = ε_EM = ε/2; None when m < 4 leaves no depth
+    t ≥ 1 to test."""
     m = len(models)
     coords = sorted_coordinates(models)
     log_v = log_volumes(coords)
@@ -167,9 +188,17 @@ def tukey_em(models: np.ndarray, *, epsilon: float, delta: float,
     eps_ptr = eps_em = epsilon / 2.0
     if t < 1:
         return None
-    k_hat = safe_distance(log_v, eps_em, delta, t)
-    if k_hat + rng.laplace(scale=1.0 / eps_ptr) <= math.log(1.0 / (2.0 * delta)) / eps_ptr:
-        return None
     depths, log_mass = depth_weights(log_v, eps_em, t)
-    return sample_at_depth(coords, int(depths[_racing(log_mass, rng)]), rng)
+    return TukeyPlan(coords, k_hat=safe_distance(log_v, eps_em, delta, t),
+                     threshold=math.log(1.0 / (2.0 * delta)) / eps_ptr,
+                     laplace_scale=1.0 / eps_ptr, depths=depths, log_mass=log_mass)
 
+
+def tukey_em(models: np.ndarray, *, epsilon: float, delta: float,
+             rng: np.random.Generator) -> np.ndarray | None:
+    """Algorithm 1 on the m models: a model, or None when the propose-test-release check fails.
+
+    (ε, δ)-DP for replacing one record, which changes one model (§3.3, Theorem 3.6).
+    """
+    plan = tukey_plan(models, epsilon=epsilon, delta=delta)
+    return None if plan is None else plan.release(rng)

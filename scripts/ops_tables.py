@@ -6,7 +6,10 @@
 
 The check (also run by tests/ipdp/test_docs.py) requires the document's tables to list exactly
 every IPDP_* setting (ipdp/settings.py and each role's settings) with its type and default, and exactly every metric of
-ipdp/metrics.py with its type and labels; the description column is written by hand.
+ipdp/metrics.py with its type and labels; the description column is written by hand. A metric's
+description begins with the roles that serve it ("Aggregator, trainer: …"), and the check
+compares those with each role's registry (ipdp.metrics.role_registry): a role that serves a
+metric the table does not name for it, or lacks one the table does, is drift too.
 """
 
 from __future__ import annotations
@@ -144,6 +147,49 @@ def series_names() -> dict[str, str]:
     return out
 
 
+#: How the metrics table's descriptions name the processes that serve a metric; the model
+#: subscriber (`ipdp models`) counts but serves no /metrics.
+ROLE_NAMES = {"aggregator": "aggregator", "trainer": "trainer", "gateway": "gateway",
+              "load generator": "loadgen", "model subscriber": None}
+
+
+def served_metrics(role: str) -> set[str]:
+    """The ipdp_* metrics the role's /metrics serves (its registry's families)."""
+    from ipdp.metrics import role_registry
+
+    return {family.name + ("_total" if family.type == "counter" else "")
+            for family in role_registry(role).collect() if family.name.startswith("ipdp_")}
+
+
+def documented_roles(meaning: str) -> set[str | None] | None:
+    """The roles a description begins with ("Aggregator, trainer: …"), None if it names none."""
+    head = meaning.split(":", 1)[0].lower()
+    names = [n.strip() for n in re.split(r",| and ", head)]
+    if len(meaning.split(":", 1)) < 2 or not all(n in ROLE_NAMES for n in names):
+        return None
+    return {ROLE_NAMES[n] for n in names}
+
+
+def role_problems(documented: dict[str, list[str]]) -> list[str]:
+    """Where the metrics table's roles and the roles' registries disagree."""
+    problems, by_role = [], {role: set() for role in ROLE_NAMES.values() if role}
+    for name, cells in documented.items():
+        roles = documented_roles(cells[2]) if len(cells) > 2 else None
+        if roles is None:
+            problems.append(f"metric {name}: its meaning must begin with the roles that serve "
+                            f"it ({', '.join(n.capitalize() for n in ROLE_NAMES)}, then ':')")
+            continue
+        for role in roles - {None}:
+            by_role[role].add(name)
+    for role, names in by_role.items():
+        served = served_metrics(role)
+        problems += [f"metric {n}: the {role} serves it, the table does not say so"
+                     for n in sorted(served - names)]
+        problems += [f"metric {n}: the table says the {role} serves it, its registry does not"
+                     for n in sorted(names - served)]
+    return problems
+
+
 # --------------------------------------------------------------------------- markdown
 
 _ROW = re.compile(r"^\|\s*`(?P<key>(?:IPDP|ipdp)_\w+)`\s*\|(?P<rest>.*)\|\s*$")
@@ -171,6 +217,8 @@ def check(text: str) -> list[str]:
          "ipdp/metrics.py does not export it"),
     ):
         documented = doc_rows(text, prefix)
+        if kind == "metric":
+            problems += role_problems(documented)
         for name, first, second, _ in rows:
             cells = documented.pop(name, None)
             if cells is None:

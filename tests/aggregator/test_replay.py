@@ -186,3 +186,49 @@ def test_redis_keeps_at_most_16_bytes_per_remembered_id(redis_settings, k):
     assert folded(redis_settings, study) == k
     assert used / k <= 16
     assert np.isfinite(used)
+
+
+def test_the_remembered_ids_answer_membership_exactly_across_merged_runs():
+    from aggregator.replay import _Bucket, _StudyIds
+
+    rng = np.random.default_rng(21)
+    mine, remembered = _StudyIds(), set()
+    for size in (5, 3, 10, 1, 40, 2, 2, 100, 7, 1):
+        new = rng.integers(0, 2**63, size=size, dtype=np.uint64)
+        mine.add(new)
+        remembered |= set(new.tolist())
+        # Each run is more than twice the next: a few runs, whatever the order of the batches.
+        assert all(len(a) > 2 * len(b) for a, b in zip(mine.runs, mine.runs[1:]))
+        assert all(np.all(np.diff(run.astype(np.float64)) >= 0) for run in mine.runs)
+    present = np.array(sorted(remembered)[::3], dtype=np.uint64)
+    absent = rng.integers(0, 2**63, size=50, dtype=np.uint64)
+    query = np.sort(np.concatenate([present, absent, [np.uint64(0), np.uint64(2**64 - 1)]]))
+    np.testing.assert_array_equal(mine.contains(query),
+                                  [x in remembered for x in query.tolist()])
+    assert sum(len(run) for run in mine.runs) == 171
+    # Rebuilt from the buckets as read: one sorted run of every id.
+    mine.buckets = {1: _Bucket(ids=[np.array([9, 4], np.uint64)]),
+                    2: _Bucket(ids=[np.array([7], np.uint64), np.array([1], np.uint64)])}
+    mine.rebuild()
+    assert [run.tolist() for run in mine.runs] == [[1, 4, 7, 9]]
+    mine.buckets = {}
+    mine.rebuild()
+    assert mine.runs == [] and not mine.contains(np.array([1], np.uint64)).any()
+
+
+def test_an_id_is_remembered_by_its_first_eight_bytes_little_endian():
+    from aggregator.replay import id_prefixes
+
+    ids = np.zeros((2, 16), np.uint8)
+    ids[0, 0], ids[1, 7], ids[1, 8] = 1, 1, 255
+    assert id_prefixes(ids).tolist() == [1, 2**56]
+
+
+@pytest.mark.parametrize(("window_s", "bucket_ms"), [(10, 1000), (24, 1000), (48, 2000),
+                                                     (3600, 150_000)])
+def test_a_bucket_spans_a_24th_of_the_window_and_at_least_a_second(window_s, bucket_ms):
+    from aggregator.replay import ReplayIds
+
+    replay = ReplayIds(None, replay_window_s=window_s, max_future_skew_s=60)
+    assert (replay.bucket_ms, replay.window_ms, replay.skew_ms) == (bucket_ms, window_s * 1000,
+                                                                   60_000)

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from scipy.stats import ks_2samp
 
+from aggregator.fold import OpenRound, fill_rounds
 from bench.audit import (
     Mechanism,
+    _Noise,
     add_arguments,
     audit,
     clopper_pearson,
@@ -23,6 +25,8 @@ from bench.audit import (
     worst_case_neighbours,
 )
 from bench.baselines import analytic_gaussian_mu, kang2020_descent, kang2020_proof_c, kang2020_sigma
+from ipdp.losses import perturb
+from ipdp.study import Study
 from trainer.solver import solve_constrained, solve_constrained_batch
 
 AUDIT = {"epsilon": 2.0, "delta": 0.01, "d": 2, "n": 512, "trials": 20_000}
@@ -112,6 +116,23 @@ def test_the_exact_fold_has_the_distribution_of_the_record_fold(name, wrong):
     p_values = [ks_2samp(a[:, i, j], a2[:, i, j]).pvalue for i, j in ((0, 0), (0, 1), (1, 1))]
     p_values += [ks_2samp(b[:, i], b2[:, i]).pvalue for i in range(d)]
     assert (min(p_values) < 1e-3) == wrong, p_values
+
+
+def test_the_record_fold_sums_what_the_aggregators_fold_sums_of_the_devices_records():
+    """The audit's record fold is the deployed path: the devices' noise (ipdp.losses.perturb),
+    then the sums the aggregator folds a round into (aggregator.fold.fill_rounds)."""
+    n, d, k = 4096, 2, 3
+    q, p, t = worst_case_neighbours(n, d, 1.0, 1.0, 1.0)[0].rows(True)
+    a, b = record_fold(Mechanism("ipdp", 0.3, 0.2, 1.0), q, p, t, k, np.random.default_rng(9))
+    q_noisy, p_noisy = perturb(np.broadcast_to(q, (k, n, d)), np.broadcast_to(p, (k, n, d)),
+                               _Noise(0.3, 0.2), np.random.default_rng(9))
+    study = Study(study_id="audit", n=n, d=d, epsilon=1.0, delta=0.01)
+    for trial in range(k):
+        filled = fill_rounds(study, OpenRound(1, 0, np.zeros((d, d)), np.zeros(d)),
+                             q_noisy[trial], p_noisy[trial])
+        (closed,) = filled.closed
+        np.testing.assert_allclose(a[trial], closed.a, rtol=1e-12)
+        np.testing.assert_allclose(b[trial], closed.b, rtol=1e-12)
 
 
 EXACT = {"epsilon": 1.0, "delta": 0.01, "d": 2, "n": 8192, "trials": 20_000, "exact_fold": True}

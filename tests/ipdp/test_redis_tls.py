@@ -100,12 +100,13 @@ def tls_redis(tmp_path):
     binary = tls_redis_server()
     ca, server_cert, server_key = _throwaway_ca(tmp_path)
     port = _free_port()
+    log = open(tmp_path / "redis.log", "wb")  # noqa: SIM115 (open for the server's life)
     proc = subprocess.Popen(
         [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
          "--tls-cert-file", str(server_cert), "--tls-key-file", str(server_key),
          "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", "--save", "",
          "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=open(tmp_path / "redis.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -121,6 +122,7 @@ def tls_redis(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        log.close()
 
 
 def test_a_fold_goes_through_rediss_with_the_certificate_verified(

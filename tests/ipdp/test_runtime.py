@@ -270,17 +270,29 @@ def _start_run_up(args: str = "") -> tuple[subprocess.Popen, list[str]]:
     done = threading.Event()
 
     def reader() -> None:
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.startswith("export IPDP_REDIS_URL="):
-                done.set()
+        with proc.stdout:  # the reader owns stdout: closed at the child's end of file
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                if line.startswith("export IPDP_REDIS_URL="):
+                    done.set()
         done.set()
 
     threading.Thread(target=reader, daemon=True).start()
     if not done.wait(30) or not any(x.startswith("export IPDP_REDIS_URL=") for x in lines):
         proc.kill()
-        raise AssertionError(f"no export lines; stdout={lines} stderr={proc.stderr.read()}")
+        stderr = proc.stderr.read()
+        _end(proc)
+        raise AssertionError(f"no export lines; stdout={lines} stderr={stderr}")
     return proc, lines
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill the process if it still runs, reap it, and close its stderr (the reader thread
+    closes stdout)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    proc.stderr.close()
 
 
 def _addresses(lines: list[str]) -> tuple[int, int, list[int]]:
@@ -309,8 +321,7 @@ def test_run_up_prints_exports_and_exits_0_on_sigterm():
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0, proc.stderr.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _end(proc)
     assert not _port_open(kafka_port) and not _port_open(redis_port)
     assert not any(_alive(p) for p in pids)
     assert not directory.exists()
@@ -324,8 +335,7 @@ def test_servers_die_with_a_sigkilled_parent(tmp_path):
         proc.kill()  # no atexit, no signal handler: only PR_SET_PDEATHSIG can help
         proc.wait(timeout=10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _end(proc)
     assert _wait(lambda: not any(_alive(p) for p in pids), 10), pids
     assert _wait(lambda: not _port_open(kafka_port) and not _port_open(redis_port), 5)
 
@@ -339,8 +349,7 @@ def test_run_up_exits_1_when_the_broker_dies(tmp_path):
         assert proc.wait(timeout=20) == 1
         assert "tansu broker exited unexpectedly" in proc.stderr.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _end(proc)
     assert _wait(lambda: not any(_alive(p) for p in pids), 10)
 
 

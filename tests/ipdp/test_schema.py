@@ -163,6 +163,20 @@ def test_a_loaded_model_predicts_in_raw_units_what_its_weights_give_on_the_encod
         m.predict_proba(rows)
 
 
+def test_a_model_without_an_intercept_keeps_every_weight_for_a_feature(tmp_path):
+    s = study(RENTS | {"intercept": False})
+    w = np.array([1.1, -0.4])
+    path = tmp_path / "model.json"
+    path.write_text(message(s, w).model_dump_json())
+    m = load_model(path)
+    rows = {"area": np.array([35.0, 90.0, 140.0]), "rooms": np.array([1.0, 3.0, 5.0])}
+    direct = 1250.0 + 1250.0 * (s.schema_.encode(rows | {"rent": [0, 0, 0]}).x @ w)
+    assert m.coef_.shape == (2,)
+    np.testing.assert_allclose(m.predict(rows), direct, rtol=1e-12)
+    np.testing.assert_allclose(m.intercept_ + np.column_stack(list(rows.values())) @ m.coef_,
+                               direct, rtol=1e-12)
+
+
 def test_a_pandas_data_frame_is_a_mapping_of_columns_to_predict_from():
     pd = pytest.importorskip("pandas")
     m = Model(message(study(), [0.2, 1.1, -0.4]))
@@ -207,8 +221,69 @@ def test_the_signed_model_carries_its_schema_and_a_model_without_one_cannot_be_l
     parsed = parse_model_value(model_value(m, key), TrustedKeys([key.private.public_key()]))
     assert parsed.schema_ == study().schema_
     schemaless = m.model_copy(update={"schema_": None})
-    with pytest.raises(ConfigurationError, match="has no schema"):
+    with pytest.raises(ConfigurationError) as refused:
         Model(schemaless)
+    assert str(refused.value) == (
+        "the model of study 's' round 1 has no schema: its weights are in the encoded space the "
+        "devices used, with no map back to raw units (create the study with --schema)")
+
+
+def test_a_model_names_what_is_wrong_with_the_rows_it_is_given():
+    m = Model(message(study(), [0.2, 1.1, -0.4]))
+    for rows, got in ((np.ones((2, 3)), "(2, 3)"), (np.ones(2), "(2,)")):
+        with pytest.raises(ValueError) as refused:
+            m.predict(rows)
+        assert str(refused.value) == ("X must have shape (k, 2) with columns ['area', "
+                                      f"'rooms'], got {got}")
+    with pytest.raises(KeyError) as refused:
+        m.predict({"colour": [1.0]})
+    assert refused.value.args[0] == "no column(s) 'area', 'rooms'; the model needs 'area', 'rooms'"
+    with pytest.raises(AttributeError) as refused:
+        m.predict_proba({"area": [1.0], "rooms": [2.0]})
+    assert str(refused.value) == ("target 'rent' is a number: predict_proba is for a class "
+                                  "target (a logistic study)")
+
+
+def test_a_model_reads_columns_of_numbers_written_as_text_or_in_any_array_shape():
+    m = Model(message(study(), [0.2, 1.1, -0.4]))
+    expected = m.predict({"area": np.array([35.0, 90.0]), "rooms": np.array([1.0, 3.0])})
+    np.testing.assert_array_equal(m.predict({"area": ["35", "90"], "rooms": ["1", "3"]}), expected)
+    np.testing.assert_array_equal(m.predict({"area": [[35.0, 90.0]], "rooms": [[1.0], [3.0]]}),
+                                  expected)
+    np.testing.assert_array_equal(m.predict([["35", "1"], ["90", "3"]]), expected)
+    assert m.schema == study().schema_
+
+
+def test_a_model_says_which_study_and_round_it_is():
+    m = Model(message(study(), [0.2, 1.1, -0.4]).model_copy(update={"round": 7}))
+    assert (m.study_id, m.round, m.target_name, m.classes) == ("s", 7, "rent", None)
+    assert repr(m) == "Model(study='s', round=7, features=['area', 'rooms'], target='rent')"
+
+
+def test_a_logistic_model_at_a_score_of_zero_says_the_second_class_at_even_odds():
+    m = Model(message(study(LOANS, loss="logistic"), [0.0, 0.0, 0.0]))
+    rows = {"income": [20.0], "debt": [5.0]}
+    assert m.classes == ("no", "yes")
+    assert m.predict(rows).tolist() == ["yes"]
+    np.testing.assert_array_equal(m.predict_proba(rows), [[0.5, 0.5]])
+    assert m.intercept_ == 0.0 and m.coef_.tolist() == [0.0, 0.0]
+
+
+def test_a_model_file_that_cannot_be_read_is_a_configuration_error(tmp_path):
+    with pytest.raises(ConfigurationError) as refused:
+        load_model(tmp_path / "absent.json")
+    assert str(refused.value).startswith(f"cannot read model {str(tmp_path / 'absent.json')!r}: ")
+    assert "No such file" in str(refused.value)
+
+
+def test_trusted_keys_are_read_from_base64_lines_or_a_key_set(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = SigningKey(Ed25519PrivateKey.generate())
+    path = tmp_path / "model.json"
+    path.write_text(model_value(message(study(), [0.1, 0.2, 0.3]), key).decode())
+    assert load_model(path, trusted_keys=key.public_b64).round == 1
+    assert load_model(path, trusted_keys=TrustedKeys([key.private.public_key()])).round == 1
 
 
 def test_importing_ipdp_loads_neither_the_model_code_nor_numpy_until_load_model_is_used():
@@ -221,3 +296,96 @@ def test_importing_ipdp_loads_neither_the_model_code_nor_numpy_until_load_model_
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout
     assert out == "[] ipdp.model\n"
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    (RENTS | {"target": {"name": "rent", "min": 0}},
+     "target 'rent': a numeric target needs both min and max"),
+    (RENTS | {"target": {"name": "rent"}},
+     ("target 'rent': give either min and max (a number) or classes (two class names), not both "
+     "and not neither")),
+    (RENTS | {"target": {"name": "rent", "min": 0, "max": math.inf}},
+     "'rent': min=0.0 and max=inf must be finite numbers"),
+    (RENTS | {"features": [{"name": "area", "min": -math.inf, "max": 1}]},
+     "'area': min=-inf and max=1.0 must be finite numbers"),
+    (LOANS | {"target": {"name": "approved", "classes": ["yes ", "no"]}},
+     ("target 'approved': its two classes must be distinct, non-empty names without surrounding "
+     "spaces, got ['yes ', 'no']")),
+    (LOANS | {"target": {"name": "approved", "classes": ["", "no"]}},
+     ("target 'approved': its two classes must be distinct, non-empty names without surrounding "
+     "spaces, got ['', 'no']")),
+    (RENTS | {"features": [{"name": f"f{i}", "min": 0, "max": 1} for i in range(4096)]},
+     "4096 features give d=4097 > 4096"),
+    (RENTS | {"features": [{"name": "a", "min": 0, "max": 1}] * 2 + [{"name": "b", "min": 0,
+                                                                      "max": 1}] * 2},
+     "feature names must be unique; repeated: a, b"),
+])
+def test_a_schema_is_refused_with_exactly_what_is_wrong(schema, message):
+    from ipdp.schema import Schema
+
+    with pytest.raises(ValueError) as refused:
+        Schema.model_validate(schema)
+    assert message in str(refused.value)
+    assert Schema.model_validate(RENTS | {"features": [
+        {"name": f"f{i}", "min": 0, "max": 1} for i in range(4095)]}).d == 4096
+
+
+def test_values_at_a_range_s_ends_are_not_counted_as_clipped_and_labels_are_stripped():
+    s = study()
+    enc = s.schema_.encode({"area": [20, 150], "rooms": [1, 6], "rent": [0, 2500]})
+    assert enc.clipped == {"area": 0, "rooms": 0, "rent": 0}
+    np.testing.assert_allclose(enc.y, [-1.0, 1.0])
+    one = s.schema_.encode({"area": 85, "rooms": 3.5, "rent": 1250})
+    np.testing.assert_allclose(one.x, [[1 / math.sqrt(3), 0.0, 0.0]], atol=1e-15)
+    labels = study(LOANS, loss="logistic").schema_.encode(
+        {"income": [10, 20], "debt": [1, 2], "approved": [" yes", "no "]})
+    np.testing.assert_array_equal(labels.y, [1.0, -1.0])
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ({"area": [1], "rent": [1]},
+     "row has no column(s) 'rooms'; the schema names 'area', 'rooms' and target 'rent'"),
+    ({"area": [1, 2], "rooms": [1, 2], "rent": [1]}, "target 'rent' has 1 value(s) for 2 row(s)"),
+    ({"area": ["big"], "rooms": [1], "rent": [1]},
+     "column 'area' holds a value that is not a number"),
+    ({"area": [[1, 2]], "rooms": [1], "rent": [1]}, "column 'area' must be 1-D, got shape (1, 2)"),
+    ({"area": [math.nan], "rooms": [1], "rent": [1]},
+     "column 'area' holds a missing or non-finite value"),
+    ({"area": [1], "rooms": [1], "rent": [None]}, "column 'rent' holds a missing or non-finite value"),
+])
+def test_a_row_that_cannot_be_encoded_is_refused_naming_the_column(rows, message):
+    with pytest.raises(ValueError) as refused:
+        study().schema_.encode(rows)
+    assert str(refused.value) == message
+
+
+def test_the_target_map_gives_the_middle_and_half_width_of_the_range():
+    assert study().schema_.target_map() == (1250.0, 1250.0)
+    a, c = study().schema_.feature_map()
+    root3 = math.sqrt(3)
+    np.testing.assert_allclose(a, [2 / (130 * root3), 2 / (5 * root3)])
+    np.testing.assert_allclose(c, [-170 / (130 * root3), -7 / (5 * root3)])
+
+
+def test_a_target_range_off_zero_maps_to_minus_one_one_and_back():
+    s = study(RENTS | {"target": {"name": "rent", "min": 500, "max": 2500}})
+    enc = s.schema_.encode({"area": [20, 20, 20, 20], "rooms": [1, 1, 1, 1],
+                            "rent": [500, 1500, 2500, 4000]})
+    np.testing.assert_allclose(enc.y, [-1.0, 0.0, 1.0, 1.0])
+    assert enc.clipped["rent"] == 1
+    assert s.schema_.target_map() == (1500.0, 1000.0)
+
+
+def test_a_range_of_one_point_and_two_missing_columns_and_many_unknown_labels_are_refused():
+    from ipdp.schema import Feature
+
+    with pytest.raises(ValueError, match=re.escape("'a': max=5.0 must be greater than min=5.0")):
+        Feature(name="a", min=5, max=5)
+    with pytest.raises(ValueError) as refused:
+        study().schema_.encode({"rent": [1]})
+    assert str(refused.value).startswith("row has no column(s) 'area', 'rooms'; ")
+    with pytest.raises(ValueError) as refused:
+        study(LOANS, loss="logistic").schema_.encode(
+            {"income": [1] * 4, "debt": [1] * 4, "approved": ["a", "b", "c", "d"]})
+    assert str(refused.value) == "target 'approved': ['a', 'b', 'c'] not among its classes " \
+                                 "['no', 'yes']"

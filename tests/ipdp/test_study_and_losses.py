@@ -66,8 +66,9 @@ def test_squared_and_logistic_encodings():
 
 
 def test_logistic_encoding_refuses_labels_outside_plus_minus_one():
-    with pytest.raises(ValueError, match="y ∈"):
+    with pytest.raises(ValueError) as refused:
         encode("logistic", np.ones((2, 3)), np.array([1.0, 0.0]))
+    assert str(refused.value) == "logistic loss needs labels y ∈ {−1, +1}"
 
 
 def test_clipping_never_exceeds_the_public_bounds_and_keeps_small_rows():
@@ -112,3 +113,70 @@ def test_single_record_and_batch_perturbation_agree_in_shape_and_seeded_values()
     assert one[0].shape == (14,)
     np.testing.assert_array_equal(one[0], many[0][0])
     np.testing.assert_array_equal(one[1], many[1][0])
+
+
+@pytest.mark.parametrize(("x", "y", "message"), [
+    (np.ones((2, 2, 2)), np.ones((2, 2)), "x must have shape (d,) or (k, d), got (2, 2, 2)"),
+    (np.ones((3, 2)), np.ones(2), "y must have shape (3,), got (2,)"),
+    (np.ones(2), np.ones(3), "y must have shape (), got (3,)"),
+    (np.ones((3, 2)), np.array([1.0, np.nan, 1.0]), "x and y must be finite"),
+    (np.array([[1.0, np.inf]]), np.ones(1), "x and y must be finite"),
+])
+def test_an_example_of_the_wrong_shape_or_not_finite_is_refused_with_what_is_wrong(x, y, message):
+    with pytest.raises(ValueError) as refused:
+        encode("squared", x, y)
+    assert str(refused.value) == message
+
+
+def test_an_unknown_loss_is_refused_by_name():
+    with pytest.raises(ValueError) as refused:
+        encode("hinge", np.ones(2), 1.0)
+    assert str(refused.value) == "unknown loss 'hinge'; expected 'squared' or 'logistic'"
+
+
+def test_integer_features_encode_as_floats():
+    q, p = encode("squared", np.array([[1, 2]]), np.array([3]))
+    assert q.dtype == p.dtype == np.float64
+    np.testing.assert_array_equal(q, [[1.0, 2.0]])
+    np.testing.assert_array_equal(p, [[3.0, 6.0]])
+
+
+def test_system_noise_is_box_muller_on_the_top_53_bits_of_each_kernel_word(monkeypatch):
+    """Fixed kernel bytes give the transform's exact output: U₁ = (k₁ + 1)/2⁵³ never 0,
+    U₂ = k₂/2⁵³, Z₁ = √(−2 ln U₁)·cos 2πU₂, Z₂ = √(−2 ln U₁)·sin 2πU₂, the cosines first."""
+    from ipdp import losses
+
+    # (k₁, k₂) per pair, each shifted above the 11 bits the transform drops.
+    pairs = [(0, 0), (2**52 - 1, 2**50), (2**53 - 1, 3 * 2**51)]
+    words = np.array([k << 11 | 0x7FF for pair in pairs for k in pair], dtype="<u8")
+    asked = []
+
+    def kernel(size: int) -> bytes:
+        asked.append(size)
+        return words.tobytes()[:size]
+
+    monkeypatch.setattr(losses.os, "urandom", kernel)
+    radius = [math.sqrt(-2.0 * math.log((k1 + 1) * 2.0**-53)) for k1, _ in pairs]
+    angle = [2.0 * math.pi * k2 * 2.0**-53 for _, k2 in pairs]
+    cos = [r * math.cos(a) for r, a in zip(radius, angle, strict=True)]
+    sin = [r * math.sin(a) for r, a in zip(radius, angle, strict=True)]
+    z = losses.SystemNoise().normal(1.0, 2.0, size=(2, 2))
+    np.testing.assert_allclose(z, 1.0 + 2.0 * np.array([cos[:2], sin[:2]]), rtol=1e-15)
+    assert radius[0] == pytest.approx(math.sqrt(106 * math.log(2)))
+    z = losses.SystemNoise().normal(0.0, 1.0, size=5)
+    np.testing.assert_allclose(z, [*cos, *sin[:2]], rtol=1e-15)
+    assert losses.SystemNoise().normal(0.0, 1.0).shape == ()
+    np.testing.assert_allclose(losses.SystemNoise().normal(size=2), [cos[0], sin[0]], rtol=1e-15)
+    assert asked == [32, 48, 16, 16], "two words per pair of normals, a pair per two draws"
+
+
+def test_perturb_adds_the_first_draw_to_q_and_subtracts_the_second_from_p():
+    """Algorithm 1, lines 3–5: q̃ = q + u, p̃ = p − r, u drawn before r."""
+    cal = Study(**BASE).calibration
+    q, p = np.full((2, 14), 0.1), np.full((2, 14), 0.2)
+    twin = np.random.default_rng(8)
+    u = twin.normal(0.0, cal.noise_std_q, size=q.shape)
+    r = twin.normal(0.0, cal.noise_std_p, size=p.shape)
+    q_noisy, p_noisy = perturb(q, p, cal, np.random.default_rng(8))
+    np.testing.assert_array_equal(q_noisy, q + u)
+    np.testing.assert_array_equal(p_noisy, p - r)

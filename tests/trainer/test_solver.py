@@ -290,3 +290,17 @@ def test_symmetry_is_checked_relative_to_scale() -> None:
 def test_singular_h_with_inactive_constraint_is_rejected() -> None:
     with pytest.raises(ValueError, match=r"H is singular"):
         solve_constrained(np.diag([1.0, 0.0]), np.array([1.0, 0.0]), 5.0)
+
+
+@pytest.mark.parametrize(("H", "b", "eta", "message"), [
+    (np.array([[1.0, np.nan], [np.nan, 1.0]]), np.ones(2), 1.0,
+     "H must be finite (it contains NaN or inf)"),
+    (np.eye(2), np.array([1.0, np.nan]), 1.0, "b must be finite (it contains NaN or inf)"),
+    (np.eye(2), np.array([1e300, 1e300]), 1e-300, ("eta = 1e-300 is too small relative to "
+                                                   "‖b‖ = 1.41421e+300")),
+])
+def test_non_finite_input_and_a_vanishing_eta_are_refused_with_exactly_what_is_wrong(
+        H, b, eta, message) -> None:
+    with pytest.raises(ValueError) as refused:
+        solve_constrained(H, b, eta)
+    assert str(refused.value) == message
