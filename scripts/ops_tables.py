@@ -150,7 +150,7 @@ def series_names() -> dict[str, str]:
 #: How the metrics table's descriptions name the processes that serve a metric; the model
 #: subscriber (`ipdp models`) counts but serves no /metrics.
 ROLE_NAMES = {"aggregator": "aggregator", "trainer": "trainer", "gateway": "gateway",
-              "load generator": "loadgen", "model subscriber": None}
+              "load generator": "loadgen", "helper": "helper", "model subscriber": None}
 
 
 def served_metrics(role: str) -> set[str]:
