@@ -3,8 +3,6 @@ thread) on the session's broker; tests/gateway/test_process.py runs `ipdp gatewa
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,6 +14,7 @@ from gateway.settings import GatewaySettings
 from ipdp.embedded.children import free_port
 from ipdp.settings import KafkaSettings, TopicSettings
 from producer.gateway_client import GatewayClient
+from tests.granian_thread import served
 
 
 @contextmanager
@@ -25,30 +24,13 @@ def running_gateway(kafka: KafkaSettings, topics: TopicSettings, ready: bool = T
 
     Waits for /readyz (Kafka connected, studies topic read) unless ``ready`` is False.
     """
-    from granian.constants import HTTPModes, Interfaces
-    from granian.log import LogLevels
-    from granian.server.embed import Server
-
     # One client address plays every device here: it is a relay unless a test says otherwise.
     gs = GatewaySettings(host="127.0.0.1", port=free_port(),
                          **{"relay_addresses": "127.0.0.1", **settings})
-    app = create_app(gs, kafka, topics)
-    server = Server(app, address=gs.host, port=gs.port, interface=Interfaces.ASGI,
-                    http=HTTPModes.http1, http1_settings=http1_settings(gs), websockets=False,
-                    log_level=LogLevels.warning)
-    loop = asyncio.new_event_loop()
-    served = loop.create_task(server.serve())
-    thread = threading.Thread(target=loop.run_until_complete, args=(served,), daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{gs.port}"
-    try:
+    with served(create_app(gs, kafka, topics), gs.host, gs.port, http1_settings(gs)) as url:
         with GatewayClient(url) as client:
             client.wait_ready(30, "/readyz" if ready else "/healthz")
         yield url
-    finally:
-        loop.call_soon_threadsafe(server.stop)
-        thread.join(timeout=30)
-        loop.close()
 
 
 @pytest.fixture

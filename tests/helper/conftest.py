@@ -3,8 +3,6 @@ over a private redis-server; tests/helper/test_process.py runs `ipdp helper run`
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from ipdp.embedded.children import free_port
 from ipdp.sealing import HelperKey
 from ipdp.signing import SigningKey
 from ipdp.study import Study, StudyStatus, study_message
+from tests.granian_thread import served
 
 TOKEN = "leader-token-for-tests"
 
@@ -52,29 +51,13 @@ def make_study(**kw) -> Study:
 def running_helper(redis_url: str, key_file: str, owner: SigningKey, monkeypatch,
                    **settings) -> Iterator[str]:
     """Serve the helper on 127.0.0.1 until the block ends; yields its base URL."""
-    from granian.constants import HTTPModes, Interfaces
-    from granian.log import LogLevels
-    from granian.server.embed import Server
-
     monkeypatch.setenv("IPDP_TRUSTED_STUDY_KEYS", owner.public_b64)
     hs = HelperSettings(host="127.0.0.1", port=free_port(), redis_url=redis_url,
                         key_file=key_file, leader_token=TOKEN, **settings)
-    app = create_app(*load_service(hs))
-    server = Server(app, address=hs.host, port=hs.port, interface=Interfaces.ASGI,
-                    http=HTTPModes.http1, websockets=False, log_level=LogLevels.warning)
-    loop = asyncio.new_event_loop()
-    served = loop.create_task(server.serve())
-    thread = threading.Thread(target=loop.run_until_complete, args=(served,), daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{hs.port}"
-    try:
+    with served(create_app(*load_service(hs)), hs.host, hs.port) as url:
         with HelperClient(url, TOKEN, retry_s=30) as client:
             client.request("GET", "/healthz")
         yield url
-    finally:
-        loop.call_soon_threadsafe(server.stop)
-        thread.join(timeout=30)
-        loop.close()
 
 
 @pytest.fixture
