@@ -169,6 +169,13 @@ class ProducerProcess(asyncio.SubprocessProtocol):
         if not self.exited.done():
             self.exited.set_result(code)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        # The child has exited and its pipes are read to the end (its last acknowledgements
+        # included): the transport has nothing left to carry, so it is closed, not left to the
+        # collector.
+        if self._transport is not None:
+            self._transport.close()
+
     def send(self, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> asyncio.Future:
         """Hand one message to the child: a future that is done when Kafka acknowledged it, or
         fails with ProducerRefused (or ProducerExited)."""
