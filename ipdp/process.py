@@ -87,13 +87,19 @@ def stop_with_parent(signum: int = signal.SIGTERM) -> bool:
     """Ask Linux to send this process ``signum`` when its parent dies (PR_SET_PDEATHSIG), so a
     server's worker never outlives a supervisor killed without a chance to stop it; False where
     that is not available (another OS), or when the parent is already gone (then ``signum`` is
-    sent at once)."""
+    sent at once).
+
+    The parent is the process that started this one: for a multiprocessing child (granian's
+    workers are) the pid multiprocessing recorded at the start, not ``os.getppid()`` now, which
+    after an early death of the parent already names whoever adopted the orphan."""
     import ctypes
+    import multiprocessing
     import sys
 
     if not sys.platform.startswith("linux"):
         return False
-    parent = os.getppid()
+    started_by = multiprocessing.parent_process()
+    parent = started_by.pid if started_by is not None else os.getppid()
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):

@@ -1,0 +1,62 @@
+"""ipdp.process: a worker stops with the process that started it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+# A parent that starts a multiprocessing child and dies before the child asks to stop with it:
+# the child must still stop (the parent it compares with is the one that started it, not the
+# process that adopted it).
+_ORPHAN = textwrap.dedent("""
+    import multiprocessing as mp, os, sys, time
+
+    def child():
+        started_by = mp.parent_process().pid
+        while os.getppid() == started_by:  # wait until the parent is gone
+            time.sleep(0.01)
+        from ipdp.process import stop_with_parent
+        stop_with_parent()
+        time.sleep(60)
+
+    if __name__ == "__main__":
+        worker = mp.get_context("spawn").Process(target=child)
+        worker.start()
+        with open(sys.argv[1], "w") as f:
+            f.write(str(worker.pid))
+        os._exit(0)
+""")
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_whose_parent_died_before_it_asked_stops_at_once(tmp_path):
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN)
+    pid_file = tmp_path / "worker.pid"
+    subprocess.run([sys.executable, str(script), str(pid_file)], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True, timeout=60,
+                   cwd=Path(__file__).parents[2])
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 20
+    try:
+        while _running(pid):
+            assert time.monotonic() < deadline, "the orphaned worker kept running"
+            time.sleep(0.1)
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
