@@ -21,7 +21,7 @@ test: $(STAMP)
 	bash scripts/install-test-deps.sh
 	cd producer/web && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund && npm test
 	$(MAKE) lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 3
 
 bench: $(STAMP)
 	$(BIN)/ipdp bench throughput
