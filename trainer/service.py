@@ -23,7 +23,6 @@ import numpy as np
 import redis
 from kafka.errors import KafkaError
 
-from helper.settings import HelperSettings
 from ipdp import accounting, metrics, state
 from ipdp.accounting import compose
 from ipdp.errors import MalformedValue, SignatureError, UnknownStudy
@@ -33,6 +32,7 @@ from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
 from ipdp.redis_io import check_redis, redis_client
 from ipdp.settings import (
     KafkaSettings,
+    LeaderTokenSettings,
     MetricsSettings,
     RedisSettings,
     TopicSettings,
@@ -244,7 +244,7 @@ def cmd_run(args) -> int:
     metrics.start_studies_reader_at_zero("trainer", topic_values=False)
     metrics.start_backends_at_zero(("kafka", "rounds"), ("redis", "rounds"))
     # The leader's credential at a two-server study's helper: the variable the helper reads.
-    token = HelperSettings().leader_token
+    token = LeaderTokenSettings().leader_token
     trainer = Trainer(KafkaSettings(), RedisSettings(), TopicSettings(), TrainerSettings(),
                       helper_token=None if token is None else token.get_secret_value())
     install_signal_handlers(trainer.stop_event)

@@ -6,7 +6,7 @@ checks of the sum)).
 The leader's closed round ``ipdp:{S}:closed:<r>`` holds ``sum`` (8·L bytes, little-endian
 uint64: the sum mod 2⁶⁴ of the leader shares), ``count``, ``checksum`` (32 bytes,
 helper.store.id_checksum of the folded ids), ``closed_ms`` and ``mode`` = ``two-server``. The
-helper answers its part of the same round (aggregator.helper_client.HelperClient.round_share)
+helper answers its part of the same round (ipdp.helper_client.HelperClient.round_share)
 once it holds n records. Both must agree on count and checksum; then the sum of the two sums is
 the round's sum of encoded records, decoded with ipdp.fixed_point, and b gets the trainer's
 dither V ~ U[−h_b/2, h_b/2)^d from a generator seeded by the kernel's CSPRNG. Nothing here logs
@@ -24,11 +24,10 @@ import time
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from aggregator.helper_client import HelperClient, HelperRefused, RoundShare
-from helper.store import CHECKSUM_BYTES
 from ipdp.calibration import eigenvalue_bound
 from ipdp.fixed_point import combine, decode
 from ipdp.grid_noise import dither, system_generator
+from ipdp.helper_client import HelperClient, HelperRefused, RoundShare
 from ipdp.study import Study
 from ipdp.two_server import TwoServerCalibration
 from trainer.errors import DeferralReason, RefusalReason, RoundPending, RoundRefused
@@ -141,7 +140,7 @@ def combine_round(study: Study, raw: dict[bytes, bytes], share: RoundShare, roun
     width = 8 * two.encoding.entries
     leader_sum, checksum = raw.get(b"sum", b""), raw.get(b"checksum", b"")
     if (raw.get(b"mode") != TWO_SERVER_MODE or len(leader_sum) != width
-            or len(checksum) != CHECKSUM_BYTES or share.sum.shape != (two.encoding.entries,)):
+            or share.sum.shape != (two.encoding.entries,)):
         raise RoundRefused(RefusalReason.MALFORMED_ROUND, (
             f"{where}: the closed round or the helper's share is not a two-server round of "
             f"{two.encoding.entries} values; no model is published"))

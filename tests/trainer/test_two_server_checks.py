@@ -5,10 +5,13 @@ raised by half, and V is the trainer's own U[−h_b/2, h_b/2)."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import trainer.two_server as trainer_two_server
 from ipdp.fixed_point import decode, encode, fold
 from ipdp.two_server import calibrate_two_server, perturb_two_server
 from trainer.errors import RefusalReason, RoundRefused
@@ -112,3 +115,12 @@ def test_the_dither_moves_b_by_at_most_half_a_linear_step_and_differs_between_ru
     # b̂ lies on the grid h_b, b̂ + V does not: the dither is what gives b a density (Step 12).
     assert np.all(np.ldexp(b_plain, TWO.linear_bits) == np.rint(np.ldexp(b_plain,
                                                                           TWO.linear_bits)))
+
+
+def test_every_proof_step_the_trainer_names_is_a_heading_of_docs_privacy():
+    source = re.sub(r"\s+", " ", Path(trainer_two_server.__file__).read_text())
+    named = set(re.findall(r"Step \d+ \([^)]+\)", source))
+    assert {"Step 9 (the two-server mechanism)", "Step 15 (the trainer's checks of the sum)"} <= named
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    headings = set(re.findall(r"^#+ (Step \d+ \([^)]+\))", docs, flags=re.MULTILINE))
+    assert named <= headings, named - headings

@@ -18,10 +18,10 @@ import pytest
 import redis
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from aggregator.helper_client import HelperClient
 from helper.store import id_checksum
 from ipdp import state
 from ipdp.fixed_point import decode, encode, fold, split
+from ipdp.helper_client import HelperClient
 from ipdp.helper_protocol import TWO_SERVER_VERSION
 from ipdp.metrics import EVERY_METRIC
 from ipdp.sealing import HelperKey, generate_helper_key_files, seal_share
