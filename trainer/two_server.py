@@ -139,12 +139,14 @@ def combine_round(study: Study, raw: dict[bytes, bytes], share: RoundShare, roun
     where = f"study {study.study_id} round {round_no}"
     width = 8 * two.encoding.entries
     leader_sum, checksum = raw.get(b"sum", b""), raw.get(b"checksum", b"")
+    count = raw.get(b"count", b"")
     if (raw.get(b"mode") != TWO_SERVER_MODE or len(leader_sum) != width
+            or not count.isdigit() or not raw.get(b"closed_ms", b"").isdigit()
             or share.sum.shape != (two.encoding.entries,)):
         raise RoundRefused(RefusalReason.MALFORMED_ROUND, (
             f"{where}: the closed round or the helper's share is not a two-server round of "
             f"{two.encoding.entries} values; no model is published"))
-    count = int(raw[b"count"])
+    count = int(count)
     if count != share.count:
         raise RoundRefused(RefusalReason.COUNT_MISMATCH, (
             f"{where}: the leader folded {count} records, the helper {share.count}; no model is "

@@ -5,6 +5,7 @@ the metric and publishes nothing, or leaves the round pending until the helper i
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 import threading
@@ -20,10 +21,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from helper.store import id_checksum
 from ipdp import state
+from ipdp.cli.models import model_line
+from ipdp.embedded.children import free_port
 from ipdp.fixed_point import decode, encode, fold, split
 from ipdp.helper_client import HelperClient
 from ipdp.helper_protocol import TWO_SERVER_VERSION
 from ipdp.metrics import EVERY_METRIC
+from ipdp.model_message import ModelMessage, PrivacyReport, model_value, parse_model_value
 from ipdp.sealing import HelperKey, generate_helper_key_files, seal_share
 from ipdp.settings import TrustSettings
 from ipdp.signing import SigningKey
@@ -31,9 +35,11 @@ from ipdp.study import Study, StudyStatus, TwoServer, study_message
 from ipdp.subscriber import ModelSubscriber
 from ipdp.two_server import perturb_two_server
 from tests.helper.conftest import TOKEN, running_helper
+from trainer.errors import DeferralReason, RoundPending
 from trainer.service import Trainer
 from trainer.settings import TrainerSettings
 from trainer.solver import solve_constrained
+from trainer.two_server import HelperShares
 
 N, D = 200, 3
 
@@ -164,6 +170,7 @@ def test_a_combined_round_gives_the_one_server_solve_of_the_same_sums_with_a_two
     reach = math.sqrt(D) * two.linear_step / 2 / np.linalg.eigvalsh(h)[0]
     assert np.linalg.norm(np.array(model.weights) - expected) <= reach
     assert np.linalg.norm(expected) > 100 * reach
+    assert "servers=two-server" in model_line(model)
     report = model.privacy
     assert (report.servers, report.mode, report.proven) == ("two-server", "rigorous", True)
     assert (report.epsilon, report.delta) == (1.0, 0.01)
@@ -276,3 +283,31 @@ def test_a_trainer_without_the_leaders_token_leaves_the_round_pending_and_says_w
     assert counted("ipdp_rounds_deferred_total", rounds.study, "no_token") == before + 1
     assert "IPDP_HELPER_LEADER_TOKEN is required" in caplog.text
     assert models_of(kafka_settings, env_topics, rounds.study) == [] and pending(rounds) == 1
+
+
+def test_a_helper_that_does_not_answer_leaves_the_round_pending(tmp_path):
+    key = generate_helper_key_files(tmp_path / "helper")
+    study = Study(study_id="unreachable", d=D, n=N, epsilon=1.0, delta=0.01, two_server=TwoServer(
+        helper_id="helper-1", helper_url=f"http://127.0.0.1:{free_port()}",
+        helper_key=key.public_b64))
+    shares = HelperShares(TOKEN, 0.3, threading.Event())
+    try:
+        with pytest.raises(RoundPending) as pending_round:
+            shares.fetch(study, 1)
+    finally:
+        shares.close()
+    assert pending_round.value.reason == DeferralReason.HELPER_UNREACHABLE
+
+
+def test_a_model_message_without_the_two_server_fields_reads_as_one_server():
+    """Messages published before the report named its servers still parse, as one-server."""
+    study = Study(study_id="older", d=D, n=N, epsilon=1.0, delta=0.01)
+    text = json.loads(model_value(ModelMessage(
+        study_id=study.study_id, round=1, n=N, d=D, loss="squared", weights=[0.1, 0.2, 0.3],
+        constraint_active=False, privacy=PrivacyReport.from_calibration(study.calibration),
+        round_closed_ms=1, published_ms=2)))
+    for name in ("servers", "protects", "checked", "not_checked"):
+        del text["privacy"][name]
+    older = parse_model_value(json.dumps(text).encode())
+    assert (older.privacy.servers, older.privacy.checked) == ("one-server", None)
+    assert "servers=" not in model_line(older)
