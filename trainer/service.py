@@ -57,9 +57,9 @@ def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no
 
     For a two-server study (a, b) are trainer.two_server.combine_round's, checked and dithered,
     and the report is the two-server calibration's. Returns the model and the solve's duration
-    in seconds. The duration depends on the data (the
-    eigendecomposition and the secular equation), so it goes to the operator's metric and log,
-    never into the published message: only w and the report are released (docs/privacy.md).
+    in seconds. The duration depends on the data (the eigendecomposition and the secular
+    equation), so it goes to the operator's metric and log, never into the published message:
+    only w and the report are released (docs/privacy.md).
     """
     if count != study.n:
         raise RoundRefused(RefusalReason.NOT_N, f"study {study.study_id} round {round_no} holds "
@@ -201,12 +201,13 @@ class Trainer:
         if found is None:
             raise UnknownStudy(f"closed round for unknown study {sid}")
         study = found[0]
+        if study.two_server is None:
+            a, b = state.unpack_stats(raw[b"A"], raw[b"b"], study.d)
+        else:
+            metrics.start_at_zero(metrics.ROUNDS_DEFERRED,
+                                  *((sid, r.value) for r in DeferralReason))
         try:
-            if study.two_server is None:
-                a, b = state.unpack_stats(raw[b"A"], raw[b"b"], study.d)
-            else:
-                metrics.start_at_zero(metrics.ROUNDS_DEFERRED,
-                                      *((sid, r.value) for r in DeferralReason))
+            if study.two_server is not None:
                 a, b = combine_round(study, raw, self.helpers.fetch(study, round_no), round_no)
             message, solve_s = train_round(study, a, b, int(raw[b"count"]), round_no,
                                            int(raw[b"closed_ms"]))
