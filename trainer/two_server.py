@@ -206,7 +206,9 @@ class HelperShares:
             if share is not None:
                 return share
             if time.monotonic() + pause > deadline or self.stop_event.wait(pause):
+                waited = "until the trainer stopped" if self.stop_event.is_set() else (
+                    f"after {self.wait_s:g} s")
                 raise RoundPending(DeferralReason.HELPER_NOT_FULL, (
-                    f"{where}: the helper's round does not hold n records after "
-                    f"{self.wait_s:g} s; the round stays pending"))
+                    f"{where}: the helper's round does not hold n records {waited}; the round "
+                    "stays pending"))
             pause = min(1.0, 2.0 * pause)
