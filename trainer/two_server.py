@@ -1,6 +1,6 @@
 """A two-server study's closed round at the trainer: the helper's share, the comparison with the
 leader's round, the combination, the dither and the checks a sum allows (docs/architecture.md,
-"The trainer"; docs/privacy.md, Step 9 (the two-server mechanism) and Step 15 (the trainer's
+"The trainer of a two-server round"; docs/privacy.md, Step 9 (the two-server mechanism) and Step 15 (the trainer's
 checks of the sum)).
 
 The leader's closed round ``ipdp:{S}:closed:<r>`` holds ``sum`` (8·L bytes, little-endian
@@ -32,8 +32,8 @@ from ipdp.study import Study
 from ipdp.two_server import TwoServerCalibration
 from trainer.errors import DeferralReason, RefusalReason, RoundPending, RoundRefused
 
-__all__ = ["HelperShares", "SumBounds", "checked_text", "combine_round", "dithered_sum",
-           "smallest_eigenvalue_bound", "sum_bounds"]
+__all__ = ["HelperShares", "SumBounds", "check_sum", "checked_text", "combine_round",
+           "dithered_sum", "smallest_eigenvalue_bound", "sum_bounds"]
 
 TWO_SERVER_MODE = b"two-server"
 
