@@ -10,8 +10,8 @@ differ by replacing one record (docs/privacy.md, Step 1) are each run `trials` t
 every record goes through the two-server mode as implemented (`two_server_fold`): the device's
 Gaussian q-noise and Skellam p-noise on the grid (ipdp.two_server.perturb_two_server), the
 fixed-point encoding and the split into two shares (ipdp.fixed_point), each server's sum mod 2⁶⁴,
-the combination and decoding, and the trainer's dither (ipdp.grid_noise.dither); its claim is
-calibrate_two_server's.
+the combination and decoding, and the trainer's dither (trainer.two_server.dithered_sum); its
+claim is calibrate_two_server's.
 
 Estimator. The first half of the runs (the calibration runs) chooses a pair, a direction v (the mean difference of
 w between D and D′) and a rejection region {vᵀw > t} or {vᵀw < t} that maximises the estimate
@@ -42,11 +42,11 @@ from tqdm import tqdm
 
 from bench.baselines import KANG_STEPS, kang2020_descent, kang2020_proof_c, kang2020_sigma
 from ipdp.calibration import NEIGHBOURING, CalibrationError, calibrate
-from ipdp.fixed_point import combine, decode, encode, fold, split
-from ipdp.grid_noise import dither
+from ipdp.fixed_point import combine, encode, fold, split
 from ipdp.losses import perturb
 from ipdp.two_server import TwoServerCalibration, calibrate_two_server, perturb_two_server
 from trainer.solver import solve_constrained_batch
+from trainer.two_server import dithered_sum
 
 CHUNK_RECORDS = 2**21
 """Records generated at once (trials per chunk = CHUNK_RECORDS // n)."""
@@ -229,7 +229,8 @@ def two_server_fold(mech: Mechanism, q: np.ndarray, p: np.ndarray, t: np.ndarray
                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """k draws of (A, b) through the two-server mode: every record perturbed, encoded and split
     as a device does, each server's shares summed mod 2⁶⁴, the sums combined and decoded, and b
-    dithered as the trainer does (docs/privacy.md, Step 9 (the two-server mechanism))."""
+    dithered by the trainer's own code (trainer.two_server.dithered_sum; docs/privacy.md, Step 9
+    (the two-server mechanism))."""
     cal = mech.two_server
     n, d = q.shape
     q_tilde, p_hat = perturb_two_server(np.broadcast_to(q, (k, n, d)),
@@ -237,8 +238,7 @@ def two_server_fold(mech: Mechanism, q: np.ndarray, p: np.ndarray, t: np.ndarray
                                         generator=rng)
     values, _ = encode(q_tilde, p_hat, cal.encoding)
     leader, helper = split(values, rng.bytes)
-    a, b = decode(combine(fold(leader, axis=1), fold(helper, axis=1)), cal.encoding)
-    return a, b + dither((k, d), cal.linear_step, rng)
+    return dithered_sum(combine(fold(leader, axis=1), fold(helper, axis=1)), cal, rng)
 
 
 @dataclass(frozen=True)

@@ -90,8 +90,15 @@ MODELS_CONSTRAINED = _counter(
     ["study"])
 ROUNDS_REFUSED = _counter(
     "ipdp_rounds_refused_total",
-    "Closed rounds the trainer refused to publish (not exactly n records, or unsolvable).",
-    ["study"])
+    "Closed rounds the trainer refused to publish, by reason (trainer.errors.RefusalReason: "
+    "not exactly n records, unsolvable, or a two-server round the servers disagree on or whose "
+    "sum fails a check).",
+    ["study", "reason"])
+ROUNDS_DEFERRED = _counter(
+    "ipdp_rounds_deferred_total",
+    "Two-server rounds the trainer left pending because the helper's share could not be had "
+    "(trainer.errors.DeferralReason); each is read again later.",
+    ["study", "reason"])
 SOLVE_SECONDS = _histogram(
     "ipdp_solve_seconds", "Time to solve one round's constrained problem.",
     buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5))
@@ -168,7 +175,8 @@ _ROLE_METRICS: dict[str, tuple] = {
                    FOLD_SECONDS, FOLD_CONFLICTS, CONSUMER_LAG, PARTITIONS_PAUSED,
                    PARTITION_PAUSES, ROUND_RECORDS, ROUND_TARGET, ROUND_PROGRESS, ROUNDS_CLOSED,
                    *_STUDIES, *_BACKENDS),
-    "trainer": (MODELS_PUBLISHED, MODELS_CONSTRAINED, ROUNDS_REFUSED, SOLVE_SECONDS, ROUND_TO_MODEL_SECONDS,
+    "trainer": (MODELS_PUBLISHED, MODELS_CONSTRAINED, ROUNDS_REFUSED, ROUNDS_DEFERRED,
+                SOLVE_SECONDS, ROUND_TO_MODEL_SECONDS,
                 *_STUDIES, *_BACKENDS),
     "gateway": (GATEWAY_REQUESTS, GATEWAY_REFUSALS, GATEWAY_REQUEST_SECONDS,
                 GATEWAY_RECORDS_ACCEPTED, GATEWAY_RECORDS_REJECTED,

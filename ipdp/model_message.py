@@ -14,6 +14,7 @@ the value is the model JSON itself, which a subscriber that pins trainer keys re
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -24,6 +25,9 @@ from ipdp.schema import Schema
 from ipdp.signing import SigningKey, TrustedKeys
 from ipdp.topic_values import DEFAULT_MAX_VALUE_BYTES, invalid_fields, load_json_object
 
+if TYPE_CHECKING:
+    from ipdp.two_server import TwoServerCalibration
+
 MODEL_ENVELOPE_FORMAT = 2
 MODEL_SIGNING_TAG = "ipdp-model-v2"
 
@@ -32,6 +36,16 @@ UNIT = "one record of one device in one round (replace-one)"
 GUARANTEE = ("privacy, not robustness: (epsilon, delta) bounds what this model reveals about any "
              "one record; it does not bound how far the round's accepted records, honest or "
              "crafted, moved it (docs/security.md, Bounded influence)")
+TWO_SERVER_PROTECTS = (
+    "either server alone (the leader or the helper) sees no record: each holds uniformly random "
+    "shares and their sums; only a whole round's sum is reconstructed, by the trainer. The two "
+    "colluding see every record as the one server of a one-server study does")
+TWO_SERVER_NOT_CHECKED = [
+    ("per-record norm bounds: no server reads a record, so robustness rests on device "
+    "credentials (where the study requires them) and the checks of the round's sum"),
+    ("validity proofs that each record's shares encode a well-formed record: the record format "
+    "keeps room for one, none is carried yet"),
+]
 
 
 class PrivacyReport(BaseModel):
@@ -70,6 +84,16 @@ class PrivacyReport(BaseModel):
         "(docs/accounting.md).")
     rounds_composed: int | None = None
     composition: str | None = Field(None, description="The composition theorem applied.")
+    servers: Literal["one-server", "two-server"] = Field(
+        "one-server", description="Who folds the records: one server, or a leader and a helper "
+        "that each fold an additive share (docs/privacy.md, \"Two-server mode\").")
+    protects: str | None = Field(
+        None, description="Two-server: what the split of each record protects against.")
+    checked: list[str] | None = Field(
+        None, description="Two-server: what the trainer checked of the round's sum before it "
+        "solved (docs/privacy.md, Step 15).")
+    not_checked: list[str] | None = Field(
+        None, description="Two-server: what no server checks, since none reads a record.")
 
     @classmethod
     def from_calibration(cls, cal: Calibration, composed: Composed | None = None) -> PrivacyReport:
@@ -79,6 +103,22 @@ class PrivacyReport(BaseModel):
             fields |= {"composed_epsilon": composed.epsilon, "composed_delta": composed.delta,
                        "rounds_composed": composed.rounds, "composition": composed.composition}
         return cls(**fields)
+
+    @classmethod
+    def from_two_server(cls, two: TwoServerCalibration, composed: Composed | None,
+                        checked: list[str]) -> PrivacyReport:
+        """A two-server model's report: the one-server calibration's σ_u², Δ_in, λ′ and local
+        figures, which the two-server calibration keeps, with its linear noise, shift bound and
+        (ε, δ) splits (Steps 12 and 14), and what the mode protects and checks."""
+        report = cls.from_calibration(two.one_server, composed)
+        # Γ″ = λ′η + 2P_b + 2eη: Step 12's bound on the shift, rounding included.
+        shift = ((two.lambda_prime + 2.0 * two.rounding) * report.eta
+                 + 2.0 * two.linear_p_bound)
+        return report.model_copy(update={
+            "servers": "two-server", "sigma_b2": two.sigma_b2, "linear_sensitivity": shift,
+            "epsilon_split": dict(two.epsilon_split), "delta_split": dict(two.delta_split),
+            "protects": TWO_SERVER_PROTECTS, "checked": list(checked),
+            "not_checked": list(TWO_SERVER_NOT_CHECKED)})
 
 
 class ModelMessage(BaseModel):

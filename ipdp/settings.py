@@ -59,6 +59,18 @@ class KafkaSettings(BaseSettings):
         return kw
 
 
+class LeaderTokenSettings(BaseSettings):
+    """The secret a two-server study's leader and helper share (docs/architecture.md, "The
+    helper"): the leader's aggregator and trainer present it, the helper expects it."""
+
+    model_config = SettingsConfigDict(env_prefix="IPDP_HELPER_", extra="ignore")
+
+    leader_token: SecretStr | None = Field(
+        None, description="The bearer token the leader's aggregator and trainer present at the "
+        "helper on every route but /healthz (compared there in constant time). Required by the "
+        "helper, and by the leader for a two-server study.")
+
+
 class RedisSettings(BaseSettings):
     """How to reach Redis. ``url`` may carry credentials; ``username``/``password`` override it."""
 

@@ -6,6 +6,11 @@ through a Redis consumer group and acknowledged only after the model is on the m
 (acks=all) and the closed round's statistics are deleted, in one MULTI/EXEC. A trainer killed
 anywhere in between re-reads its pending entry on restart and publishes the same (study, round)
 again: at least once, under the same key, which consumers drop as a repeat.
+
+A two-server study's round (trainer.two_server) needs the helper's share too: while the helper
+cannot give it (its round not yet full, or unreachable) the entry stays pending, unacknowledged,
+and is read again after IPDP_TRAINER_HELPER_RETRY_S; a round the two servers disagree on, or
+whose sum fails a check, is refused like a round that does not hold n records.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ from kafka.errors import KafkaError
 
 from ipdp import accounting, metrics, state
 from ipdp.accounting import compose
-from ipdp.errors import IpdpError, MalformedValue, SignatureError, UnknownStudy
+from ipdp.errors import MalformedValue, SignatureError, UnknownStudy
 from ipdp.kafka_io import kafka_producer
 from ipdp.model_message import ModelMessage, PrivacyReport, model_key, model_value
 from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
 from ipdp.redis_io import check_redis, redis_client
 from ipdp.settings import (
     KafkaSettings,
+    LeaderTokenSettings,
     MetricsSettings,
     RedisSettings,
     TopicSettings,
@@ -34,8 +40,10 @@ from ipdp.settings import (
 )
 from ipdp.signing import load_signing_key
 from ipdp.study import Study
+from trainer.errors import DeferralReason, RefusalReason, RoundPending, RoundRefused
 from trainer.settings import TrainerSettings
 from trainer.solver import solve_constrained
+from trainer.two_server import HelperShares, checked_text, combine_round, sum_bounds
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +51,19 @@ PUBLISH_TIMEOUT_S = 30.0
 CLAIM_IDLE_MS = 60_000
 
 
-class RoundRefused(IpdpError):
-    """A closed round that must not produce a model (it does not hold exactly n records)."""
-
-
 def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no: int,
                 closed_ms: int) -> tuple[ModelMessage, float]:
     """Solve w = argmin_{‖w‖≤η} ½wᵀ(A + Δ_in I)w − bᵀw for one closed round of exactly n records.
 
-    Returns the model and the solve's duration in seconds. The duration depends on the data (the
-    eigendecomposition and the secular equation), so it goes to the operator's metric and log,
-    never into the published message: only w and the report are released (docs/privacy.md).
+    For a two-server study (a, b) are trainer.two_server.combine_round's, checked and dithered,
+    and the report is the two-server calibration's. Returns the model and the solve's duration
+    in seconds. The duration depends on the data (the eigendecomposition and the secular
+    equation), so it goes to the operator's metric and log, never into the published message:
+    only w and the report are released (docs/privacy.md).
     """
     if count != study.n:
-        raise RoundRefused(f"study {study.study_id} round {round_no} holds {count} records, "
-                           f"not n={study.n}; no model is published")
+        raise RoundRefused(RefusalReason.NOT_N, f"study {study.study_id} round {round_no} holds "
+                           f"{count} records, not n={study.n}; no model is published")
     cal = study.calibration
     started = time.perf_counter()
     solution = solve_constrained(a + cal.delta_in * np.eye(study.d), b, study.eta)
@@ -65,10 +71,13 @@ def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no
     # The study's guarantee after rounds 1 … round_no for a device in each once (at the
     # budget's δ when the study has a budget).
     composed = compose(cal.epsilon, cal.delta, round_no, study.budget_delta)
+    two = study.two_server_calibration
+    privacy = (PrivacyReport.from_calibration(cal, composed) if two is None else
+               PrivacyReport.from_two_server(two, composed, checked_text(two, sum_bounds(two))))
     return ModelMessage(
         study_id=study.study_id, round=round_no, n=count, d=study.d, loss=study.loss,
         weights=solution.w.tolist(), constraint_active=solution.constrained,
-        privacy=PrivacyReport.from_calibration(cal, composed), schema=study.schema_,
+        privacy=privacy, schema=study.schema_,
         round_closed_ms=closed_ms, published_ms=int(time.time() * 1000),
     ), solve_s
 
@@ -77,7 +86,8 @@ class Trainer:
     """Publishes one model per closed round."""
 
     def __init__(self, kafka: KafkaSettings, redis_settings: RedisSettings, topics: TopicSettings,
-                 settings: TrainerSettings, trust: TrustSettings | None = None) -> None:
+                 settings: TrainerSettings, trust: TrustSettings | None = None,
+                 helper_token: str | None = None) -> None:
         self.topics, self.settings = topics, settings
         self.signing_key = load_signing_key(settings.signing_key) if settings.signing_key else None
         if self.signing_key is None:
@@ -92,6 +102,8 @@ class Trainer:
         self.producer = kafka_producer(kafka)
         self.stop_event = threading.Event()
         self.published = 0
+        self.helpers = HelperShares(helper_token, settings.helper_wait_s, self.stop_event)
+        self.pending_retry_at: float | None = None
         # Every model's report composes its study's rounds: pay dp-accounting's import (about a
         # second) now, not between the first round's close and its model.
         accounting.preload()
@@ -107,6 +119,9 @@ class Trainer:
         pending_first = True
         idle_since = time.monotonic()
         while not self.stop_event.is_set():
+            if self.pending_retry_at is not None and time.monotonic() >= self.pending_retry_at:
+                # Deferred two-server rounds are this consumer's pending entries: read them again.
+                self.pending_retry_at, pending_first = None, True
             try:
                 entries = self._next_entries(pending_first)
                 pending_first = False
@@ -123,6 +138,7 @@ class Trainer:
             elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
                 break
         self.producer.close()
+        self.helpers.close()
         return self.published
 
     def publish(self, message: ModelMessage) -> None:
@@ -146,18 +162,30 @@ class Trainer:
                                     block=self.settings.block_ms)
         return got[0][1] if got else []
 
-    def _refuse(self, entry_id: bytes, sid: str, round_no: int, exc: Exception) -> None:
+    def _refuse(self, entry_id: bytes, sid: str, round_no: int, exc: Exception,
+                reason: RefusalReason) -> None:
         """Publish nothing for this round, say why in the log and in Redis, and move on."""
         log.error("study %s round %d: %s", sid, round_no, exc)
-        metrics.ROUNDS_REFUSED.labels(sid).inc()
+        metrics.ROUNDS_REFUSED.labels(sid, reason.value).inc()
         self.redis.hset(state.StudyKeys(sid).published, str(round_no), f"refused: {exc}")
         self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
+
+    def _defer(self, sid: str, round_no: int, exc: RoundPending) -> None:
+        """Publish nothing yet and leave the entry pending: it is read again after
+        helper_retry_s (or by the next trainer to start)."""
+        if exc.reason == DeferralReason.NO_TOKEN:
+            log.error("%s", exc)
+        else:
+            log.warning("%s; trying again in %g s", exc, self.settings.helper_retry_s)
+        metrics.ROUNDS_DEFERRED.labels(sid, exc.reason.value).inc()
+        if self.pending_retry_at is None:
+            self.pending_retry_at = time.monotonic() + self.settings.helper_retry_s
 
     def _handle(self, entry_id: bytes, fields: dict) -> None:
         sid, round_no = fields[b"study"].decode(), int(fields[b"round"])
         metrics.start_at_zero(metrics.MODELS_PUBLISHED, (sid,))
         metrics.start_at_zero(metrics.MODELS_CONSTRAINED, (sid,))
-        metrics.start_at_zero(metrics.ROUNDS_REFUSED, (sid,))
+        metrics.start_at_zero(metrics.ROUNDS_REFUSED, *((sid, r.value) for r in RefusalReason))
         keys = state.StudyKeys(sid)
         raw = self.redis.hgetall(keys.closed(round_no))
         if not raw:
@@ -168,17 +196,29 @@ class Trainer:
             found = state.load_study(self.redis, sid, self.trusted)
         except (SignatureError, MalformedValue) as exc:
             metrics.STUDIES_REFUSED.labels("trainer").inc()
-            self._refuse(entry_id, sid, round_no, exc)
+            self._refuse(entry_id, sid, round_no, exc, RefusalReason.UNTRUSTED_STUDY)
             return
         if found is None:
             raise UnknownStudy(f"closed round for unknown study {sid}")
         study = found[0]
-        a, b = state.unpack_stats(raw[b"A"], raw[b"b"], study.d)
+        if study.two_server is None:
+            a, b = state.unpack_stats(raw[b"A"], raw[b"b"], study.d)
+        else:
+            metrics.start_at_zero(metrics.ROUNDS_DEFERRED,
+                                  *((sid, r.value) for r in DeferralReason))
         try:
+            if study.two_server is not None:
+                a, b = combine_round(study, raw, self.helpers.fetch(study, round_no), round_no)
             message, solve_s = train_round(study, a, b, int(raw[b"count"]), round_no,
-                                  int(raw[b"closed_ms"]))
-        except (RoundRefused, ValueError) as exc:
-            self._refuse(entry_id, sid, round_no, exc)
+                                           int(raw[b"closed_ms"]))
+        except RoundPending as exc:
+            self._defer(sid, round_no, exc)
+            return
+        except RoundRefused as exc:
+            self._refuse(entry_id, sid, round_no, exc, exc.reason)
+            return
+        except ValueError as exc:
+            self._refuse(entry_id, sid, round_no, exc, RefusalReason.UNSOLVABLE)
             return
         metrics.SOLVE_SECONDS.observe(solve_s)
         self.publish(message)
@@ -204,7 +244,10 @@ def cmd_run(args) -> int:
     metrics.serve(MetricsSettings(), "trainer")
     metrics.start_studies_reader_at_zero("trainer", topic_values=False)
     metrics.start_backends_at_zero(("kafka", "rounds"), ("redis", "rounds"))
-    trainer = Trainer(KafkaSettings(), RedisSettings(), TopicSettings(), TrainerSettings())
+    # The leader's credential at a two-server study's helper: the variable the helper reads.
+    token = LeaderTokenSettings().leader_token
+    trainer = Trainer(KafkaSettings(), RedisSettings(), TopicSettings(), TrainerSettings(),
+                      helper_token=None if token is None else token.get_secret_value())
     install_signal_handlers(trainer.stop_event)
     published = trainer.run(idle_exit_s=args.idle_exit)
     log.info("trainer stopped after publishing %d models", published)

@@ -71,7 +71,8 @@ def model_line(m) -> str:
     pr = m.privacy
     line = (f"{m.study_id}  round {m.round}  n={m.n}  ‖w‖={w_norm:.4f}  "
             f"ε={pr.epsilon:g}  δ={pr.delta:g}  mode={pr.mode}"
-            f"{'' if pr.proven else ' (NOT proven)'}")
+            f"{'' if pr.proven else ' (NOT proven)'}"
+            f"{'  servers=two-server' if pr.servers == 'two-server' else ''}")
     lines = [line] if m.schema_ is None else [line, *coefficient_lines(m)]
     if m.constraint_active:
         lines.append(constraint_note(m))

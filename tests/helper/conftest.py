@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from aggregator.helper_client import HelperClient
 from helper.app import create_app
 from helper.service import load_service
 from helper.settings import HelperSettings
 from ipdp.embedded.children import free_port
+from ipdp.helper_client import HelperClient
 from ipdp.sealing import HelperKey
 from ipdp.signing import SigningKey
 from ipdp.study import Study, StudyStatus, study_message

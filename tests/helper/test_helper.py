@@ -1,5 +1,5 @@
 """The helper on granian's embeddable server over a real redis-server, driven by the leader's
-client (aggregator.helper_client): prepare and commit by job id, its own refusals, rounds
+client (ipdp.helper_client): prepare and commit by job id, its own refusals, rounds
 released at n, and what its Redis holds."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 import redis
 from scipy.stats import chisquare
 
-from aggregator.helper_client import HelperRefused
 from ipdp.fixed_point import combine, decode, fold
+from ipdp.helper_client import HelperRefused
 from ipdp.helper_protocol import helper_part
 from ipdp.metrics import EVERY_METRIC
 from ipdp.signing import SigningKey

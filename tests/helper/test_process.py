@@ -13,9 +13,9 @@ import threading
 import numpy as np
 import pytest
 
-from aggregator.helper_client import HelperClient
 from ipdp.embedded.children import free_port
 from ipdp.fixed_point import combine, fold
+from ipdp.helper_client import HelperClient
 from ipdp.study import StudyStatus, study_message
 from tests.helper.conftest import TOKEN, make_study
 from tests.helper.devices import make_records

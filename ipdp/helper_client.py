@@ -1,5 +1,6 @@
 """The leader's client of a two-server study's helper (helper/; docs/architecture.md, "The
-helper"): prepare a job, commit it to rounds, fetch a full round's sum share.
+helper"): the aggregator prepares a job and commits it to rounds, the trainer fetches a full
+round's sum share.
 
 Every call carries the leader's bearer token. Prepare and commit are idempotent by job id on the
 helper, so a call that fails on the connection (the helper restarting, a reset) or is answered
