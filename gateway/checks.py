@@ -48,7 +48,6 @@ from ipdp.wire import (
     WIRE_VERSION,
     RecordWindow,
     RejectReason,
-    head_word,
     record_size,
     squared_norms,
 )
@@ -274,7 +273,7 @@ def why_refused(body: bytes, study: Study, window: RecordWindow,
     """
     size, n = study_record_size(study), len(body)
     if n == size:
-        if study.two_server is None and _clearly_accepted(body, study, window, now_ms):
+        if _clearly_accepted(body, study, window, now_ms):
             return None
         return _first_failure(body, study, window, now_ms)
     if n == 0:
@@ -336,27 +335,34 @@ _SHORTCUT_MARGIN = 1e-9
 
 def _clearly_accepted(record: bytes, study: Study, window: RecordWindow, now_ms: int) -> bool:
     """True only if one record passes every check of :func:`_failures`, decided cheaply: its
-    head is the one every record of the study has (version, reserved bytes, d, hash), its values
-    are finite, its norms (on Python floats) are _SHORTCUT_MARGIN inside the bounds and its time
-    inside the window. False says nothing: the checks decide then."""
-    if record[STUDY_HEAD_BYTES] != _study_head(study.d, study.hash):
+    head is the one every record of the study has (version, reserved bytes, d, hash), its time
+    inside the window, and for version 1 its values finite and its norms (on Python floats)
+    _SHORTCUT_MARGIN inside the bounds, for version 3 its proof length 0. False says nothing:
+    the checks decide then."""
+    if record[STUDY_HEAD_BYTES] != _study_head(study_version(study), study.d, study.hash):
         return False
+    created_ms = int.from_bytes(record[CREATED_MS_BYTES], "little", signed=True)
+    if not (now_ms - window.replay_window_ms <= created_ms <= now_ms + window.max_future_skew_ms):
+        return False
+    if study.two_server is not None:
+        return record.endswith(_NO_PROOF)
     values = _values(record)
     if not all(map(isfinite, values)):
         return False
     d, bounds = study.d, study.norm_bounds
     inner, outer = 1.0 + _SHORTCUT_MARGIN, 1.0 - _SHORTCUT_MARGIN
-    created_ms = int.from_bytes(record[CREATED_MS_BYTES], "little", signed=True)
     return (bounds.q_low * inner < hypot(*values[:d]) < bounds.q_high * outer
-            and bounds.p_low * inner < hypot(*values[d:]) < bounds.p_high * outer
-            and now_ms - window.replay_window_ms <= created_ms
-            <= now_ms + window.max_future_skew_ms)
+            and bounds.p_low * inner < hypot(*values[d:]) < bounds.p_high * outer)
+
+
+#: The proof length that ends a version-3 record without a proof.
+_NO_PROOF = bytes(4)
 
 
 @lru_cache(maxsize=256)
-def _study_head(d: int, study_hash: bytes) -> bytes:
+def _study_head(version: int, d: int, study_hash: bytes) -> bytes:
     """The bytes every record of a study starts with (``STUDY_HEAD_BYTES``)."""
-    return head_word(d).to_bytes(8, "little") + study_hash
+    return (version | d << HEAD_D_SHIFT).to_bytes(8, "little") + study_hash
 
 
 def _values(record: bytes) -> memoryview:
