@@ -12,7 +12,7 @@ acknowledged.
 One container per study, not per topic: the container's Kafka key (its first record id) and
 its ``study`` header are per message, and the header is what lets the aggregator tell
 ``study_mismatch`` from ``unknown_study`` (docs/wire-format.md). Records of one study share one
-d, which a container needs anyway.
+version and d, hence one size, which a container needs anyway.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from ipdp.wire import (
     CONTAINER_HEADER_SIZE,
     RECORD_ID_BYTES,
     container_of,
-    record_size,
     study_headers,
 )
 
@@ -83,17 +82,17 @@ class GroupCommit:
         self._open: dict[str, _Container] = {}
         self._flying: dict[str, int] = {}
 
-    def enqueue(self, study_id: str, d: int, records: bytes,
+    def enqueue(self, study_id: str, size: int, records: bytes,
                 credential: bytes | None = None) -> list[asyncio.Future]:
-        """Append ``records`` (checked records of one study, back to back) to the study's open
-        container(s): one future per container holding some of them, settled when Kafka
-        acknowledged it, or failed with :class:`ContainerRefused`. ``credential``: the device
-        credential the records were admitted with, carried next to them. Raises
-        ContainerRefused at once before the producer is connected."""
+        """Append ``records`` (checked records of one study, ``size`` bytes each, back to back:
+        gateway.checks.study_record_size) to the study's open container(s): one future per
+        container holding some of them, settled when Kafka acknowledged it, or failed with
+        :class:`ContainerRefused`. ``credential``: the device credential the records were
+        admitted with, carried next to them. Raises ContainerRefused at once before the producer
+        is connected."""
         if self._producer() is None:
             raise ContainerRefused("not connected to Kafka yet")
         loop = asyncio.get_running_loop()
-        size = record_size(d)
         # A credential travels in the container's header, once per request (a run): it counts
         # against the message size with the records, or a full container of one-record devices
         # would pass the limit Kafka and the aggregator hold it to.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from gateway.checks import study_record_size
 from ipdp.credentials import (
     AUTH_SCHEME,
     Credential,
@@ -22,7 +23,7 @@ from ipdp.credentials import (
 )
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study
-from ipdp.wire import RECORD_ID_BYTES, RejectReason, record_size
+from ipdp.wire import RECORD_ID_BYTES, RejectReason
 
 __all__ = ["DeviceCredentials"]
 
@@ -54,9 +55,10 @@ class DeviceCredentials:
 
     @staticmethod
     def check_slots(records: bytes, study: Study, credential: Credential) -> None:
-        """Each record id of ``records`` (checked version-1 records, back to back, so no id
-        twice: gateway.checks refuses a repeated one) must be a slot of ``credential``."""
-        size = record_size(study.d)
+        """Each record id of ``records`` (checked records of the study, back to back, so no id
+        twice: gateway.checks refuses a repeated one) must be a slot of ``credential``. A
+        version-3 record's id sits where a version-1 record's does."""
+        size = study_record_size(study)
         k, m = len(records) // size, study.records_per_device
         if k > m:
             raise CredentialRefused(RejectReason.CREDENTIAL_REUSED,

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from gateway.batcher import ContainerRefused, GroupCommit
-from gateway.checks import HTTP_STATUS, why_refused
+from gateway.checks import HTTP_STATUS, study_record_size, why_refused
 from gateway.client_address import FORWARDED_FOR, trusted_proxies
 from gateway.credentials import DeviceCredentials
 from gateway.heap import settle_heap
@@ -44,7 +44,7 @@ from ipdp.metrics import (
 from ipdp.settings import KafkaSettings, RecordWindowSettings, TopicSettings, TrustSettings
 from ipdp.studies_topic import StudiesFollower
 from ipdp.study import Study, StudyStatus
-from ipdp.wire import RejectReason, record_size
+from ipdp.wire import RejectReason
 
 __all__ = ["OCTET_STREAM", "Admission", "Ingest", "read_body"]
 
@@ -74,15 +74,16 @@ class Ingest:
         self.owns_process = owns_process
         # The gateway refuses, like a device, a study whose signature does not verify under the
         # pinned owner keys (IPDP_TRUSTED_STUDY_KEYS); GET /studies/{id} serves only verified ones.
-        # Each study's norm bounds are computed as the follower reads it (the first imports
-        # scipy.stats, about a second), so no request waits for them.
+        # Each one-server study's norm bounds are computed as the follower reads it (the first
+        # imports scipy.stats, about a second), so no request waits for them; a two-server
+        # study's records have no norm the gateway can read.
         start_at_zero(GATEWAY_REFUSALS, *((reason.value,) for reason in HTTP_STATUS))
         start_at_zero(GATEWAY_RECORDS_REJECTED, *((reason.value,) for reason, status
                                                   in HTTP_STATUS.items() if status != 503))
         start_studies_reader_at_zero("gateway")
         self.studies = StudiesFollower(
             kafka, topics, trusted=TrustSettings().study_keys(),
-            prepare=lambda study: study.norm_bounds)
+            prepare=_prepare_checks)
         #: The aggregator's record window (IPDP_AGGREGATOR_REPLAY_WINDOW_S, …_MAX_FUTURE_SKEW_S).
         self.window = RecordWindowSettings().window()
         self.credentials = DeviceCredentials(TrustSettings().credential_keys())
@@ -175,6 +176,12 @@ class Ingest:
         if media not in (OCTET_STREAM, JSON_TYPE):
             raise Refusal(RejectReason.UNSUPPORTED_MEDIA_TYPE,
                           f"Content-Type must be {OCTET_STREAM} or {JSON_TYPE}, got {media!r}")
+        if media == JSON_TYPE and study.two_server is not None:
+            # The JSON form carries q̃ and p̃ in clear: the leader would read the record.
+            raise Refusal(RejectReason.UNSUPPORTED_MEDIA_TYPE,
+                          f"study {study_id!r} is a two-server study: its records are version-3 "
+                          f"records (the leader's share and the helper's sealed share) sent as "
+                          f"{OCTET_STREAM}; the JSON form holds q̃ and p̃ in clear")
         limit = self.settings.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _too_large(f"body of {declared.decode()} bytes exceeds {limit}")
@@ -186,7 +193,7 @@ class Ingest:
         study = admission.study
         if admission.media == JSON_TYPE:
             body = encode_json(body, study)
-        k = len(body) // record_size(study.d)
+        k = len(body) // study_record_size(study)
         admission.bucket.take_records(k)
         why = why_refused(body, study, self.window, time.time_ns() // 1_000_000)
         if why is not None:
@@ -206,7 +213,8 @@ class Ingest:
             token = admission.credential[0]
         study = admission.study
         try:
-            waiters = self.batcher.enqueue(study.study_id, study.d, records, token)
+            waiters = self.batcher.enqueue(study.study_id, study_record_size(study), records,
+                                           token)
         except ContainerRefused as exc:
             raise kafka_refusal(exc, k) from None
         if len(waiters) > 1:
@@ -225,6 +233,12 @@ class Ingest:
             return self.credentials.verify(authorization, study)
         except CredentialRefused as refusal:
             raise credential_refusal(refusal) from None
+
+
+def _prepare_checks(study: Study) -> object:
+    """What the checks of a study's records need, computed when the follower reads the study:
+    a one-server study's norm bounds (a cached property of the study)."""
+    return study.norm_bounds if study.two_server is None else None
 
 
 def _too_large(detail: str) -> Refusal:

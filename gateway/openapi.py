@@ -52,7 +52,8 @@ def openapi_document() -> dict:
         "info": {
             "title": "ipdp gateway",
             "version": "1",
-            "description": "HTTP ingest of perturbed records (docs/wire-format.md, version 1). "
+            "description": "HTTP ingest of perturbed records (docs/wire-format.md: version 1, "
+                           "or version 3 for a two-server study). "
                            "A 202 means Kafka acknowledged every record of the request with "
                            "acks=all (records of concurrent requests share Kafka messages).",
         },
@@ -66,9 +67,14 @@ def openapi_document() -> dict:
                 "requestBody": {"required": True, "content": {
                     "application/octet-stream": {"schema": {
                         "type": "string", "format": "binary",
-                        "description": "k ≥ 1 version-1 records of the study's d, concatenated "
-                                       "(k · (48 + 16·d) bytes)."}},
-                    "application/json": {"schema": {"$ref": "#/components/schemas/Records"}},
+                        "description": "k ≥ 1 records of the study's d, concatenated: "
+                                       "version 1 (k · (48 + 16·d) bytes), or for a "
+                                       "two-server study version 3 (k · (100 + 16·L) bytes, "
+                                       "L = d(d+3)/2)."}},
+                    "application/json": {"schema": {
+                        "$ref": "#/components/schemas/Records",
+                        "description": "Version-1 records only: a two-server study refuses "
+                                       "the JSON form (415), which holds q̃ and p̃ in clear."}},
                 }},
                 "responses": {
                     "202": {"description": "Kafka acknowledged every record.",

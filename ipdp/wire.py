@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -314,8 +315,27 @@ def container_count(value: bytes | bytearray | memoryview) -> int:
     return int.from_bytes(value[CONTAINER_COUNT_BYTES], "little")
 
 
+#: Bytes of a version-3 record besides its two shares (ipdp.two_server_wire): the header, the
+#: seal's encapsulated key and tag (32 + 16) and the proof length (4).
+_TWO_SERVER_FIXED_BYTES = HEADER_SIZE + 48 + 4
+
+
+def is_record_size(size: int) -> bool:
+    """True if ``size`` is the length of a record of some d ≥ 1: 48 + 16·d (version 1), or
+    100 + 16·L with L = d(d+3)/2 (version 3, ``ipdp.two_server_wire.TwoServerLayout``). The two
+    never coincide: the first is a multiple of 16, the second 4 more than one."""
+    if size >= HEADER_SIZE + 16 and (size - HEADER_SIZE) % 16 == 0:
+        return True
+    shares, rest = divmod(size - _TWO_SERVER_FIXED_BYTES, 16)
+    if shares < 2 or rest:
+        return False
+    root = math.isqrt(9 + 8 * shares)  # L = d(d+3)/2 ⟺ d = (√(9 + 8L) − 3)/2
+    return root * root == 9 + 8 * shares and (root - 3) % 2 == 0
+
+
 def encode_container(records: Sequence[bytes]) -> bytes:
-    """Pack k ≥ 1 version-1 records of one dimension into one container value.
+    """Pack k ≥ 1 records of one version and dimension (version 1, or version 3 from the
+    gateway) into one container value.
 
     Layout: u8 version = 2, 3 reserved zero bytes, u32 k (little-endian), then the k records
     back to back. The records are not re-encoded: a container holds exactly the bytes the devices
@@ -330,7 +350,7 @@ def encode_container(records: Sequence[bytes]) -> bytes:
 
 
 def container_of(records: bytes | bytearray | memoryview, k: int) -> bytes:
-    """The container of k ≥ 1 version-1 records of one dimension given back to back in
+    """The container of k ≥ 1 records of one version and dimension given back to back in
     ``records`` (as :func:`encode_container` would make of them, without splitting them)."""
     if k < 1 or len(records) % k:
         raise ValueError(f"{len(records)} bytes are not k={k} records of one length")
@@ -342,8 +362,8 @@ def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None
 
     A value whose first byte is not 2 is not a container (a single record, or garbage for the
     record decoder to reject). A container whose count or length does not add up (k records of
-    48 + 16·d bytes each, d ≥ 1) is malformed:
-    None as well, and the caller rejects the whole value as undecodable.
+    one record size, :func:`is_record_size`) is malformed: None as well, and the caller rejects
+    the whole value as undecodable.
     """
     buf = bytes(value)
     if len(buf) < CONTAINER_HEADER_SIZE or buf[VERSION_BYTE] != CONTAINER_VERSION \
@@ -354,7 +374,7 @@ def split_container(value: bytes | bytearray | memoryview) -> list[bytes] | None
     if k < 1 or body % k:
         return None
     size = body // k
-    if size < HEADER_SIZE + 16 or (size - HEADER_SIZE) % 16:
+    if not is_record_size(size):
         return None  # not k records of one dimension: no record decoder could read them
     # A void dtype converts to bytes without stripping anything (an "S" dtype would strip
     # trailing NULs), and tolist() makes the k values in one C loop.

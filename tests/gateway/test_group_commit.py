@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from ipdp.embedded import EmbeddedRuntime
-from ipdp.wire import RECORD_ID_BYTES, VALUES_OFFSET, split_container
+from ipdp.wire import RECORD_ID_BYTES, VALUES_OFFSET, record_size, split_container
 from producer.gateway_client import GatewayAnswer, GatewayClient
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import D, created_at, known, records, scaled
@@ -121,11 +121,11 @@ def test_with_one_container_in_flight_the_next_waits_for_its_acknowledgement(kaf
         batcher = GroupCommit(topics.records, lambda: producer, linger_s=0.0,
                               max_message_bytes=1 << 20, kafka_timeout_s=10,
                               in_flight=in_flight)
-        waits = batcher.enqueue(study.study_id, D, first)
+        waits = batcher.enqueue(study.study_id, record_size(D), first)
         await asyncio.sleep(0)  # the first container goes at the next turn
         await asyncio.sleep(0)
         for record in rest:  # one per turn, while it awaits Kafka (a few ms)
-            waits += batcher.enqueue(study.study_id, D, record)
+            waits += batcher.enqueue(study.study_id, record_size(D), record)
             await asyncio.sleep(0)
             await asyncio.sleep(0)
         await asyncio.wait_for(asyncio.gather(*waits), 30)

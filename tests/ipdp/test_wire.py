@@ -555,6 +555,27 @@ def test_records_back_to_back_decode_and_contain_as_their_slices_would():
         decode_joined(joined[:-1], 3)
 
 
+def test_a_container_of_version_3_records_splits_back_to_the_devices_bytes():
+    from ipdp.two_server_wire import two_server_record_size
+    from ipdp.wire import container_of, is_record_size, split_container
+    from producer.contributor import perturb_records
+    from tests.ipdp.test_two_server_wire import rows, two_server_study
+
+    study = two_server_study(d=3, n=1000)
+    rng = np.random.default_rng(13)
+    _, records = perturb_records(study, *rows(4, 3, seed=13), rng, grid_generator=rng,
+                                 random_bytes=rng.bytes)
+    assert split_container(container_of(b"".join(records), 4)) == records
+    # Every length below a bound that is a record size is one of the two versions' sizes.
+    bound = two_server_record_size(60)
+    sizes = {record_size(d) for d in range(1, bound // 16)} | {
+        two_server_record_size(d) for d in range(1, 60)}
+    assert [s for s in range(bound) if is_record_size(s)] == sorted(s for s in sizes
+                                                                   if s < bound)
+    # 4 records of 243 bytes: no version's record size.
+    assert split_container(container_of(b"x" * 972, 4)) is None
+
+
 @pytest.mark.parametrize("value", [bytes((2, 0, 0, 0, 0, 0, 0, 0)),  # zero records
                                    bytes((2, 0, 0, 0, 3, 0, 0, 0)) + b"x" * 10,  # 10 % 3 != 0
                                    bytes((2, 1, 0, 0, 1, 0, 0, 0)) + b"x" * 80,  # reserved set

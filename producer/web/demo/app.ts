@@ -5,6 +5,8 @@
  *
  * A study with a schema gets one field per named column, each showing its public range; the
  * page encodes the typed row through the schema (src/schema.ts) and says which values it clipped.
+ * A two-server study gets version-3 records (src/two-server.ts, loaded only for one): the
+ * leader's share and the helper's sealed share of what the page shows.
  *
  * Query parameters (all optional): gateway (default: this page's origin), study, key.
  */
@@ -103,6 +105,8 @@ async function loadStudy(): Promise<VerifiedStudy> {
     return study;
   }
   say("study-status", `Signature verified with the pinned key ${study.keyId}.`, "ok");
+  $("record-one-server").hidden = isTwoServer(study);
+  $("record-two-server").hidden = !isTwoServer(study);
   $("x-hint").textContent = String(study.study.d);
   $("y-hint").textContent = study.study.loss === "logistic" ? "(−1 or +1)" : "(a number)";
   const schema = study.study.schema;
@@ -185,16 +189,26 @@ function showRecord(record: PreparedRecord) {
   $("record-created").textContent = new Date(record.createdMs).toISOString();
   $("record-q").textContent = show(record.qNoisy);
   $("record-p").textContent = show(record.pNoisy);
-  $("record-size").textContent = String(record.bytes.length);
+  document.querySelectorAll(".record-size").forEach((el) => {
+    el.textContent = String(record.bytes.length);
+  });
   $("record-hex").textContent = toHex(record.bytes);
   $("record-section").hidden = false;
 }
 
-function prepareTyped() {
+/** The study's record of (x, y): version 1, or version 3 for a two-server study. */
+async function prepare(study: VerifiedStudy, x: readonly number[], y: number): Promise<PreparedRecord> {
+  if (!isTwoServer(study)) return prepareRecord(study, x, y);
+  return (await import("../src/two-server.js")).prepareTwoServerRecord(study, x, y);
+}
+
+const isTwoServer = (study: VerifiedStudy) => (study.study.fields["two_server"] ?? null) !== null;
+
+async function prepareTyped() {
   if (verified === null) return;
   try {
     const { x, y, clipped = [] } = typedExample();
-    prepared = prepareRecord(verified, x, y);
+    prepared = await prepare(verified, x, y);
     showRecord(prepared);
     const schema = verified.study.schema;
     say("example-status", "Prepared with fresh noise. Nothing has been sent yet." +
@@ -235,10 +249,10 @@ async function contributeMany(k: number, options: ManyOptions = {}): Promise<Man
   const examples = options.rows !== undefined && schema !== null
     ? options.rows.map((row) => encoded(schema, row))
     : options.examples ?? [typedExample()];
-  const records = Array.from({ length: k }, (_, i) => {
+  const records = await Promise.all(Array.from({ length: k }, (_, i) => {
     const { x, y } = examples[i % examples.length]!;
-    return prepareRecord(study, x, y);
-  });
+    return prepare(study, x, y);
+  }));
   let accepted = 0;
   let next = 0;
   const device = async () => {
@@ -272,7 +286,7 @@ async function start() {
   });
   $("example-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    prepareTyped();
+    void prepareTyped();
   });
   $("send").addEventListener("click", () => void sendPrepared());
   window.ipdpContributeMany = contributeMany;

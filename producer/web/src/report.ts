@@ -20,6 +20,7 @@ function num(v: number): string {
 /** One sentence per fact: the model, the guarantee, the calibration, rounds, the device's part. */
 export function privacyReport(verified: VerifiedStudy): string[] {
   const s = verified.study;
+  const twoServer = twoServerOf(verified);
   const sentences = [
     s.schema === null
       ? `Study ${s.studyId} trains ${LOSS_WORDS[s.loss]} on d = ${num(s.d)} features.`
@@ -45,13 +46,35 @@ export function privacyReport(verified: VerifiedStudy): string[] {
         "privacy cost."
       : `The study publishes at most ${num(s.maxRounds)} model${s.maxRounds === 1 ? "" : "s"}; ` +
         "contributing to several rounds adds up the privacy cost.",
-    `Before anything leaves this device, your example is clipped to ‖q‖² ≤ λ = ${num(s.lam)} ` +
-      `and ‖p‖ ≤ P = ${num(s.pBound)}, and Gaussian noise of standard deviation ` +
-      `${num(s.noise.stdQ)} (on q) and ${num(s.noise.stdP)} (on p) is added to every coordinate.`,
-    "That noise protects you inside the aggregate of n records. One noisy record on its own " +
-      "reveals much more about your example than a model does, so the service must guard the " +
-      "records it receives like raw data.",
+    ...(twoServer === null ? [
+      `Before anything leaves this device, your example is clipped to ‖q‖² ≤ λ = ` +
+        `${num(s.lam)} and ‖p‖ ≤ P = ${num(s.pBound)}, and Gaussian noise of standard ` +
+        `deviation ${num(s.noise.stdQ)} (on q) and ${num(s.noise.stdP)} (on p) is added to ` +
+        "every coordinate.",
+      "That noise protects you inside the aggregate of n records. One noisy record on its own " +
+        "reveals much more about your example than a model does, so the service must guard " +
+        "the records it receives like raw data.",
+    ] : [
+      `Before anything leaves this device, your example is clipped to ‖q‖² ≤ λ = ` +
+        `${num(s.lam)} and ‖p‖ ≤ P = ${num(s.pBound)}; Gaussian noise of standard deviation ` +
+        `${num(s.noise.stdQ)} is added to q, and integer noise on a grid of standard deviation ` +
+        `${num(s.noise.stdP)} to p.`,
+      `This is a two-server study: your noisy record is split into two random shares, one ` +
+        `for the service that receives it and one sealed to the helper ${twoServer.helperId} ` +
+        `(${twoServer.helperUrl}), run apart from it. Neither can read your record alone; ` +
+        "only the sum of a whole round of n records is put back together. The two together " +
+        "would see the noisy record, as the one server of a one-server study does.",
+    ]),
     `The study is ${verified.status}, signed by the owner's key ${verified.keyId}.`,
   ];
   return sentences;
+}
+
+/** The helper of a two-server study (its signed `two_server` block), or null. Only the names a
+ * report shows are read; the device's encoding is src/two-server.ts's. */
+function twoServerOf(verified: VerifiedStudy): { helperId: string; helperUrl: string } | null {
+  const block = verified.study.fields["two_server"];
+  if (block === undefined || block === null || typeof block !== "object") return null;
+  const { helper_id: helperId, helper_url: helperUrl } = block as Record<string, unknown>;
+  return { helperId: String(helperId), helperUrl: String(helperUrl) };
 }

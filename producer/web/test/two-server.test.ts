@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { fromHex, importTrustedKey, prepareRecord, toHex, verifyStudyEnvelope } from "../src/index.js";
+import {
+  fromHex, importTrustedKey, prepareRecord, privacyReport, toHex, verifyStudyEnvelope,
+} from "../src/index.js";
 import {
   encodeFixedPoint, encodeTwoServerRecord, fromShareBytes, leaderShare, openShare,
   prepareTwoServerRecord, roundHalfEven, sealShare, shareBytes, twoServerHeader, twoServerLayout,
@@ -41,6 +43,15 @@ test("the signed two-server study names its helper and the encoding", async () =
   assert.equal(params.helperKey, two.helper_public_key);
   assert.equal(params.helperId, "helper-a");
   assert.equal(params.fractionBits, two.cases.at(-1)!.fraction_bits);
+});
+
+test("the privacy report of a two-server study says who holds the shares", async () => {
+  const report = privacyReport(await verifiedTwoServerStudy());
+  const text = report.join(" ");
+  assert.match(text, /This is a two-server study: .* sealed to the helper helper-a \(https:\/\//);
+  assert.match(text, /only the sum of a whole round of n records is put back together/);
+  // The one-server sentence (each record readable by the service) is not there.
+  assert.doesNotMatch(text, /guard the records it receives like raw data/);
 });
 
 for (const c of two.cases) {
