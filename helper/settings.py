@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
+from ipdp.settings import HelperTokenSettings
 from ipdp.wire import RecordWindow
 
 
-class HelperSettings(BaseSettings):
-    """The helper's HTTP service, its own Redis, its key and the leader's credential."""
+class HelperSettings(HelperTokenSettings):
+    """The helper's HTTP service, its own Redis, its key and the leader's credential
+    (``leader_token``, IPDP_HELPER_LEADER_TOKEN: ipdp.settings.HelperTokenSettings)."""
 
     model_config = SettingsConfigDict(env_prefix="IPDP_HELPER_", extra="ignore")
 
@@ -21,9 +23,6 @@ class HelperSettings(BaseSettings):
     key_file: str | None = Field(
         None, description="The helper's X25519 PREFIX.key (`ipdp keys generate --helper`): "
         "devices seal the helper's share of each record to its public key. Required.")
-    leader_token: SecretStr | None = Field(
-        None, description="The bearer token the leader's aggregator presents on every route but "
-        "/healthz (compared in constant time). Required.")
     replay_window_s: int = Field(
         86_400, ge=1, description="Record ids are remembered this long; an older record is "
         "refused as stale (the leader's IPDP_AGGREGATOR_REPLAY_WINDOW_S or less).")

@@ -113,6 +113,20 @@ class RecordWindowSettings(BaseSettings):
         return RecordWindow(self.replay_window_s * 1000, self.max_future_skew_s * 1000)
 
 
+class HelperTokenSettings(BaseSettings):
+    """The secret a two-server study's two domains share: the helper requires it on every route
+    but /healthz, the leader's aggregator and trainer present it (helper.settings.HelperSettings
+    extends this, so both sides read the one variable)."""
+
+    model_config = SettingsConfigDict(env_prefix="IPDP_HELPER_", extra="ignore")
+
+    leader_token: SecretStr | None = Field(
+        None, description="The bearer token the leader's aggregator and trainer present to a "
+        "two-server study's helper, and the helper requires on every route but /healthz "
+        "(compared in constant time). Required by the helper, and by a leader that folds a "
+        "two-server study.")
+
+
 class MetricsSettings(BaseSettings):
     """Prometheus exposition. Port 0 turns the HTTP endpoint off."""
 

@@ -1,8 +1,8 @@
 """A two-server study through the device SDK's two transports: straight to Kafka its records are
-version 3 (the leader's share in clear, the helper's sealed, ipdp.two_server_wire), and the
-leader's aggregator refuses them as `unsupported_version`, its gateway as `undecodable` (a body
-that is not a whole number of the study's version-1 records): the leader's fold of version-3
-records is not built yet (docs/wire-format.md, "Two-server records: the message")."""
+version 3 (the leader's share in clear, the helper's sealed, ipdp.two_server_wire), which the
+leader's aggregator folds only with the token its helper expects
+(tests/aggregator/test_two_server_fold.py folds them), and its gateway refuses as `undecodable`
+(a body that is not a whole number of the study's version-1 records)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from aggregator.batch import Message
 from aggregator.fold import Folder
-from ipdp.errors import RecordRefused
+from ipdp.errors import ConfigurationError, RecordRefused
 from ipdp.fixed_point import combine
 from ipdp.redis_io import redis_client
 from ipdp.sealing import HelperKey, open_share
 from ipdp.two_server_wire import decode_two_server_batch, two_server_record_size
-from ipdp.wire import RejectReason
 from producer.contributor import Contributor
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import known
@@ -38,7 +37,7 @@ def study(kafka_settings, redis_settings, topics):
                               "helper_key": HELPER.public_b64})
 
 
-def test_straight_to_kafka_a_devices_records_are_version_3_and_the_aggregator_refuses_them(
+def test_straight_to_kafka_a_devices_records_are_version_3_and_need_the_helpers_token(
         study, kafka_settings, redis_settings, topics):
     x = np.array([[0.3, -0.2, 0.5, 0.1], [0.0, 0.4, -0.4, 0.2], [0.6, 0.0, 0.0, -0.6]])
     with Contributor.connect(study.study_id, kafka_settings, topics,
@@ -60,9 +59,8 @@ def test_straight_to_kafka_a_devices_records_are_version_3_and_the_aggregator_re
     folder = Folder(redis_client(redis_settings), group=f"g-{uuid.uuid4().hex[:8]}", topic="t",
                     clock=time.time, replay_window_s=3600, max_future_skew_s=60,
                     max_message_bytes=1 << 20)
-    result = folder.fold([Message(0, i, v) for i, v in enumerate(values)], lambda _: None)
-    assert [x.reason for x in result.rejected] == [RejectReason.UNSUPPORTED_VERSION] * 3
-    assert result.folded == {}
+    with pytest.raises(ConfigurationError, match="IPDP_HELPER_LEADER_TOKEN"):
+        folder.fold([Message(0, i, v) for i, v in enumerate(values)], lambda _: None)
 
 
 def test_through_the_gateway_a_two_server_record_is_refused_by_its_length(
