@@ -651,8 +651,9 @@ class Folder:
         v3 = version_3_rows(rows.values)
         v3_hashes: list[bytes] = []
         if len(v3):  # the version-1 decoder refused them: they are two_server's to check
+            two_server_rows = set(v3.tolist())
             decoded = replace(decoded, undecoded=[
-                x for x in decoded.undecoded if x[0] not in set(v3.tolist())])
+                x for x in decoded.undecoded if x[0] not in two_server_rows])
             v3_hashes = [bytes(h) for h in np.unique(study_hashes_of(rows, v3)[1])]
         studies = self.studies.resolve(sorted(set(decoded.study_hashes) | set(v3_hashes)))
         registered = {}

@@ -8,6 +8,7 @@ record is folded once on both sides")."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -31,7 +32,7 @@ from ipdp.redis_io import redis_client
 from ipdp.sealing import open_share
 from ipdp.study import Study
 from ipdp.two_server_wire import decode_two_server_batch
-from ipdp.wire import RejectReason
+from ipdp.wire import RejectReason, encode_record
 from producer.contributor import Contributor
 from tests.helper.conftest import TOKEN, helper_key_file, owner, running_helper  # noqa: F401
 from tests.helper.devices import fixed_point_of, make_records
@@ -292,3 +293,38 @@ def test_a_two_server_study_without_the_leaders_token_stops_with_a_configuration
     with pytest.raises(ConfigurationError, match="refused the leader's token"):
         wrong.fold(messages(batch.records))
     assert not redis_client(redis_settings).exists(state.StudyKeys(study.study_id).open)
+
+
+def test_the_leader_refuses_on_its_own_what_it_can_see_without_asking_the_helper(
+        redis_settings, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner)
+    one_server = Study(study_id=f"one-{uuid.uuid4().hex[:6]}", d=3, n=N, epsilon=1.0,
+                       delta=0.01)
+    state.register_study(redis_client(redis_settings), one_server)
+    rng = np.random.default_rng(6)
+    good = make_records(study, helper.public, 2, rng)
+    stale = make_records(study, helper.public, 1, rng, created_ms=int(time.time() * 1000)
+                         - 7_200_000)
+    unknown = make_records(Study(study_id="nowhere", d=3, n=N, epsilon=2.0, delta=0.01,
+                                 two_server={"helper_id": "helper-a", "helper_url": helper.url,
+                                             "helper_key": helper.public_b64}),
+                           helper.public, 1, rng)
+    for_one_server = make_records(one_server, helper.public, 1, rng)
+    version_1 = encode_record(study.hash, bytes(16), int(time.time() * 1000), np.zeros(3),
+                              np.zeros(3))
+    records = [good.records[0], stale.records[0], good.records[1][:-1], unknown.records[0],
+               for_one_server.records[0], version_1, good.records[1]]
+    calls = EVERY_METRIC.get_sample_value("ipdp_helper_calls_total",
+                                          {"call": "prepare", "outcome": "ok"}) or 0
+    folder = leader_folder(redis_settings)
+    result = folder.fold(messages(records))
+    assert result.folded == {study.study_id: 2}
+    assert [(x.message.offset, x.reason) for x in result.rejected] == [
+        (1, RejectReason.STALE), (2, RejectReason.UNDECODABLE),
+        (3, RejectReason.UNKNOWN_STUDY), (4, RejectReason.UNSUPPORTED_VERSION),
+        (5, RejectReason.UNSUPPORTED_VERSION)]
+    # A replay of a folded record is the leader's to refuse: the helper is not asked.
+    again = folder.fold(messages([good.records[0]], partition=1))
+    assert [x.reason for x in again.rejected] == [RejectReason.REPLAYED]
+    assert EVERY_METRIC.get_sample_value("ipdp_helper_calls_total",
+                                         {"call": "prepare", "outcome": "ok"}) == calls + 1
