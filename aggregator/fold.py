@@ -27,6 +27,14 @@ phases of its own: :meth:`Folder._read` (under WATCH) returns a :class:`StudySta
 :func:`decide` turns it and the study's rows into a :class:`StudyFold` without touching Redis,
 its refusals are dead-lettered, :func:`write_fold` queues the fold's writes after MULTI, EXEC.
 
+A two-server study (version-3 records, aggregator/two_server.py) folds the same way with its
+helper as the second party of a two-phase commit whose commit point is the study's own EXEC:
+:meth:`Folder._fold_two_server_study` prepares the records at the helper, decides
+(:func:`decide_two_server`), and writes its ring-sum rounds together with a journal entry
+naming the helper commit it owes (:func:`write_two_server_fold`); the commit follows, and
+:meth:`Folder.resend_pending` sends every entry a crash left again (docs/architecture.md, "Why
+each record is folded once on both sides").
+
 Refusals are arrays (:class:`~aggregator.batch.Refused`) from the checks to the dead-letter topic:
 the checkpoint script counts them per (partition, reason) by one binary search in a blob of
 offsets, the study's transaction per reason, and the dead letters go out in containers
@@ -87,10 +95,10 @@ return {redis.call('HMGET', KEYS[1], 'status', 'hash'),
         redis.call('HMGET', KEYS[3], unpack(ARGV))}
 """
 
-#: A two-server study's reads (KEYS and ARGV as above): its definition's status, hash and
-#: signed envelope (the helper's job names the study by it), and its open round's ring sum.
+#: A two-server study's reads (KEYS and ARGV as above): its definition's status and hash, and
+#: its open round's ring sum.
 _READ_TWO_SERVER_LUA = """
-return {redis.call('HMGET', KEYS[1], 'status', 'hash', 'envelope'),
+return {redis.call('HMGET', KEYS[1], 'status', 'hash'),
         redis.call('HMGET', KEYS[2], 'round', 'count', 'sum', 'checksum'),
         redis.call('HMGET', KEYS[3], unpack(ARGV))}
 """
@@ -357,14 +365,12 @@ def _write_bookkeeping(pipe, fold: StudyFold | TwoServerFold, keys: state.StudyK
 
 @dataclass(frozen=True, kw_only=True)
 class TwoServerState:
-    """What a two-server study's fold reads under WATCH (as :class:`StudyState`), with the
-    study's signed envelope."""
+    """What a two-server study's fold reads under WATCH (as :class:`StudyState`)."""
 
     status: StudyStatus | None
     open_round: RingRound
     folded_below: dict[int, int]
     replayed: np.ndarray
-    envelope: bytes | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,17 +389,37 @@ class TwoServerFold:
     assignment: dict[int, np.ndarray]
 
 
+@dataclass(frozen=True)
+class HelperVerdict:
+    """The helper's answer for a two-server study's rows (positions of its TwoServerRows)."""
+
+    asked: np.ndarray
+    """Per row: it was in the job (the leader would have folded it when it asked)."""
+    accepted: np.ndarray
+    """Per row: the helper accepted it (False where not asked)."""
+    reason: dict[int, str]
+    """Row → the helper's reason, for the rows asked and refused."""
+
+    @classmethod
+    def of(cls, asked: np.ndarray, prepared: Prepared) -> HelperVerdict:
+        at = np.flatnonzero(asked)
+        accepted = np.zeros(len(asked), bool)
+        accepted[at] = prepared.mask
+        return cls(asked, accepted, {int(at[i]): why for i, why in prepared.refused.items()})
+
+
 def decide_two_server(rows: Polled, valid: TwoServerRows, seen: TwoServerState, spans: Spans,
-                      checkpoint: Checkpoint, prepare: Callable[[TwoServerRows], Prepared]
-                      ) -> TwoServerFold:
+                      checkpoint: Checkpoint, verdict: HelperVerdict) -> TwoServerFold:
     """The decide phase of a two-server study: as :func:`decide` (offsets, status, replays),
-    then ``prepare`` asks the helper about the rows the leader would fold; the rows it refuses
-    are refused here too (``helper_refused``, the helper's reason as detail), and the rest go
-    into the rounds the leader's open round decides."""
+    then the helper's ``verdict``: the rows it refused, of those the leader would fold, are
+    refused here too (``helper_refused``, the helper's reason as detail), and the rest go into
+    the rounds the leader's open round decides. A row the leader did not ask about (its id
+    looked seen before when it asked) is refused as seen before."""
     study = valid.study
     not_yet_folded = rows.offset[valid.row] >= _per_row(seen.folded_below,
                                                         rows.partition[valid.row])
     todo, replayed = valid.take(not_yet_folded), seen.replayed[not_yet_folded]
+    todo_at = np.flatnonzero(not_yet_folded)  # positions in ``valid``, as the verdict has them
     next_offsets = {checkpoint.field[x]: spans.last[x] + 1
                     for x in np.unique(rows.partition[todo.row]).tolist()}
     if seen.status != StudyStatus.OPEN:
@@ -403,19 +429,17 @@ def decide_two_server(rows: Polled, valid: TwoServerRows, seen: TwoServerState, 
             open_round=seen.open_round, study_closed=False, next_offsets=next_offsets,
             refused=Refused.of(rows, todo.row, reason, f"study {study.study_id} is "
                                f"{seen.status and seen.status.value}"), assignment={})
-    first_sight = _first_of_each_id(todo.record_id) & ~replayed
+    first_sight = _first_of_each_id(todo.record_id) & ~replayed & verdict.asked[todo_at]
     seen_before = Refused.of(rows, todo.row[~first_sight], *_seen_before(study))
-    accepted = fresh = todo.take(first_sight)
-    helper_refused: list[Refused] = []
-    if len(fresh):
-        verdict = prepare(fresh)
-        accepted = fresh.take(verdict.mask)
-        by_reason: dict[str, list[int]] = {}
-        for i, why in sorted(verdict.refused.items()):
-            by_reason.setdefault(why, []).append(i)
-        helper_refused = [Refused.of(rows, fresh.row[np.array(at, np.int64)],
-                                     RejectReason.HELPER_REFUSED, why)
-                          for why, at in sorted(by_reason.items())]
+    fresh, fresh_at = todo.take(first_sight), todo_at[first_sight]
+    helper_ok = verdict.accepted[fresh_at]
+    accepted = fresh.take(helper_ok)
+    by_reason: dict[str, list[int]] = {}
+    for j in np.flatnonzero(~helper_ok).tolist():
+        by_reason.setdefault(verdict.reason[int(fresh_at[j])], []).append(j)
+    helper_refused = [Refused.of(rows, fresh.row[np.array(at, np.int64)],
+                                 RejectReason.HELPER_REFUSED, why)
+                      for why, at in sorted(by_reason.items())]
     filled = fill_ring_rounds(study, seen.open_round, accepted.leader, accepted.record_id)
     past_last_round = Refused.of(
         rows, accepted.row[filled.taken:], RejectReason.CLOSED_STUDY,
@@ -739,24 +763,26 @@ class Folder:
                                checkpoint: Checkpoint, now_ms: int, dead_letter,
                                result: FoldResult) -> Refused:
         """A two-server study's fold, with the leader as the coordinator of a two-phase commit
-        (docs/architecture.md, "Why each record is folded once on both sides"): read under
-        WATCH; prepare at the helper the records the leader would fold (a new job id per
-        attempt); decide; dead-letter; one MULTI/EXEC writes the leader's ring rounds, its
-        bookkeeping and the journal entry naming the helper commit it owes (the commit point);
-        then the helper's commit, and the entry is deleted. A helper that cannot be reached at
-        prepare raises :class:`HelperUnavailable` before anything is written."""
+        (docs/architecture.md, "Why each record is folded once on both sides"): read the
+        study's offsets and replay state, and prepare at the helper, under a new job id, the
+        rows the leader would fold (before the transaction, so that no WATCH spans an HTTP call
+        and a conflict does not prepare again); read under WATCH; decide; dead-letter; one
+        MULTI/EXEC writes the leader's ring rounds, its bookkeeping and the journal entry naming
+        the helper commit it owes (the commit point); then the helper's commit, and the entry
+        is deleted. A helper that cannot be reached at prepare raises
+        :class:`HelperUnavailable` before anything is written."""
         study = w.study
         keys = state.StudyKeys(study.study_id)
         sent = np.full(len(rows), -1, np.int64)
+        job_id = uuid.uuid4().hex
+        verdict = self._prepare(keys, job_id, rows, w, checkpoint)
         with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(keys.study, keys.open, keys.replay,
                                keys.offsets(self.group, self.topic))
                     seen = self._read_two_server(pipe, keys, rows, w, checkpoint)
-                    job_id = uuid.uuid4().hex
-                    fold = decide_two_server(rows, w, seen, spans, checkpoint,
-                                             self._prepare(study, job_id, seen.envelope, rows))
+                    fold = decide_two_server(rows, w, seen, spans, checkpoint, verdict)
                     codes = fold.refused.reason_codes()
                     unsent = sent[fold.refused.row] != codes
                     if dead_letter and unsent.any():
@@ -781,27 +807,44 @@ class Folder:
             result.open_rounds[sid] = (fold.open_round.round_no, fold.open_round.count, study.n)
         return fold.refused
 
-    def _prepare(self, study: Study, job_id: str, envelope: bytes | None, rows: Polled
-                 ) -> Callable[[TwoServerRows], Prepared]:
-        """The prepare step of :func:`decide_two_server`: job ``job_id`` at the study's helper.
-        A job the helper refuses whole (its study unverifiable there, say) refuses each record
-        with the helper's reason; one it cannot answer raises HelperUnavailable."""
-        def prepare(fresh: TwoServerRows) -> Prepared:
-            records = [rows.values[i] for i in fresh.row.tolist()]
-            try:
-                return self.helpers.prepare(study, job_id, envelope or b"", records)
-            except HelperRefused as exc:
-                log.warning("study %s: the helper refused job %s whole (%s)", study.study_id,
-                            job_id, exc)
-                return Prepared(mask=np.zeros(len(records), bool),
+    def _prepare(self, keys: state.StudyKeys, job_id: str, rows: Polled, w: TwoServerRows,
+                 checkpoint: Checkpoint) -> HelperVerdict:
+        """Job ``job_id`` at the study's helper: the rows of ``w`` not folded yet, first of
+        their id in the batch and not seen within the replay window, as Redis holds the study
+        now (a replay costs the helper nothing). A job the helper refuses whole (its study
+        unverifiable there, say) refuses each record with the helper's reason; one it cannot
+        answer raises HelperUnavailable."""
+        study = w.study
+        partitions = np.unique(rows.partition[w.row]).tolist()
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.study, "envelope", "status")
+            pipe.hmget(keys.offsets(self.group, self.topic),
+                       [checkpoint.field[p] for p in partitions])
+            (envelope, status), below = pipe.execute()
+        folded_below = {p: int(x) for p, x in zip(partitions, below, strict=True)
+                        if x is not None}
+        asked = rows.offset[w.row] >= _per_row(folded_below, rows.partition[w.row])
+        if status != StudyStatus.OPEN.value.encode():  # the transaction refuses them all
+            asked[:] = False
+        asked[asked] &= ~self.replay.seen(self.r, keys, w.record_id[asked])
+        asked[asked] &= _first_of_each_id(w.record_id[asked])
+        records = [rows.values[i] for i in w.row[asked].tolist()]
+        if not records:
+            return HelperVerdict.of(asked, Prepared(np.zeros(0, bool), {}))
+        try:
+            prepared = self.helpers.prepare(study, job_id, envelope or b"", records)
+        except HelperRefused as exc:
+            log.warning("study %s: the helper refused job %s whole (%s)", study.study_id,
+                        job_id, exc)
+            prepared = Prepared(mask=np.zeros(len(records), bool),
                                 refused=dict.fromkeys(range(len(records)), exc.reason))
-        return prepare
+        return HelperVerdict.of(asked, prepared)
 
     def _read_two_server(self, pipe, keys: state.StudyKeys, rows: Polled, w: TwoServerRows,
                          checkpoint: Checkpoint) -> TwoServerState:
         """The read phase of a two-server study, under WATCH."""
         partitions = np.unique(rows.partition[w.row]).tolist()
-        (status, wire_hash, envelope), (round_no, count, sum_raw, checksum), below = \
+        (status, wire_hash), (round_no, count, sum_raw, checksum), below = \
             pipe.execute_command("EVAL", _READ_TWO_SERVER_LUA, 3, keys.study, keys.open,
                                  keys.offsets(self.group, self.topic),
                                  *(checkpoint.field[p] for p in partitions))
@@ -812,8 +855,7 @@ class Folder:
             open_round=RingRound.stored(round_no, count, sum_raw, checksum, w.study.d),
             folded_below={p: int(x) for p, x in zip(partitions, below, strict=True)
                           if x is not None},
-            replayed=self.replay.seen(pipe, keys, w.record_id),
-            envelope=envelope)
+            replayed=self.replay.seen(pipe, keys, w.record_id))
 
     def _read(self, pipe, keys: state.StudyKeys, rows: Polled, v: ValidRows,
               checkpoint: Checkpoint) -> StudyState:

@@ -328,3 +328,41 @@ def test_the_leader_refuses_on_its_own_what_it_can_see_without_asking_the_helper
     assert [x.reason for x in again.rejected] == [RejectReason.REPLAYED]
     assert EVERY_METRIC.get_sample_value("ipdp_helper_calls_total",
                                          {"call": "prepare", "outcome": "ok"}) == calls + 1
+
+
+def test_two_aggregators_folding_one_study_at_once_fold_each_record_once_on_both_sides(
+        redis_settings, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner)
+    batch = make_records(study, helper.public, 2 * N, np.random.default_rng(7))
+    a, b = leader_folder(redis_settings), leader_folder(redis_settings)
+    raced = []
+
+    def meanwhile(_refused):  # inside a's transaction: after its reads, before its EXEC
+        if not raced:  # b folds the rest, and one record a holds too, first
+            raced.append(b.fold(messages(batch.records[N:] + [batch.records[5]], partition=1)))
+
+    mine = batch.records[:N] + [batch.records[0]]  # the repeat makes a's hook run
+    result = a.fold(messages(mine), meanwhile)
+    assert raced[0].folded == {study.study_id: N + 1} and raced[0].conflicts == 0
+    assert result.conflicts == 1 and result.folded == {study.study_id: N - 1}
+    assert sorted(x.reason.value for x in result.rejected) == ["replayed", "replayed"]
+    order = [*range(N, 2 * N), 5, *(i for i in range(N) if i != 5)]
+    assert_rounds_agree(redis_settings, helper, study, 2, SimpleNamespace(
+        ids=[batch.ids[i] for i in order], values=batch.values[order]))
+
+
+def test_a_two_server_study_closes_after_its_last_round_on_both_sides(
+        redis_settings, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner, max_rounds=1)
+    batch = make_records(study, helper.public, N + 5, np.random.default_rng(8))
+    folder = leader_folder(redis_settings)
+    result = folder.fold(messages(batch.records))
+    assert result.folded == {study.study_id: N} and result.closed_rounds == [(study.study_id, 1)]
+    assert [(x.reason, x.message.offset) for x in result.rejected] == [
+        (RejectReason.CLOSED_STUDY, N + i) for i in range(5)]
+    assert_rounds_agree(redis_settings, helper, study, 1, batch)
+    r = redis_client(redis_settings)
+    assert r.hget(state.StudyKeys(study.study_id).study, "status") == b"closed"
+    later = make_records(study, helper.public, 1, np.random.default_rng(9))
+    assert [x.reason for x in folder.fold(messages(later.records, partition=1)).rejected] == [
+        RejectReason.CLOSED_STUDY]
