@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         rows = [("records sent", str(load.sent)), ("records folded (leader)", str(folded())),
                 *((f"{role} SIGKILLs", str(k)) for role, k in kills.items()),
                 ("kills with no fold in the 60 s before", str(stalled)),
+                *_log_events(work / "aggregator.log"),
                 ("unasked exits", f"aggregator {aggregator.died}, helper {helper.died}"),
                 *rows, ("wall time", f"{time.monotonic() - started:.0f} s")]
         print(table(rows, f"two-server soak: n = {args.n}, d = {args.d}, {args.kills} kills"))
@@ -271,6 +272,19 @@ def _records(kafka, topic: str, expected: int, timeout_s: float = 60.0) -> list[
         return out
     finally:
         consumer.close()
+
+
+#: What the aggregator's log says when a kill landed in the two-server protocol: its line's text.
+_EVENTS = (("prepares retried (helper out of reach)", "helper prepare failed"),
+           ("commits left owed in the journal", "is owed"),
+           ("folds retried (leader's Redis gone)", "redis fold failed"),
+           ("closed rounds announced after a restart", "closed rounds a crash had left"))
+
+
+def _log_events(path: Path) -> list[tuple[str, str]]:
+    """How often each of :data:`_EVENTS` appears in the aggregator's log."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return [(label, str(text.count(needle))) for label, needle in _EVENTS]
 
 
 def _xor(a: bytes, b: bytes) -> bytes:
