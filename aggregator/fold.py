@@ -672,7 +672,7 @@ class Folder:
         rows, then two-server studies' (version 3, aggregator.two_server)."""
         rows, bad_containers = split_containers(batch, self.validator.max_message_bytes)
         decoded = self.validator.decode(rows)
-        v3 = version_3_rows(rows.values)
+        v3 = version_3_rows(rows.values, [i for i, _, _ in decoded.undecoded])
         v3_hashes: list[bytes] = []
         if len(v3):  # the version-1 decoder refused them: they are two_server's to check
             two_server_rows = set(v3.tolist())

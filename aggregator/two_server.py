@@ -47,21 +47,13 @@ MODE = "two-server"
 RefusedRows = tuple[np.ndarray, RejectReason, str]
 
 
-def version_3_rows(values: list) -> np.ndarray:
-    """Positions of the values whose first byte is 3: two-server records, for
-    :func:`check_two_server` (the version-1 decoder would refuse them)."""
-    try:
-        lengths = np.fromiter(map(len, values), np.int64, len(values))
-        joined = np.frombuffer(b"".join(values), np.uint8)
-    except TypeError:  # a tombstone (None) or an odd type among them: one at a time
-        return np.array([i for i, v in enumerate(values)
-                         if isinstance(v, bytes | bytearray | memoryview) and len(v)
-                         and v[0] == TWO_SERVER_VERSION], np.int64)
-    starts = np.cumsum(lengths) - lengths
-    nonempty = lengths > 0
-    first = np.zeros(len(values), np.int64)
-    first[nonempty] = joined[starts[nonempty]]
-    return np.flatnonzero(first == TWO_SERVER_VERSION)
+def version_3_rows(values: list, candidates: list[int]) -> np.ndarray:
+    """The positions among ``candidates`` (the rows the version-1 decoder refused: a version-3
+    record is 100 + 16·L bytes, never 48 + 16·d) whose value starts with byte 3: two-server
+    records, for :func:`check_two_server`. A batch without refusals costs nothing here."""
+    return np.array([i for i in candidates
+                     if isinstance(v := values[i], bytes | bytearray | memoryview) and len(v)
+                     and v[0] == TWO_SERVER_VERSION], np.int64)
 
 
 def study_hashes_of(rows: Polled, v3: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
