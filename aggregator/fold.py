@@ -27,6 +27,14 @@ phases of its own: :meth:`Folder._read` (under WATCH) returns a :class:`StudySta
 :func:`decide` turns it and the study's rows into a :class:`StudyFold` without touching Redis,
 its refusals are dead-lettered, :func:`write_fold` queues the fold's writes after MULTI, EXEC.
 
+A two-server study (version-3 records, aggregator/two_server.py) folds the same way with its
+helper as the second party of a two-phase commit whose commit point is the study's own EXEC:
+:meth:`Folder._fold_two_server_study` prepares the records at the helper, decides
+(:func:`decide_two_server`), and writes its ring-sum rounds together with a journal entry
+naming the helper commit it owes (:func:`write_two_server_fold`); the commit follows, and
+:meth:`Folder.resend_pending` sends every entry a crash left again (docs/architecture.md, "Why
+each record is folded once on both sides").
+
 Refusals are arrays (:class:`~aggregator.batch.Refused`) from the checks to the dead-letter topic:
 the checkpoint script counts them per (partition, reason) by one binary search in a blob of
 offsets, the study's transaction per reason, and the dead letters go out in containers
@@ -45,8 +53,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import redis
@@ -55,8 +64,22 @@ from aggregator.batch import REASONS, Message, Polled, Refused, Rejection
 from aggregator.credentials import CredentialCheck
 from aggregator.replay import ReplayIds, id_prefixes
 from aggregator.studies import StudyLookup
+from aggregator.two_server import (
+    MODE,
+    HelperLink,
+    HelperUnavailable,
+    RingRound,
+    TwoServerRows,
+    check_two_server,
+    fill_ring_rounds,
+    journal_entry,
+    parse_journal,
+    study_hashes_of,
+    version_3_rows,
+)
 from aggregator.validate import Validator, ValidRows, split_containers
-from ipdp import state
+from ipdp import metrics, state
+from ipdp.helper_client import HelperRefused, Prepared
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study, StudyStatus
 from ipdp.wire import RejectReason
@@ -69,6 +92,14 @@ log = logging.getLogger(__name__)
 _READ_STUDY_LUA = """
 return {redis.call('HMGET', KEYS[1], 'status', 'hash'),
         redis.call('HMGET', KEYS[2], 'round', 'count', 'A', 'b'),
+        redis.call('HMGET', KEYS[3], unpack(ARGV))}
+"""
+
+#: A two-server study's reads (KEYS and ARGV as above): its definition's status and hash, and
+#: its open round's ring sum.
+_READ_TWO_SERVER_LUA = """
+return {redis.call('HMGET', KEYS[1], 'status', 'hash'),
+        redis.call('HMGET', KEYS[2], 'round', 'count', 'sum', 'checksum'),
         redis.call('HMGET', KEYS[3], unpack(ARGV))}
 """
 
@@ -313,6 +344,13 @@ def write_fold(pipe, fold: StudyFold, keys: state.StudyKeys, replay: ReplayIds, 
         a_raw, b_raw = state.pack_stats(fold.open_round.a, fold.open_round.b)
         pipe.hset(keys.open, mapping={"round": fold.open_round.round_no,
                                       "count": fold.open_round.count, "A": a_raw, "b": b_raw})
+    _write_bookkeeping(pipe, fold, keys, replay, group=group, topic=topic, now_ms=now_ms)
+
+
+def _write_bookkeeping(pipe, fold: StudyFold | TwoServerFold, keys: state.StudyKeys,
+                       replay: ReplayIds, *, group: str, topic: str, now_ms: int) -> None:
+    """What every study's transaction writes besides its rounds: the ids it folded, its counts
+    and its offsets."""
     if len(fold.folded_ids):
         replay.add(pipe, keys, fold.folded_ids, now_ms)
     counts = {"folded": len(fold.folded_ids), "rounds_closed": len(fold.closed)}
@@ -323,6 +361,115 @@ def write_fold(pipe, fold: StudyFold, keys: state.StudyKeys, replay: ReplayIds, 
             pipe.hincrby(keys.counts, name, k)
     if fold.next_offsets:
         pipe.hset(keys.offsets(group, topic), mapping=fold.next_offsets)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoServerState:
+    """What a two-server study's fold reads under WATCH (as :class:`StudyState`)."""
+
+    status: StudyStatus | None
+    open_round: RingRound
+    folded_below: dict[int, int]
+    replayed: np.ndarray
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoServerFold:
+    """What a two-server study's transaction writes (as :class:`StudyFold`, rounds as ring
+    sums), and the helper commit it owes: ``assignment``, round → ids."""
+
+    study: Study
+    was_open: bool
+    folded_ids: np.ndarray
+    closed: list[RingRound]
+    open_round: RingRound
+    study_closed: bool
+    next_offsets: dict[str, int]
+    refused: Refused
+    assignment: dict[int, np.ndarray]
+
+
+@dataclass(frozen=True)
+class HelperVerdict:
+    """The helper's answer for a two-server study's rows (positions of its TwoServerRows)."""
+
+    asked: np.ndarray
+    """Per row: it was in the job (the leader would have folded it when it asked)."""
+    accepted: np.ndarray
+    """Per row: the helper accepted it (False where not asked)."""
+    reason: dict[int, str]
+    """Row → the helper's reason, for the rows asked and refused."""
+
+    @classmethod
+    def of(cls, asked: np.ndarray, prepared: Prepared) -> HelperVerdict:
+        at = np.flatnonzero(asked)
+        accepted = np.zeros(len(asked), bool)
+        accepted[at] = prepared.mask
+        return cls(asked, accepted, {int(at[i]): why for i, why in prepared.refused.items()})
+
+
+def decide_two_server(rows: Polled, valid: TwoServerRows, seen: TwoServerState, spans: Spans,
+                      checkpoint: Checkpoint, verdict: HelperVerdict) -> TwoServerFold:
+    """The decide phase of a two-server study: as :func:`decide` (offsets, status, replays),
+    then the helper's ``verdict``: the rows it refused, of those the leader would fold, are
+    refused here too (``helper_refused``, the helper's reason as detail), and the rest go into
+    the rounds the leader's open round decides. A row the leader did not ask about (its id
+    looked seen before when it asked) is refused as seen before."""
+    study = valid.study
+    not_yet_folded = rows.offset[valid.row] >= _per_row(seen.folded_below,
+                                                        rows.partition[valid.row])
+    todo, replayed = valid.take(not_yet_folded), seen.replayed[not_yet_folded]
+    todo_at = np.flatnonzero(not_yet_folded)  # positions in ``valid``, as the verdict has them
+    next_offsets = {checkpoint.field[x]: spans.last[x] + 1
+                    for x in np.unique(rows.partition[todo.row]).tolist()}
+    if seen.status != StudyStatus.OPEN:
+        reason = RejectReason.UNKNOWN_STUDY if seen.status is None else RejectReason.CLOSED_STUDY
+        return TwoServerFold(
+            study=study, was_open=False, folded_ids=todo.record_id[:0], closed=[],
+            open_round=seen.open_round, study_closed=False, next_offsets=next_offsets,
+            refused=Refused.of(rows, todo.row, reason, f"study {study.study_id} is "
+                               f"{seen.status and seen.status.value}"), assignment={})
+    first_sight = _first_of_each_id(todo.record_id) & ~replayed & verdict.asked[todo_at]
+    seen_before = Refused.of(rows, todo.row[~first_sight], *_seen_before(study))
+    fresh, fresh_at = todo.take(first_sight), todo_at[first_sight]
+    helper_ok = verdict.accepted[fresh_at]
+    accepted = fresh.take(helper_ok)
+    by_reason: dict[str, list[int]] = {}
+    for j in np.flatnonzero(~helper_ok).tolist():
+        by_reason.setdefault(verdict.reason[int(fresh_at[j])], []).append(j)
+    helper_refused = [Refused.of(rows, fresh.row[np.array(at, np.int64)],
+                                 RejectReason.HELPER_REFUSED, why)
+                      for why, at in sorted(by_reason.items())]
+    filled = fill_ring_rounds(study, seen.open_round, accepted.leader, accepted.record_id)
+    past_last_round = Refused.of(
+        rows, accepted.row[filled.taken:], RejectReason.CLOSED_STUDY,
+        f"study {study.study_id} closed after {study.round_limit} rounds (max_rounds or its "
+        "privacy budget)")
+    return TwoServerFold(
+        study=study, was_open=True, folded_ids=accepted.record_id[:filled.taken],
+        closed=filled.closed, open_round=filled.open_round, study_closed=filled.study_closed,
+        next_offsets=next_offsets,
+        refused=Refused.join([seen_before, *helper_refused, past_last_round]),
+        assignment=filled.assignment)
+
+
+def write_two_server_fold(pipe, fold: TwoServerFold, keys: state.StudyKeys, replay: ReplayIds,
+                          *, job_id: str, group: str, topic: str, now_ms: int) -> None:
+    """The write phase of a two-server study (after MULTI): its ring rounds, its bookkeeping
+    and, in the same transaction, the journal entry naming the helper commit it owes."""
+    for c in fold.closed:
+        pipe.hset(keys.closed(c.round_no), mapping={**c.packed(), "closed_ms": now_ms,
+                                                    "mode": MODE})
+        pipe.sadd(keys.unannounced, c.round_no)
+    if fold.study_closed:
+        pipe.delete(keys.open)
+        pipe.hset(keys.study, "status", StudyStatus.CLOSED.value)
+    elif len(fold.folded_ids):
+        pipe.hset(keys.open, mapping={"round": fold.open_round.round_no,
+                                      **fold.open_round.packed()})
+    if fold.assignment:
+        pipe.hset(keys.helper_pending, job_id, journal_entry(fold.assignment))
+    _write_bookkeeping(pipe, fold, keys, replay, group=group, topic=topic, now_ms=now_ms)
 
 
 def announce(r: redis.Redis, keys: state.StudyKeys, rounds: Sequence[int]) -> None:
@@ -370,8 +517,14 @@ class Folder:
         credential_keys: TrustedKeys | None = None,
         unknown_study_ttl_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        helpers: HelperLink | None = None,
     ) -> None:
         self.r = r
+        self.helpers = helpers or HelperLink(None)
+        self._two_server_studies: set[str] = set()
+        """Two-server studies this process has folded or found a journal entry of."""
+        self._reported: set[str] = set()
+        """Journal entries whose commit the helper refused, logged once."""
         self.group, self.topic = group, topic
         self.offsets_key = state.offsets_key(group, topic)
         self.rejected_key = state.rejected_key(group, topic)
@@ -401,6 +554,58 @@ class Folder:
             announce(self.r, keys, rounds)
             pending += len(rounds)
         return pending
+
+    def resend_pending(self, *, every_study: bool = False) -> int:
+        """Send again each helper commit the journals of the two-server studies this process
+        knows (``every_study``: of every registered study, as at start) still owe; an entry is
+        deleted once the helper has folded its job. Returns the entries left owing."""
+        if every_study:
+            sids = sorted({v.decode() for v in self.r.hvals(state.STUDY_HASHES)})
+        else:
+            sids = sorted(self._two_server_studies)
+        if not sids:
+            return 0
+        with self.r.pipeline(transaction=False) as pipe:
+            for sid in sids:
+                pipe.hgetall(state.StudyKeys(sid).helper_pending)
+            journals = pipe.execute()
+        left = 0
+        for sid, journal in zip(sids, journals, strict=True):
+            if not journal:
+                continue
+            self._two_server_studies.add(sid)
+            found = state.load_study(self.r, sid, self.studies.trusted)
+            if found is None:
+                continue
+            for job_id, raw in sorted(journal.items()):
+                metrics.BACKEND_RETRIES.labels("helper").inc()
+                if not self._commit_at_helper(found[0], job_id.decode(), parse_journal(raw)):
+                    left += 1
+        metrics.HELPER_COMMITS_PENDING.set(left)
+        return left
+
+    def _commit_at_helper(self, study: Study, job_id: str, rounds: dict[int, list]) -> bool:
+        """Fold job ``job_id`` into ``rounds`` at the helper, then delete its journal entry;
+        False (the entry stays, to be sent again) when the helper cannot be reached or refuses
+        it."""
+        try:
+            self.helpers.commit(study, job_id, {r: [bytes(i) for i in ids]
+                                                for r, ids in rounds.items()})
+        except HelperUnavailable as exc:
+            metrics.BACKEND_ERRORS.labels("helper", "commit").inc()
+            log.warning("study %s: the helper commit of job %s is owed (%s); sending it again "
+                        "later", study.study_id, job_id, exc)
+            return False
+        except HelperRefused as exc:
+            if job_id not in self._reported:
+                self._reported.add(job_id)
+                log.error("study %s: the helper refused the commit of job %s (%s): rounds %s "
+                          "cannot be combined until an operator resolves it; the entry stays in "
+                          "%s", study.study_id, job_id, exc, sorted(rounds),
+                          state.StudyKeys(study.study_id).helper_pending)
+            return False
+        self.r.hdel(state.StudyKeys(study.study_id).helper_pending, job_id)
+        return True
 
     def _checkpoint(self, partitions: list[int]) -> Checkpoint:
         fields = [str(p) for p in partitions] + [f"{p}:epoch" for p in partitions]
@@ -439,15 +644,19 @@ class Folder:
         if not unread.all():
             batch = batch.take(np.flatnonzero(unread))
         # 2. Check: every check that reads no Redis state.
-        rows, stateless, valid = self._check(batch, now_ms)
+        rows, stateless, valid, two_server = self._check(batch, now_ms)
         # 3. Dead-letter the checks' refusals, before the checkpoint that counts them.
         if dead_letter and len(stateless):
             dead_letter(stateless)
         refused = [stateless]
-        # 4. Fold each study: its own transaction, its own refusals.
+        # 4. Fold each study: its own transaction, its own refusals (a two-server study's
+        #    with its helper: prepare, the transaction, the helper's commit).
         for v in sorted(valid, key=lambda v: v.study.study_id):
             refused.append(self._fold_study(rows, v, spans, checkpoint, now_ms, dead_letter,
                                             result))
+        for w in sorted(two_server, key=lambda w: w.study.study_id):
+            refused.append(self._fold_two_server_study(rows, w, spans, checkpoint, now_ms,
+                                                       dead_letter, result))
         result.refused = Refused.join(refused)
         # 5. Checkpoint: move the group's offsets and count the checks' refusals, atomically.
         self.r.execute_command(
@@ -456,18 +665,40 @@ class Folder:
             *_refusal_groups(stateless))
         return result
 
-    def _check(self, batch: Polled, now_ms: int) -> tuple[Polled, Refused, list[ValidRows]]:
+    def _check(self, batch: Polled, now_ms: int
+               ) -> tuple[Polled, Refused, list[ValidRows], list[TwoServerRows]]:
         """Split containers, decode, look the studies up and validate: the batch as one row per
-        record, what the checks refused, and what passed them per study."""
+        record, what the checks refused, and what passed them per study: one-server studies'
+        rows, then two-server studies' (version 3, aggregator.two_server)."""
         rows, bad_containers = split_containers(batch, self.validator.max_message_bytes)
         decoded = self.validator.decode(rows)
-        studies = self.studies.resolve(decoded.study_hashes)
-        registered = self.studies.registered(
-            Validator.unmatched_headers(rows, decoded, studies)) \
-            if None in studies.values() else {}
+        v3 = version_3_rows(rows.values, [i for i, _, _ in decoded.undecoded])
+        v3_hashes: list[bytes] = []
+        if len(v3):  # the version-1 decoder refused them: they are two_server's to check
+            two_server_rows = set(v3.tolist())
+            decoded = replace(decoded, undecoded=[
+                x for x in decoded.undecoded if x[0] not in two_server_rows])
+            v3_hashes = [bytes(h) for h in np.unique(study_hashes_of(rows, v3)[1])]
+        studies = self.studies.resolve(sorted(set(decoded.study_hashes) | set(v3_hashes)))
+        registered = {}
+        if None in studies.values():
+            names = Validator.unmatched_headers(rows, decoded, studies)
+            unknown = {h for h in v3_hashes if studies[h] is None}
+            if unknown:
+                whole, hashes = study_hashes_of(rows, v3)
+                hit = np.isin(hashes, np.frombuffer(b"".join(sorted(unknown)), "V16"))
+                names |= {x for x in rows.study_headers(whole[hit].tolist()) if x is not None}
+            registered = self.studies.registered(names)
         refused, valid = self.validator.validate(rows, decoded, studies, registered, now_ms)
         valid, deleted = self._one_study_per_id(rows, valid)
-        return rows, Refused.join([bad_containers, refused, *deleted]).in_order(), valid
+        v3_refused, two_server = check_two_server(
+            rows, v3, studies, lambda r, picked, key: Validator._unmatched(r, picked, key,
+                                                                           registered),
+            window=self.validator.window, credentials=self.validator.credentials, now_ms=now_ms)
+        self._two_server_studies.update(w.study.study_id for w in two_server)
+        return (rows, Refused.join([bad_containers, refused, *deleted,
+                                    *(Refused.of(rows, *x) for x in v3_refused)]).in_order(),
+                valid, two_server)
 
     def _one_study_per_id(self, rows: Polled, valid: list[ValidRows],
                           ) -> tuple[list[ValidRows], list[Refused]]:
@@ -527,6 +758,104 @@ class Folder:
             result.open_rounds[sid] = (fold.open_round.round_no, fold.open_round.count,
                                        fold.study.n)
         return fold.refused
+
+    def _fold_two_server_study(self, rows: Polled, w: TwoServerRows, spans: Spans,
+                               checkpoint: Checkpoint, now_ms: int, dead_letter,
+                               result: FoldResult) -> Refused:
+        """A two-server study's fold, with the leader as the coordinator of a two-phase commit
+        (docs/architecture.md, "Why each record is folded once on both sides"): read the
+        study's offsets and replay state, and prepare at the helper, under a new job id, the
+        rows the leader would fold (before the transaction, so that no WATCH spans an HTTP call
+        and a conflict does not prepare again); read under WATCH; decide; dead-letter; one
+        MULTI/EXEC writes the leader's ring rounds, its bookkeeping and the journal entry naming
+        the helper commit it owes (the commit point); then the helper's commit, and the entry
+        is deleted. A helper that cannot be reached at prepare raises
+        :class:`HelperUnavailable` before anything is written."""
+        study = w.study
+        keys = state.StudyKeys(study.study_id)
+        sent = np.full(len(rows), -1, np.int64)
+        job_id = uuid.uuid4().hex
+        verdict = self._prepare(keys, job_id, rows, w, checkpoint)
+        with self.r.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(keys.study, keys.open, keys.replay,
+                               keys.offsets(self.group, self.topic))
+                    seen = self._read_two_server(pipe, keys, rows, w, checkpoint)
+                    fold = decide_two_server(rows, w, seen, spans, checkpoint, verdict)
+                    codes = fold.refused.reason_codes()
+                    unsent = sent[fold.refused.row] != codes
+                    if dead_letter and unsent.any():
+                        dead_letter(fold.refused.take(unsent))
+                    sent[fold.refused.row] = codes
+                    pipe.multi()
+                    write_two_server_fold(pipe, fold, keys, self.replay, job_id=job_id,
+                                          group=self.group, topic=self.topic, now_ms=now_ms)
+                    pipe.execute()
+                    break
+                except redis.WatchError:
+                    result.conflicts += 1
+        if fold.assignment:
+            self._commit_at_helper(study, job_id, fold.assignment)
+        announce(self.r, keys, [c.round_no for c in fold.closed])
+        if seen.status is None:
+            self.studies.forget(study)
+        sid = keys.study_id
+        if fold.was_open:
+            result.folded[sid] = len(fold.folded_ids)
+            result.closed_rounds += [(sid, c.round_no) for c in fold.closed]
+            result.open_rounds[sid] = (fold.open_round.round_no, fold.open_round.count, study.n)
+        return fold.refused
+
+    def _prepare(self, keys: state.StudyKeys, job_id: str, rows: Polled, w: TwoServerRows,
+                 checkpoint: Checkpoint) -> HelperVerdict:
+        """Job ``job_id`` at the study's helper: the rows of ``w`` not folded yet, first of
+        their id in the batch and not seen within the replay window, as Redis holds the study
+        now (a replay costs the helper nothing). A job the helper refuses whole (its study
+        unverifiable there, say) refuses each record with the helper's reason; one it cannot
+        answer raises HelperUnavailable."""
+        study = w.study
+        partitions = np.unique(rows.partition[w.row]).tolist()
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.study, "envelope", "status")
+            pipe.hmget(keys.offsets(self.group, self.topic),
+                       [checkpoint.field[p] for p in partitions])
+            (envelope, status), below = pipe.execute()
+        folded_below = {p: int(x) for p, x in zip(partitions, below, strict=True)
+                        if x is not None}
+        asked = rows.offset[w.row] >= _per_row(folded_below, rows.partition[w.row])
+        if status != StudyStatus.OPEN.value.encode():  # the transaction refuses them all
+            asked[:] = False
+        asked[asked] &= ~self.replay.seen(self.r, keys, w.record_id[asked])
+        asked[asked] &= _first_of_each_id(w.record_id[asked])
+        records = [rows.values[i] for i in w.row[asked].tolist()]
+        if not records:
+            return HelperVerdict.of(asked, Prepared(np.zeros(0, bool), {}))
+        try:
+            prepared = self.helpers.prepare(study, job_id, envelope or b"", records)
+        except HelperRefused as exc:
+            log.warning("study %s: the helper refused job %s whole (%s)", study.study_id,
+                        job_id, exc)
+            prepared = Prepared(mask=np.zeros(len(records), bool),
+                                refused=dict.fromkeys(range(len(records)), exc.reason))
+        return HelperVerdict.of(asked, prepared)
+
+    def _read_two_server(self, pipe, keys: state.StudyKeys, rows: Polled, w: TwoServerRows,
+                         checkpoint: Checkpoint) -> TwoServerState:
+        """The read phase of a two-server study, under WATCH."""
+        partitions = np.unique(rows.partition[w.row]).tolist()
+        (status, wire_hash), (round_no, count, sum_raw, checksum), below = \
+            pipe.execute_command("EVAL", _READ_TWO_SERVER_LUA, 3, keys.study, keys.open,
+                                 keys.offsets(self.group, self.topic),
+                                 *(checkpoint.field[p] for p in partitions))
+        if wire_hash is not None and wire_hash != w.study.hash:
+            status = None
+        return TwoServerState(
+            status=None if status is None else StudyStatus(status.decode()),
+            open_round=RingRound.stored(round_no, count, sum_raw, checksum, w.study.d),
+            folded_below={p: int(x) for p, x in zip(partitions, below, strict=True)
+                          if x is not None},
+            replayed=self.replay.seen(pipe, keys, w.record_id))
 
     def _read(self, pipe, keys: state.StudyKeys, rows: Polled, v: ValidRows,
               checkpoint: Checkpoint) -> StudyState:

@@ -28,6 +28,7 @@ from aggregator.batch import Polled, Refused
 from aggregator.fold import Folder, FoldResult
 from aggregator.logs import PAUSE_REASONS, LogGuard, Pause
 from aggregator.settings import AggregatorSettings
+from aggregator.two_server import HelperLink, HelperUnavailable
 from ipdp import metrics, state
 from ipdp.dead_letters import dead_letter_headers, encode_dead_letters
 from ipdp.kafka_io import kafka_consumer, kafka_producer
@@ -35,12 +36,13 @@ from ipdp.process import Backoff, install_signal_handlers, pause_after_failure
 from ipdp.redis_io import check_redis, redis_client
 from ipdp.settings import (
     KafkaSettings,
+    LeaderTokenSettings,
     MetricsSettings,
     RedisSettings,
     TopicSettings,
     TrustSettings,
 )
-from ipdp.wire import DEAD_LETTER_REASONS
+from ipdp.wire import DEAD_LETTER_REASONS, RejectReason
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,10 @@ LAG_REFRESH_S = 5.0
 LAG_TIMEOUT_MS = 2_000
 DEAD_LETTER_TIMEOUT_S = 30.0
 REDIS_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def _secret(value) -> str | None:
+    return value.get_secret_value() if value is not None else None
 
 
 class _SeekToRedisOffsets(ConsumerRebalanceListener):
@@ -95,12 +101,19 @@ class Aggregator:
             max_message_bytes=settings.max_message_bytes,
             unknown_study_ttl_s=settings.unknown_study_ttl_s,
             credential_keys=trust.credential_keys(),
+            helpers=HelperLink(_secret(LeaderTokenSettings().leader_token),
+                               timeout_s=settings.helper_timeout_s,
+                               retry_s=settings.helper_retry_s),
         )
         state.upgrade_layout(self.redis, settings.group, topics.records)
         announced = self.folder.announce_pending()
         if announced:
             log.warning("announced %d closed rounds a crash had left off the trainer's stream",
                         announced)
+        owed = self.folder.resend_pending(every_study=True)
+        if owed:
+            log.warning("%d helper commits a crash left owing could not be sent yet; sending "
+                        "them again every loop", owed)
         self.logs = LogGuard(self.redis, kafka, group=settings.group, topic=topics.records)
         self.producer = kafka_producer(kafka)
         # No automatic reset: a vanished offset must pause its partition, never jump in the log.
@@ -196,6 +209,8 @@ class Aggregator:
                         self._rewind(batch, reseeked)
                         continue
                 if batch is None:
+                    # Nothing is in flight: the loop thread may use the fold's helper clients.
+                    self._with_retry(self.folder.resend_pending)
                     self._refresh_lag()
                     if not self.consumer.assignment():
                         idle_since = time.monotonic()  # joining the group is not idleness
@@ -219,8 +234,10 @@ class Aggregator:
         return self.totals
 
     def _fold(self, messages: Polled) -> FoldResult:
-        """On the fold thread: fold one batch, retrying until Redis lets it through."""
+        """On the fold thread: send again the helper commits the journals owe, then fold one
+        batch, retrying until Redis (and a two-server study's helper) lets it through."""
         started = time.perf_counter()
+        self._with_retry(self.folder.resend_pending)
         result = self._with_retry(self.folder.fold, messages, self._dead_letter,
                                   before_retry=self._announce_left_rounds)
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
@@ -274,6 +291,10 @@ class Aggregator:
             self.totals["folded"] += k
         for reason, k in result.refused.counts().items():
             metrics.RECORDS_DEAD_LETTERED.labels(reason.value).inc(k)
+        refused = result.refused
+        for c, (reason, detail) in enumerate(refused.causes):
+            if reason == RejectReason.HELPER_REFUSED:
+                metrics.HELPER_RECORDS_REFUSED.labels(detail).inc(int((refused.cause == c).sum()))
         self.totals["rejected"] += len(result.refused)
         for sid, _round in result.closed_rounds:
             metrics.ROUNDS_CLOSED.labels(sid).inc()
@@ -323,6 +344,11 @@ class Aggregator:
                 if self.stop_event.is_set():
                     raise
                 pause_after_failure(backoff, self.stop_event, "kafka", "dead_letter", exc)
+            except HelperUnavailable as exc:  # at prepare: nothing of the study was written
+                failed = True
+                if self.stop_event.is_set():
+                    raise
+                pause_after_failure(backoff, self.stop_event, "helper", "prepare", exc)
 
     def _refresh_lag(self) -> None:
         if time.monotonic() - self._lag_at < LAG_REFRESH_S:
@@ -350,7 +376,7 @@ class Aggregator:
 
     def close(self) -> None:
         """Leave the group and close clients."""
-        for close in (self.consumer.close, self.producer.close):
+        for close in (self.consumer.close, self.producer.close, self.folder.helpers.close):
             try:
                 close()
             except Exception as exc:  # noqa: BLE001 - closing must not mask the exit reason
@@ -367,7 +393,10 @@ def cmd_run(args) -> int:
     metrics.start_at_zero(metrics.PARTITION_PAUSES, *((reason,) for reason in PAUSE_REASONS))
     metrics.start_studies_reader_at_zero("aggregator", topic_values=False)
     metrics.start_backends_at_zero(("kafka", "poll"), ("kafka", "commit"), ("kafka", "end_offsets"),
-                                   ("kafka", "dead_letter"), ("redis", "fold"))
+                                   ("kafka", "dead_letter"), ("redis", "fold"),
+                                   ("helper", "prepare"), ("helper", "commit"))
+    metrics.start_at_zero(metrics.HELPER_CALLS, *((call, outcome) for call in ("prepare", "commit")
+                                                  for outcome in ("ok", "refused", "unavailable")))
     agg = Aggregator(kafka, redis_settings, topics, settings)
     install_signal_handlers(agg.stop_event)
     log.info("aggregator: group %s, topic %s", settings.group, topics.records)

@@ -29,5 +29,11 @@ class AggregatorSettings(RecordWindowSettings):
         True, description="Parse fetched Kafka record batches as arrays (aggregator/fetch.py); "
         "false uses kafka-python's per-record parser."
     )
+    helper_timeout_s: float = Field(
+        30.0, gt=0, description="A two-server study's helper: the longest wait for one answer.")
+    helper_retry_s: float = Field(
+        5.0, gt=0, description="A two-server study's helper: how long one call is sent again "
+        "on a connection error or a 503 before the fold backs off and retries it (prepare) or "
+        "leaves it to the journal (commit).")
     retry_initial_s: float = Field(0.2, gt=0)
     retry_max_s: float = Field(10.0, gt=0)

@@ -172,6 +172,10 @@ class Validator:
                     refused.append((part.index, found.reason, found.detail))
                 elif found is None:
                     refused += self._unmatched(rows, part.index, bytes(key), registered)
+                elif found.two_server is not None:  # its rounds are ring sums of shares
+                    detail = (f"study {found.study_id} is a two-server study: its records "
+                              "are version 3 (aggregator/two_server.py)")
+                    refused.append((part.index, RejectReason.UNSUPPORTED_VERSION, detail))
                 else:
                     part = self._check_rows(found, part, now_ms, refused)
                     if found.require_credentials and len(part):

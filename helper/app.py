@@ -157,8 +157,7 @@ class HelperApp:
                                     window=self.settings.window(), now_ms=now_ms,
                                     private_key=self.key.private)
             return self.store.prepare(job_id, study_id=study.study_id, study_hash=study.hash,
-                                      n=study.n, d=study.d, digest=digest, checked=checked,
-                                      now_ms=now_ms)
+                                      n=study.n, d=study.d, digest=digest, checked=checked)
         try:
             answer, new = await run_in_threadpool(run)
         except JobConflict as exc:
@@ -184,7 +183,8 @@ class HelperApp:
         rounds = [(a.round, [bytes.fromhex(i) for i in a.ids]) for a in assignment.rounds]
         digest = hashlib.sha256(assignment.model_dump_json().encode()).digest()
         try:
-            answer, new = await run_in_threadpool(self.store.commit, job_id, rounds, digest)
+            answer, new = await run_in_threadpool(self.store.commit, job_id, rounds, digest,
+                                                  time.time_ns() // 1_000_000)
         except UnknownJob:
             return _error(404, "unknown_job", f"job {job_id!r} was not prepared here")
         except JobConflict as exc:

@@ -8,15 +8,19 @@ leader's sums (tests/helper/test_helper.py reads every key and checks it). A job
 after the record window; a round key stays until the study's operator deletes it.
 
 Each change is one WATCH/MULTI/EXEC transaction, redone on a conflict: a prepare stores the
-job's answer, shares and the accepted ids in the replay set together; a commit adds the shares
-to the rounds, drops them from the job and records the commit together. So a job is prepared
-once and committed once, whatever the leader resends. The keys of one job span several studies'
+job's answer, its accepted ids and their shares together; a commit adds the shares to the
+rounds, writes the ids into the replay set (``seen``), drops the shares from the job and
+records the commit together. So a job is prepared once and committed once, whatever the leader
+resends. The replay set holds *committed* ids only: a prepare refuses as ``replayed`` an id
+already committed, and a commit naming one is refused whole (``already_committed``). A job the
+leader prepared and never committed (it crashed before its own commit point) blocks nothing:
+the leader sends those records again in a new job (docs/architecture.md, "Why each record is
+folded once on both sides"). The keys of one job span several studies'
 hash slots in the general case, so the helper's Redis is one server, not a cluster.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 
@@ -25,9 +29,12 @@ import redis
 
 from helper.records import CheckedRecords, HelperRefusal
 from ipdp.fixed_point import entries, fold
+from ipdp.helper_protocol import CHECKSUM_BYTES, id_checksum
+
+__all__ = ["CHECKSUM_BYTES", "HelperStore", "JobConflict", "RoundShare", "UnknownJob",
+           "id_checksum", "job_key", "round_key", "seen_key", "study_hash_key"]
 
 _PREFIX = "ipdp-helper"
-CHECKSUM_BYTES = 32
 
 
 def job_key(job_id: str) -> str:
@@ -44,15 +51,6 @@ def seen_key(study_id: str) -> str:
 
 def round_key(study_id: str, round_no: int) -> str:
     return f"{_PREFIX}:{{{study_id}}}:round:{round_no}"
-
-
-def id_checksum(ids: list[bytes]) -> bytes:
-    """XOR of SHA-256(id) over ``ids``: equal on both servers iff (with overwhelming
-    probability) they folded the same set of ids."""
-    total = np.zeros(CHECKSUM_BYTES, dtype=np.uint8)
-    for record_id in ids:
-        total ^= np.frombuffer(hashlib.sha256(record_id).digest(), dtype=np.uint8)
-    return total.tobytes()
 
 
 class JobConflict(Exception):
@@ -99,7 +97,7 @@ class HelperStore:
         return json.loads(stored[1])
 
     def prepare(self, job_id: str, *, study_id: str, study_hash: bytes, n: int, d: int,
-                digest: bytes, checked: CheckedRecords, now_ms: int) -> tuple[dict, bool]:
+                digest: bytes, checked: CheckedRecords) -> tuple[dict, bool]:
         """(answer, whether it is new): store the job and its answer, or return the stored
         answer of the same request; a different request under ``job_id`` raises
         :class:`JobConflict`."""
@@ -133,15 +131,13 @@ class HelperStore:
                                     for i, reason in enumerate(refusals) if reason is not None],
                     }
                     pipe.multi()
-                    if accepted:
-                        pipe.zadd(seen, {checked.ids[i]: int(checked.created_ms[i])
-                                         for i in accepted})
-                    pipe.zremrangebyscore(seen, "-inf", f"({now_ms - self.forget_after_ms}")
                     pipe.set(study_hash_key(study_id), study_hash)
                     pipe.hset(key, mapping={
                         "study": study_id, "n": n, "d": d, "digest": digest,
                         "answer": json.dumps(answer, separators=(",", ":")),
                         "ids": b"".join(checked.ids[i] for i in accepted),
+                        "created": np.asarray([checked.created_ms[i] for i in accepted],
+                                              dtype="<i8").tobytes(),
                         "shares": b"".join(checked.shares[i] for i in accepted),
                     })
                     pipe.expire(key, self.job_ttl_s)
@@ -150,12 +146,13 @@ class HelperStore:
                 except redis.WatchError:
                     continue
 
-    def commit(self, job_id: str, rounds: list[tuple[int, list[bytes]]], digest: bytes
-               ) -> tuple[dict, bool]:
+    def commit(self, job_id: str, rounds: list[tuple[int, list[bytes]]], digest: bytes,
+               now_ms: int) -> tuple[dict, bool]:
         """(answer, whether it is new): fold the job's accepted shares into ``rounds`` ((round,
         ids) pairs), once: the same request again returns the stored answer; another one raises
-        :class:`JobConflict`, as do ids not accepted at prepare and a round that would exceed
-        n."""
+        :class:`JobConflict`, as do ids not accepted at prepare, an id another job committed
+        (``already_committed``: nothing of this job is folded) and a round that would exceed
+        n. The ids enter the replay set here, in the commit's transaction."""
         key = job_key(job_id)
         while True:
             with self.r.pipeline() as pipe:
@@ -188,7 +185,16 @@ class HelperStore:
                     keys = [round_key(study_id, r) for r, _ in rounds]
                     if len(set(keys)) != len(keys):
                         raise JobConflict("round_twice", "a round is named twice in one commit")
-                    pipe.watch(*keys)
+                    seen = seen_key(study_id)
+                    pipe.watch(seen, *keys)
+                    order = sorted(assigned)
+                    committed = [i for i, score in zip(order, pipe.zmscore(seen, order),
+                                                       strict=True) if score is not None]
+                    if committed:
+                        raise JobConflict("already_committed", f"{len(committed)} record(s) of "
+                                          f"job {job_id!r} were committed in another job, "
+                                          f"{committed[0].hex()} first")
+                    created = np.frombuffer(job[b"created"], dtype="<i8")
                     updates = {}
                     for (round_no, round_ids), rkey in zip(rounds, keys, strict=True):
                         current = pipe.hgetall(rkey)
@@ -212,6 +218,8 @@ class HelperStore:
                     pipe.multi()
                     for rkey, mapping in updates.items():
                         pipe.hset(rkey, mapping=mapping)
+                    pipe.zadd(seen, {i: int(created[row_of[i]]) for i in order})
+                    pipe.zremrangebyscore(seen, "-inf", f"({now_ms - self.forget_after_ms}")
                     pipe.hdel(key, "shares")
                     pipe.hset(key, mapping={"commit_digest": digest,
                                             "commit_answer": json.dumps(answer,

@@ -7,12 +7,17 @@ A device's version-3 record (docs/wire-format.md, "Two-server records") is
     u32 proof length ‖ proof,           L = d(d+3)/2.
 
 The leader keeps its share and forwards the rest, :func:`helper_part`, so the helper never
-holds both shares of a record.
+holds both shares of a record. Both servers keep, per round, the :func:`id_checksum` of the ids
+they folded, so the trainer combines a round only when both folded the same set.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
+from collections.abc import Iterable
+
+import numpy as np
 
 from ipdp.fixed_point import entries
 from ipdp.sealing import SEAL_OVERHEAD
@@ -22,6 +27,8 @@ from ipdp.wire import HEADER_SIZE
 TWO_SERVER_VERSION = 3
 #: The proof length field after the sealed share (u32, little-endian).
 PROOF_LENGTH = struct.Struct("<I")
+#: Bytes of a round's id checksum.
+CHECKSUM_BYTES = 32
 
 
 def share_bytes(d: int) -> int:
@@ -41,3 +48,15 @@ def helper_part(record: bytes, d: int) -> bytes:
     if len(record) < leader_end:
         raise ValueError(f"a version-3 record at d={d} has at least {leader_end} bytes")
     return record[:HEADER_SIZE] + record[leader_end:]
+
+
+def id_checksum(ids: Iterable[bytes], start: bytes | None = None) -> bytes:
+    """XOR of SHA-256(id) over the 16-byte ``ids``, XORed into ``start`` (a round's checksum so
+    far; none: zero): equal on both servers iff (with overwhelming probability) they folded the
+    same set of ids."""
+    digests = b"".join(hashlib.sha256(bytes(i)).digest() for i in ids)
+    total = np.bitwise_xor.reduce(np.frombuffer(digests, np.uint8).reshape(-1, CHECKSUM_BYTES),
+                                  axis=0) if digests else np.zeros(CHECKSUM_BYTES, np.uint8)
+    if start is not None:
+        total = total ^ np.frombuffer(start, np.uint8)
+    return total.tobytes()

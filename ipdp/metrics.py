@@ -122,6 +122,18 @@ HELPER_RECORDS = _counter(
 HELPER_RECORDS_FOLDED = _counter(
     "ipdp_helper_records_folded_total", "Records whose share the helper folded into a round.",
     ["study"])
+HELPER_CALLS = _counter(
+    "ipdp_helper_calls_total",
+    "The leader's calls to a two-server study's helper, by call (prepare, commit) and outcome "
+    "(ok, refused, unavailable).", ["call", "outcome"])
+HELPER_RECORDS_REFUSED = _counter(
+    "ipdp_helper_records_refused_total",
+    "Records of two-server studies the helper refused, which the leader dead-lettered "
+    "helper_refused, by the helper's reason.", ["reason"])
+HELPER_COMMITS_PENDING = _gauge(
+    "ipdp_helper_commits_pending",
+    "Helper commits the leader's journal still owes (entries of ipdp:{<id>}:helper-pending) "
+    "after the last re-send.")
 GATEWAY_REQUESTS = _counter(
     "ipdp_gateway_requests_total", "HTTP requests the gateway answered.", ["route", "status"])
 GATEWAY_RECORDS_ACCEPTED = _counter(
@@ -161,9 +173,10 @@ TOPIC_VALUES_MALFORMED = _counter(
     "UTF-8 JSON, nested too deeply, not an object, invalid fields or numbers).",
     ["topic", "reader", "reason"])
 BACKEND_ERRORS = _counter(
-    "ipdp_backend_errors_total", "Errors talking to Kafka or Redis.", ["backend", "operation"])
+    "ipdp_backend_errors_total", "Errors talking to Kafka, Redis or a two-server study's helper.",
+    ["backend", "operation"])
 BACKEND_RETRIES = _counter(
-    "ipdp_backend_retries_total", "Retries after a Kafka or Redis error.", ["backend"])
+    "ipdp_backend_retries_total", "Retries after a Kafka, Redis or helper error.", ["backend"])
 
 
 
@@ -174,6 +187,7 @@ _ROLE_METRICS: dict[str, tuple] = {
     "aggregator": (RECORDS_CONSUMED, RECORDS_FOLDED, RECORDS_DEAD_LETTERED, FOLD_BATCH_RECORDS,
                    FOLD_SECONDS, FOLD_CONFLICTS, CONSUMER_LAG, PARTITIONS_PAUSED,
                    PARTITION_PAUSES, ROUND_RECORDS, ROUND_TARGET, ROUND_PROGRESS, ROUNDS_CLOSED,
+                   HELPER_CALLS, HELPER_RECORDS_REFUSED, HELPER_COMMITS_PENDING,
                    *_STUDIES, *_BACKENDS),
     "trainer": (MODELS_PUBLISHED, MODELS_CONSTRAINED, ROUNDS_REFUSED, ROUNDS_DEFERRED,
                 SOLVE_SECONDS, ROUND_TO_MODEL_SECONDS,

@@ -8,8 +8,9 @@ Redis: a study's keys carry the hash tag ``{id}``, an aggregator group's bookkee
 | key | type | holds |
 |---|---|---|
 | `ipdp:{<id>}:study` | hash | `json` (the Study), `status` (open/closed), `hash` (its 16-byte wire hash), `created_ms`, `envelope` |
-| `ipdp:{<id>}:open` | hash | the open round: `round`, `count`, `A` (d×d f8), `b` (d f8) |
-| `ipdp:{<id>}:closed:<round>` | hash | a closed round's `A`, `b`, `count`, `closed_ms` until its model is published |
+| `ipdp:{<id>}:open` | hash | the open round: `round`, `count`, `A` (d×d f8), `b` (d f8); of a two-server study `round`, `count`, `sum` (L u8, mod 2⁶⁴), `checksum` (32 bytes) |
+| `ipdp:{<id>}:closed:<round>` | hash | a closed round's `A`, `b`, `count`, `closed_ms` until its model is published; of a two-server study `sum`, `count`, `checksum`, `closed_ms`, `mode` (`two-server`) |
+| `ipdp:{<id>}:helper-pending` | hash | a two-server study's journal: job id → JSON {round: [id hex, …]}, the helper commit a fold owes |
 | `ipdp:{<id>}:unannounced` | set | closed rounds not yet on `ipdp:rounds` (written in the closing fold) |
 | `ipdp:{<id>}:published` | hash | round → publication time (ms) |
 | `ipdp:{<id>}:offsets:<group>:<topic>` | hash | `<partition>:<epoch>` → next offset whose records of this study are unfolded |
@@ -107,6 +108,8 @@ class StudyKeys:
         """The replay set of earlier versions (a sorted set): read until its ids expire."""
         self.counts = f"{self._tag}:counts"
         """Per-study counters kept exactly (updated in the fold transaction)."""
+        self.helper_pending = f"{self._tag}:helper-pending"
+        """A two-server study's journal: job id → the helper commit a fold still owes."""
 
     def closed(self, round_no: int) -> str:
         """A closed round's statistics, kept until its model is published."""

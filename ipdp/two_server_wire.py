@@ -172,6 +172,15 @@ class TwoServerBatch:
     def __len__(self) -> int:
         return int(self.index.shape[0])
 
+    def take(self, keep: np.ndarray) -> TwoServerBatch:
+        """The records where (or at the positions) ``keep``."""
+        picked = np.flatnonzero(keep) if keep.dtype == bool else keep
+        return TwoServerBatch(
+            d=self.d, index=self.index[picked], study_hash=self.study_hash[picked],
+            record_id=self.record_id[picked], created_ms=self.created_ms[picked],
+            header=self.header[picked], leader=self.leader[picked],
+            sealed=[self.sealed[i] for i in picked.tolist()])
+
 
 def decode_two_server_batch(values: Sequence[bytes], d: int
                             ) -> tuple[TwoServerBatch, list[tuple[int, MalformedRecord]]]:

@@ -78,8 +78,9 @@ class RejectReason(enum.StrEnum):
     """Machine-readable reason a record is dead-lettered, or a gateway request refused.
 
     The one vocabulary of refusals: the aggregator's dead letters, the gateway's error answers
-    and the gateway's OpenAPI document all name these values. The members after ``CREDENTIAL_REUSED``
-    concern an HTTP request as a whole (the gateway maps each to its status in
+    and the gateway's OpenAPI document all name these values. ``HELPER_REFUSED`` is a record of
+    a two-server study that its helper refused (the detail is the helper's reason). The members
+    after it concern an HTTP request as a whole (the gateway maps each to its status in
     ``gateway.checks.HTTP_STATUS``); the aggregator never dead-letters them.
     """
 
@@ -103,6 +104,7 @@ class RejectReason(enum.StrEnum):
     CREDENTIAL_WRONG_STUDY = "credential_wrong_study"
     CREDENTIAL_BAD_SLOT = "credential_bad_slot"
     CREDENTIAL_REUSED = "credential_reused"
+    HELPER_REFUSED = "helper_refused"
     DUPLICATE_RECORD = "duplicate_record"
     TOO_LARGE = "too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"

@@ -49,10 +49,11 @@ def make_study(**kw) -> Study:
 
 @contextmanager
 def running_helper(redis_url: str, key_file: str, owner: SigningKey, monkeypatch,
-                   **settings) -> Iterator[str]:
-    """Serve the helper on 127.0.0.1 until the block ends; yields its base URL."""
+                   port: int | None = None, **settings) -> Iterator[str]:
+    """Serve the helper on 127.0.0.1 (on ``port``, a free one if None) until the block ends;
+    yields its base URL."""
     monkeypatch.setenv("IPDP_TRUSTED_STUDY_KEYS", owner.public_b64)
-    hs = HelperSettings(host="127.0.0.1", port=free_port(), redis_url=redis_url,
+    hs = HelperSettings(host="127.0.0.1", port=port or free_port(), redis_url=redis_url,
                         key_file=key_file, leader_token=TOKEN, **settings)
     with served(create_app(*load_service(hs)), hs.host, hs.port) as url:
         with HelperClient(url, TOKEN, retry_s=30) as client:

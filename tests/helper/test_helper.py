@@ -101,10 +101,31 @@ def test_the_helper_refuses_on_its_own_with_a_reason_per_record(rig, rng):
                                5: "unexpected_proof", 6: "study_mismatch",
                                7: "unsupported_version", 8: "duplicate_record"}
         later = make_records(study, rig.key.public, 1, rng)
+        client.commit("job-refusals", {0: [good.ids[0]]})
         replay = client.prepare("job-later", rig.study_value(),
                                 [good.records[0], later.records[0]], d)
         assert replay.refused == {0: "replayed"}
         assert replay.mask.tolist() == [False, True]
+
+
+def test_an_id_is_seen_at_commit_so_a_job_never_committed_blocks_nothing(rig, rng):
+    """A leader that crashed between its prepare and its own commit point sends the records
+    again in a new job: prepared but uncommitted ids are accepted again, and of two jobs
+    holding one id only the first committed folds it."""
+    study, d = rig.study, rig.study.d
+    batch = make_records(study, rig.key.public, 3, rng)
+    with rig.client() as client:
+        assert client.prepare("crashed", rig.study_value(), batch.records, d).mask.all()
+        again = client.prepare("resent", rig.study_value(), batch.records, d)
+        assert again.mask.all() and again.refused == {}
+        client.commit("resent", {0: batch.ids})
+        with pytest.raises(HelperRefused) as refused:
+            client.commit("crashed", {0: batch.ids[:1]})
+        assert (refused.value.status, refused.value.reason) == (409, "already_committed")
+        third = client.prepare("third", rig.study_value(), batch.records, d)
+        assert third.refused == {0: "replayed", 1: "replayed", 2: "replayed"}
+        assert client.request("GET", f"/studies/{study.study_id}/rounds/0")[1]["detail"] \
+            .endswith("holds 3 records, not n")
 
 
 def test_a_study_it_cannot_verify_or_a_closed_one_folds_nothing(rig, rng):

@@ -156,6 +156,7 @@ def test_reject_reason_values_are_the_dead_letter_strings():
         "credential_wrong_study",
         "credential_bad_slot",
         "credential_reused",
+        "helper_refused",
         "duplicate_record",
         "too_large",
         "unsupported_media_type",

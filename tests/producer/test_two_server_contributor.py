@@ -1,9 +1,9 @@
 """A two-server study through the device SDK's two transports: straight to Kafka its records are
-version 3 (the leader's share in clear, the helper's sealed, ipdp.two_server_wire), and the
-leader's aggregator refuses them as `unsupported_version` (the leader's fold of version-3
-records is not built yet: docs/wire-format.md, "Two-server records: the message"); through the
-gateway they reach the records topic as sent, and a record the gateway's checks refuse is
-answered with its reason (docs/architecture.md, "The gateway")."""
+version 3 (the leader's share in clear, the helper's sealed, ipdp.two_server_wire), which the
+leader's aggregator folds only with the token its helper expects
+(tests/aggregator/test_two_server_fold.py folds them); through the gateway they reach the records
+topic as sent, and a record the gateway's checks refuse is answered with its reason
+(docs/architecture.md, "The gateway")."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from aggregator.batch import Message
 from aggregator.fold import Folder
 from ipdp.credentials import issue_credential, token_text
+from ipdp.errors import ConfigurationError
 from ipdp.fixed_point import combine
 from ipdp.redis_io import redis_client
 from ipdp.sealing import HelperKey, open_share
 from ipdp.signing import generate_key_files
 from ipdp.study import Study
 from ipdp.two_server_wire import TwoServerLayout, decode_two_server_batch, two_server_record_size
-from ipdp.wire import RejectReason, header_study, split_container
+from ipdp.wire import header_study, split_container
 from producer.contributor import Contributor, perturb_records
 from producer.gateway_client import GatewayClient
 from tests.gateway.conftest import running_gateway
@@ -42,7 +43,7 @@ def study(kafka_settings, redis_settings, topics):
                               "helper_key": HELPER.public_b64})
 
 
-def test_straight_to_kafka_a_devices_records_are_version_3_and_the_aggregator_refuses_them(
+def test_straight_to_kafka_a_devices_records_are_version_3_and_need_the_helpers_token(
         study, kafka_settings, redis_settings, topics):
     x = np.array([[0.3, -0.2, 0.5, 0.1], [0.0, 0.4, -0.4, 0.2], [0.6, 0.0, 0.0, -0.6]])
     with Contributor.connect(study.study_id, kafka_settings, topics,
@@ -64,9 +65,8 @@ def test_straight_to_kafka_a_devices_records_are_version_3_and_the_aggregator_re
     folder = Folder(redis_client(redis_settings), group=f"g-{uuid.uuid4().hex[:8]}", topic="t",
                     clock=time.time, replay_window_s=3600, max_future_skew_s=60,
                     max_message_bytes=1 << 20)
-    result = folder.fold([Message(0, i, v) for i, v in enumerate(values)], lambda _: None)
-    assert [x.reason for x in result.rejected] == [RejectReason.UNSUPPORTED_VERSION] * 3
-    assert result.folded == {}
+    with pytest.raises(ConfigurationError, match="IPDP_HELPER_LEADER_TOKEN"):
+        folder.fold([Message(0, i, v) for i, v in enumerate(values)], lambda _: None)
 
 
 def test_through_the_gateway_a_devices_records_reach_the_topic_as_sent_and_bad_ones_are_refused(

@@ -1,0 +1,295 @@
+"""Two-server soak: SIGKILL the leader's aggregator, the helper and either Redis again and again
+under load; every record still folds once on each side.
+
+    python -m bench.two_server_soak --kills 20 --n 200
+
+Starts the embedded runtime (Kafka and the leader's Redis), a second redis-server for the
+helper, a signed two-server study, and `ipdp helper run` and `ipdp aggregator run` as
+subprocesses. A load thread sends the study's version-3 records through Kafka in small batches.
+Each kill waits until the aggregator has folded more records (so it lands while folds run, not
+during a group join), then a random moment, then SIGKILLs the next of the aggregator, the
+helper, the leader's redis-server and the helper's redis-server, in turn, and starts it again (a
+Redis on its port and AOF, ``appendfsync always``). The trainer is not run: the rounds are checked as they are stored.
+Then the load stops, everything drains, and each invariant is checked:
+
+* every record folded once on the leader (its folded count) and no helper commit left owed;
+* every closed round holds exactly n on both sides with equal id checksums;
+* the leader's rounds (closed and open) hold every id sent, once (count and checksum);
+* the helper's open round has the leader's open round's count and checksum;
+* the two servers' sums, added, are the exact sum of every record sent (the test holds the
+  helper's key, so it opens each share).
+
+Prints one table; exit status 1 if any invariant breaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from kafka import TopicPartition
+
+from bench.soak import Service, _inherited_env, _wait
+from helper.store import round_key
+from ipdp import state
+from ipdp.embedded.children import free_port
+from ipdp.embedded.runtime import EmbeddedRuntime
+from ipdp.embedded.servers import EmbeddedRedis
+from ipdp.fixed_point import combine, fold
+from ipdp.helper_protocol import id_checksum
+from ipdp.kafka_io import kafka_consumer, kafka_producer
+from ipdp.redis_io import redis_client
+from ipdp.report import table
+from ipdp.sealing import generate_helper_key_files, open_share
+from ipdp.settings import RedisSettings, TopicSettings
+from ipdp.signing import SigningKey
+from ipdp.study import Study
+from ipdp.two_server_wire import decode_two_server_batch
+from producer.contributor import Contributor
+
+TOKEN = "two-server-soak-token"
+DRAIN_TIMEOUT_S = 180.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kills", type=int, default=20, help="SIGKILLs, in turn of the aggregator, "
+                   "the helper, the leader's Redis and the helper's Redis (default 20)")
+    p.add_argument("--n", type=int, default=200, help="records per round (default 200)")
+    p.add_argument("--d", type=int, default=3, help="dimension (default 3)")
+    p.add_argument("--rate", type=float, default=400.0, help="records per second sent")
+    p.add_argument("--max-batch", type=int, default=50,
+                   help="the aggregator's IPDP_AGGREGATOR_MAX_BATCH: small, so kills land in "
+                   "folds")
+    p.add_argument("--max-delay", type=float, default=0.5,
+                   help="largest random delay (s) between a fold seen and the kill")
+    p.add_argument("--seed", type=int, default=37)
+    p.add_argument("--dir", default=None, help="keep logs here (default: a temporary directory, "
+                   "removed on success)")
+
+
+class RedisVictim:
+    """An embedded redis-server to SIGKILL and start again on its port and AOF."""
+
+    def __init__(self, role: str, server: EmbeddedRedis) -> None:
+        self.role, self.server = role, server
+
+    def kill(self) -> None:
+        self.server.proc.kill()
+        self.server.proc.wait()
+
+    def start(self) -> None:
+        self.server.restart()
+
+
+class Load(threading.Thread):
+    """Sends the study's records through Kafka at ``rate`` until stopped; keeps every value."""
+
+    def __init__(self, study: Study, kafka, topic: str, rate: float, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.study, self.kafka, self.topic, self.rate = study, kafka, topic, rate
+        self.rng = np.random.default_rng(seed)
+        self.stop = threading.Event()
+        self.sent = 0
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        producer = kafka_producer(self.kafka)
+        device = Contributor(self.study, producer, self.topic, records_per_device=10**9)
+        chunk = 20
+        try:
+            while not self.stop.is_set():
+                x = np.clip(self.rng.normal(0, 0.4, (chunk, self.study.d)), -0.5, 0.5)
+                device.submit_many(x, np.clip(x.sum(axis=1), -1, 1))
+                device.flush()
+                self.sent += chunk
+                self.stop.wait(chunk / self.rate)
+        except Exception as exc:  # noqa: BLE001 - reported as a failed invariant
+            self.error = exc
+        finally:
+            producer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m bench.two_server_soak",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, lambda s, _f: (_ for _ in ()).throw(SystemExit(128 + s)))
+    work = Path(args.dir or tempfile.mkdtemp(prefix="ipdp-two-server-soak-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(args.seed)
+    topics = TopicSettings(records_partitions=1)
+    started = time.monotonic()
+    with EmbeddedRuntime(work / "runtime", topics=topics) as rt, \
+            EmbeddedRedis(data_dir=work / "helper-redis") as helper_redis:
+        kafka, r = rt.kafka_settings(), redis_client(rt.redis_settings())
+        hr = redis_client(RedisSettings(url=helper_redis.settings().url))
+        owner = SigningKey(Ed25519PrivateKey.generate())
+        key = generate_helper_key_files(work / "helper")
+        port = free_port()
+        study = Study(study_id="soak-two", d=args.d, n=args.n, epsilon=1.0, delta=0.01,
+                      two_server={"helper_id": "helper-soak",
+                                  "helper_url": f"http://127.0.0.1:{port}",
+                                  "helper_key": key.public_b64})
+        producer = kafka_producer(kafka)
+        state.create_study(r, producer, topics, study, owner)
+        producer.close()
+        keys = state.StudyKeys(study.study_id)
+        base = {**_inherited_env(), "IPDP_HELPER_LEADER_TOKEN": TOKEN,
+                "IPDP_TRUSTED_STUDY_KEYS": owner.public_b64}
+        helper = Service("helper", {**base, "IPDP_HELPER_HOST": "127.0.0.1",
+                                    "IPDP_HELPER_PORT": str(port),
+                                    "IPDP_HELPER_REDIS_URL": helper_redis.settings().url,
+                                    "IPDP_HELPER_KEY_FILE": str(work / "helper.key")},
+                         work / "helper.log")
+        aggregator = Service("aggregator", {**base, **rt.env(),
+                                            "IPDP_AGGREGATOR_MAX_BATCH": str(args.max_batch),
+                                            "IPDP_AGGREGATOR_HELPER_RETRY_S": "1",
+                                            "IPDP_AGGREGATOR_SESSION_TIMEOUT_MS": "6000"},
+                             work / "aggregator.log")
+
+        def folded() -> int:
+            try:
+                return int(r.hget(keys.counts, "folded") or 0)
+            except redis.RedisError:  # the leader's Redis restarting
+                return -1
+
+        load = Load(study, kafka, topics.records, args.rate, args.seed)
+        victims = [aggregator, helper, RedisVictim("leader's Redis", rt.redis),
+                   RedisVictim("helper's Redis", helper_redis)]
+        kills = dict.fromkeys((v.role for v in victims), 0)
+        stalled = 0
+        try:
+            helper.start()
+            aggregator.start()
+            load.start()
+            for kill in range(args.kills):
+                before = folded()
+                stalled += not _wait(lambda b=before: aggregator.check() or folded() > b, 60)
+                time.sleep(rng.uniform(0.0, args.max_delay))
+                victim = victims[kill % len(victims)]
+                victim.kill()
+                victim.start()
+                kills[victim.role] += 1
+                helper.check()
+                aggregator.check()
+            load.stop.set()
+            load.join(timeout=60)
+            drained = _wait(lambda: aggregator.check() or helper.check() or (
+                folded() == load.sent and not r.hlen(keys.helper_pending)), DRAIN_TIMEOUT_S)
+        finally:
+            load.stop.set()
+            aggregator.stop()
+            helper.stop()
+        rows, ok = _invariants(r, hr, study, kafka, topics, key, load, drained)
+        rows = [("records sent", str(load.sent)), ("records folded (leader)", str(folded())),
+                *((f"{role} SIGKILLs", str(k)) for role, k in kills.items()),
+                ("kills with no fold in the 60 s before", str(stalled)),
+                *_log_events(work / "aggregator.log"),
+                ("unasked exits", f"aggregator {aggregator.died}, helper {helper.died}"),
+                *rows, ("wall time", f"{time.monotonic() - started:.0f} s")]
+        print(table(rows, f"two-server soak: n = {args.n}, d = {args.d}, {args.kills} kills"))
+    if not ok or load.error is not None:
+        print(f"\nan invariant broke (load: {load.error}); logs in {work}", file=sys.stderr)
+        return 1
+    print("\nall invariants held")
+    if not args.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _invariants(r, hr, study: Study, kafka, topics, key, load: Load, drained: bool):
+    """(table rows, whether every invariant held)."""
+    keys = state.StudyKeys(study.study_id)
+    values = _records(kafka, topics.records, load.sent)
+    sent, _ = decode_two_server_batch(values, study.d)
+    opened = np.stack([np.frombuffer(open_share(key.private, s, h.tobytes()), "<u8")
+                       for s, h in zip(sent.sealed, sent.header, strict=True)])
+    closed = sorted(int(k.rsplit(b":", 1)[1]) for k in r.scan_iter(f"{keys.closed('*')}"))
+    equal = True
+    leader_total = np.zeros(sent.leader.shape[1], np.uint64)
+    helper_total = np.zeros_like(leader_total)
+    checksum = bytes(32)
+    count = 0
+    for round_no in closed:
+        lead = r.hgetall(keys.closed(round_no))
+        help_ = hr.hgetall(round_key(study.study_id, round_no))
+        equal &= (int(lead[b"count"]) == study.n == int(help_.get(b"count", 0))
+                  and lead[b"checksum"] == help_.get(b"checksum"))
+        leader_total += np.frombuffer(lead[b"sum"], "<u8").astype(np.uint64)
+        helper_total += np.frombuffer(help_[b"sum"], "<u8").astype(np.uint64)
+        checksum = _xor(checksum, lead[b"checksum"])
+        count += study.n
+    open_lead = r.hgetall(keys.open)
+    open_ok = True
+    if open_lead and int(open_lead[b"count"]):
+        open_help = hr.hgetall(round_key(study.study_id, int(open_lead[b"round"])))
+        open_ok = (int(open_help.get(b"count", 0)) == int(open_lead[b"count"])
+                   and open_help.get(b"checksum") == open_lead[b"checksum"])
+        leader_total += np.frombuffer(open_lead[b"sum"], "<u8").astype(np.uint64)
+        helper_total += np.frombuffer(open_help[b"sum"], "<u8").astype(np.uint64)
+        checksum = _xor(checksum, open_lead[b"checksum"])
+        count += int(open_lead[b"count"])
+    every_id = (count == len(sent) == load.sent
+                and checksum == id_checksum(bytes(i) for i in sent.record_id))
+    exact = np.array_equal(combine(leader_total, helper_total),
+                           fold(combine(sent.leader, opened)))
+    rows = [("drained (all folded, no commit owed)", str(drained)),
+            ("closed rounds, n on both sides, equal checksums", f"{len(closed)}, {equal}"),
+            ("open round equal on both sides", str(open_ok)),
+            ("every id once on the leader", str(every_id)),
+            ("combined sums = exact sum of records", str(exact))]
+    return rows, drained and equal and open_ok and every_id and exact
+
+
+def _records(kafka, topic: str, expected: int, timeout_s: float = 60.0) -> list[bytes]:
+    """Every value of the one-partition ``topic``, read by count (tansu's end offsets can stop
+    short of the last record)."""
+    consumer = kafka_consumer(kafka, group_id=None)
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        out: list[bytes] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < expected and time.monotonic() < deadline:
+            for msgs in consumer.poll(timeout_ms=200).values():
+                out += [m.value for m in msgs]
+        return out
+    finally:
+        consumer.close()
+
+
+#: What the aggregator's log says when a kill landed in the two-server protocol: its line's text.
+_EVENTS = (("prepares retried (helper out of reach)", "helper prepare failed"),
+           ("commits left owed in the journal", "is owed"),
+           ("folds retried (leader's Redis gone)", "redis fold failed"),
+           ("closed rounds announced after a restart", "closed rounds a crash had left"))
+
+
+def _log_events(path: Path) -> list[tuple[str, str]]:
+    """How often each of :data:`_EVENTS` appears in the aggregator's log."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return [(label, str(text.count(needle))) for label, needle in _EVENTS]
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    return (np.frombuffer(a, np.uint8) ^ np.frombuffer(b, np.uint8)).tobytes()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
