@@ -58,6 +58,8 @@ LEGEND = {
     "records_sent": "records the simulated devices sent and Kafka (or the gateway) accepted",
     "records_folded": "records the aggregator folded into the round's statistics",
     "via_gateway": "whether the records went through the HTTP gateway",
+    "two_server": "whether each record was split into two shares, one folded by the leader "
+                  "and one by the helper, so that neither alone saw a record",
     "round": "the round the model comes from",
     "rmse_private": "root mean squared error of the published private model on the held-out "
                     "split: the 20% of the synthetic rows no device sent",
@@ -109,6 +111,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "and report each model until Ctrl-C.")
     p.add_argument("--port", type=int, default=None,
                    help="With --web: the gateway's port on 127.0.0.1 (default: a free one).")
+    p.add_argument("--two-server", dest="two_server", action="store_true",
+                   help="A two-server study: also start a helper with its own Redis and key; "
+                   "each device splits its record into a leader's and a helper's share, and the "
+                   "demo prints what each domain holds (docs/architecture.md, \"The helper\").")
     p.set_defaults(func=cmd_demo)
 
 
@@ -126,6 +132,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                       epsilon=args.epsilon, delta=args.delta, mode=args.mode)
     except ValidationError as exc:
         raise UsageError(format_validation_error(exc)) from None
+    if args.two_server and (args.web or args.via_gateway):
+        raise UsageError("--two-server runs simulated devices straight to Kafka: leave out "
+                         "--web and --via-gateway")
     if args.web:
         with stop_on_signals(exit_status=0):  # Ctrl-C is how a web demo ends
             return serve_web(study, args.port)
@@ -139,18 +148,57 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace, study: Study, devices: int, started: float) -> int:
     """`ipdp demo` without --web: simulated devices, the first model, its test error."""
-    from ipdp import state
-    from ipdp.embedded.children import free_port
-    from ipdp.embedded.runtime import EmbeddedRuntime
-    from ipdp.redis_io import redis_client
-    from ipdp.report import calibration_rows, table
+    from ipdp.report import table
     from producer.datasets import synthetic, train_test_split
-    from producer.loadgen import row_batches, run_loadgen, run_loadgen_http
 
     say = (lambda *_: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
     data = synthetic(int(devices / 0.8) + 1, args.d, args.loss, seed=args.seed)
     train, test = train_test_split(data, 0.2, seed=args.seed)
     train.x, train.y = train.x[:devices], train.y[:devices]
+
+    if args.two_server:
+        from ipdp.cli import demo_two_server
+
+        ran = demo_two_server.run(args, study, devices, train)
+        study, model, sent, folded = ran["study"], ran["model"], ran["sent"], ran["folded"]
+        domains = ran["domains"]
+    else:
+        model, sent, folded = _one_server(args, study, devices, train, say)
+        domains = None
+    result = _evaluate(study, model, train, test)
+    result.update(n=study.n, d=study.d, records_sent=sent.sent, via_gateway=args.via_gateway,
+                  two_server=args.two_server,
+                  records_folded=folded, round=model.round, epsilon=model.privacy.epsilon,
+                  delta=model.privacy.delta,
+                  mode=study.mode, loss=study.loss, local_epsilon=study.calibration.local_epsilon,
+                  elapsed_s=round(time.monotonic() - started, 2))
+    coefficients = result.pop("coefficients")
+    if args.json:
+        extra = {"coefficients": coefficients} | ({} if domains is None else {"domains": domains})
+        print(json.dumps(result | extra, sort_keys=True))
+    else:
+        values = {k: _fmt(v) for k, v in result.items()}
+        width = max(len(v) for v in values.values())
+        print(table([(k, f"{v.ljust(width)}  {LEGEND[k]}") for k, v in values.items()],
+                    title="ipdp demo: result, and what each number is"))
+        print()
+        print(coefficient_table(coefficients))
+        if domains is not None:
+            from ipdp.cli.demo_two_server import domain_table
+
+            print()
+            print(domain_table(domains))
+    return 0
+
+
+def _one_server(args: argparse.Namespace, study: Study, devices: int, train, say):
+    """The one-server demo's services, devices and first model: (model, sent, folded)."""
+    from ipdp import state
+    from ipdp.embedded.children import free_port
+    from ipdp.embedded.runtime import EmbeddedRuntime
+    from ipdp.redis_io import redis_client
+    from ipdp.report import calibration_rows, table
+    from producer.loadgen import row_batches, run_loadgen, run_loadgen_http
 
     with EmbeddedRuntime(stop_timeout_s=SERVER_STOP_S) as rt:
         say(f"runtime: kafka {rt.broker.bootstrap}, redis {rt.redis.url} (in {rt.directory})")
@@ -179,23 +227,7 @@ def _simulate(args: argparse.Namespace, study: Study, devices: int, started: flo
             model = _first_model(kafka, topics, study.study_id, services)
             folded = int(redis_client(rt.redis_settings()).hget(
                 state.StudyKeys(study.study_id).counts, "folded") or 0)
-    result = _evaluate(study, model, train, test)
-    result.update(n=study.n, d=study.d, records_sent=sent.sent, via_gateway=args.via_gateway,
-                  records_folded=folded, round=model.round, epsilon=model.privacy.epsilon,
-                  delta=model.privacy.delta,
-                  mode=study.mode, loss=study.loss, local_epsilon=study.calibration.local_epsilon,
-                  elapsed_s=round(time.monotonic() - started, 2))
-    coefficients = result.pop("coefficients")
-    if args.json:
-        print(json.dumps(result | {"coefficients": coefficients}, sort_keys=True))
-    else:
-        values = {k: _fmt(v) for k, v in result.items()}
-        width = max(len(v) for v in values.values())
-        print(table([(k, f"{v.ljust(width)}  {LEGEND[k]}") for k, v in values.items()],
-                    title="ipdp demo: result, and what each number is"))
-        print()
-        print(coefficient_table(coefficients))
-    return 0
+    return model, sent, folded
 
 
 def coefficient_table(coefficients: dict[str, list]) -> str:

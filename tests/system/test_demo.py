@@ -118,3 +118,20 @@ def test_demo_web_serves_the_page_and_a_study_signed_by_the_key_in_its_url(tmp_p
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.integration
+def test_demo_two_server_trains_from_shares_and_neither_domain_holds_a_plain_record():
+    result = _demo("--two-server", "--n", "2000")
+    assert result["two_server"] is True
+    assert (result["n"], result["records_folded"], result["round"]) == (2000, 2000, 1)
+    assert result["rmse_private"] < result["rmse_zero_model"]
+    assert set(result) - {"coefficients", "domains"} <= LEGEND.keys()
+    seen = result["domains"]
+    assert seen["records_read"] == 2000
+    # χ² of byte values, 255 degrees of freedom: 255 ± 23 for uniform bytes; the bound below is
+    # about 6 standard deviations above, the plain encoding tens of thousands.
+    for held in ("leader_shares_chi2", "sealed_helper_shares_chi2", "helper_round_sum_chi2"):
+        assert seen[held] < 400, (held, seen)
+    assert seen["plain_encoding_chi2"] > 10_000
+    assert seen["helper_jobs_holding_opened_shares"] == 0
