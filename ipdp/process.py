@@ -91,13 +91,18 @@ def stop_with_parent(signum: int = signal.SIGTERM) -> bool:
 
     The parent is the process that started this one: for a multiprocessing child (granian's
     workers are) the pid multiprocessing recorded at the start, not ``os.getppid()`` now, which
-    after an early death of the parent already names whoever adopted the orphan."""
+    after an early death of the parent already names whoever adopted the orphan. Called from
+    the main thread, ``signum`` gets its default action (stop) until the server installs its
+    own handler: a forked worker inherits its parent's handler, which would swallow it."""
     import ctypes
     import multiprocessing
     import sys
+    import threading
 
     if not sys.platform.startswith("linux"):
         return False
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signum, signal.SIG_DFL)
     started_by = multiprocessing.parent_process()
     parent = started_by.pid if started_by is not None else os.getppid()
     try:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-# A parent that starts a multiprocessing child and dies before the child asks to stop with it:
+# A parent that forks a multiprocessing child and dies before the child asks to stop with it:
 # the child must still stop (the parent it compares with is the one that started it, not the
-# process that adopted it).
+# process that adopted it), although it inherited a SIGTERM handler that ignores the signal, as
+# a granian worker inherits its main process's.
 _ORPHAN = textwrap.dedent("""
-    import multiprocessing as mp, os, sys, time
+    import multiprocessing as mp, os, signal, sys, time
 
     def child():
         started_by = mp.parent_process().pid
@@ -27,7 +28,8 @@ _ORPHAN = textwrap.dedent("""
         time.sleep(60)
 
     if __name__ == "__main__":
-        worker = mp.get_context("spawn").Process(target=child)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        worker = mp.get_context("fork").Process(target=child)
         worker.start()
         with open(sys.argv[1], "w") as f:
             f.write(str(worker.pid))
