@@ -6,6 +6,8 @@ its round read through the edge; a certificate the leader cannot verify stops it
 from __future__ import annotations
 
 import ssl
+import threading
+import time
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -14,11 +16,12 @@ import pytest
 from aggregator.two_server import HelperLink
 from bench.edge import HELPER_NGINX_CONF, Edge, self_signed
 from helper.store import id_checksum
+from ipdp.embedded.children import free_port
 from ipdp.errors import ConfigurationError
 from ipdp.fixed_point import combine, fold
 from ipdp.helper_client import HelperClient, HelperRefused
 from ipdp.study import Study
-from tests.helper.conftest import TOKEN
+from tests.helper.conftest import TOKEN, running_helper
 from tests.helper.devices import make_records
 from tests.tooling import require_tool
 
@@ -66,3 +69,33 @@ def test_a_helper_certificate_the_leader_cannot_verify_is_refused_and_stops_the_
                          make_records(study, rig.key.public, 1, np.random.default_rng(5)).records)
     finally:
         link.close()
+
+
+def test_the_leader_sends_again_while_the_edge_answers_502_for_a_helper_not_up(
+        fresh_redis, helper_key_file, owner, monkeypatch, tmp_path):
+    """The edge answers 502 (an HTML page) while nothing listens behind it, as while the helper
+    restarts: the client sends the request again, and is answered once the helper is up."""
+    require_tool("nginx", "running the helper's shipped TLS edge")
+    port = free_port()
+    with Edge(("127.0.0.1", port), tmp_path / "edge", shipped=HELPER_NGINX_CONF) as edge:
+        with HelperClient(edge.url, TOKEN, ca_file=str(edge.cert), retry_s=0.2) as client:
+            assert client.request("GET", "/healthz") == (502, {
+                "error": "http_502", "detail": "an answer that is not the helper's JSON "
+                "(text/html), from the helper's edge or another server at its address"})
+        answers: list[tuple[int, dict]] = []
+        waiting = HelperClient(edge.url, TOKEN, ca_file=str(edge.cert), retry_s=60)
+        refused = edge.error_log().count("Connection refused")
+        thread = threading.Thread(
+            target=lambda: answers.append(waiting.request("GET", "/studies/s/rounds/0")))
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while edge.error_log().count("Connection refused") < refused + 2:  # two 502s
+                assert time.monotonic() < deadline and not answers, edge.error_log()
+                time.sleep(0.05)
+            with running_helper(fresh_redis.settings().url, helper_key_file[0], owner,
+                                monkeypatch, port=port):
+                thread.join(timeout=60)
+        finally:
+            waiting.close()
+    assert answers and answers[0][0] == 409, answers  # the helper's round_not_full
