@@ -1,7 +1,8 @@
 """The helper behind its shipped TLS edge: compose/helper/nginx/helper.conf on Debian's nginx
 (bench/edge.py) in front of a real helper and its redis-server, reached by the leader's client
 over https:// with the CA it is given (IPDP_HELPER_CA_FILE). A job is prepared and committed and
-its round read through the edge; a certificate the leader cannot verify stops it at once."""
+its round read through the edge; a certificate the leader cannot verify stops its aggregator
+and leaves its trainer's round pending."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from ipdp.study import Study
 from tests.helper.conftest import TOKEN, running_helper
 from tests.helper.devices import make_records
 from tests.tooling import require_tool
+from trainer.errors import DeferralReason, RoundPending
+from trainer.two_server import HelperShares
 
 
 @pytest.fixture
@@ -69,6 +72,14 @@ def test_a_helper_certificate_the_leader_cannot_verify_is_refused_and_stops_the_
                          make_records(study, rig.key.public, 1, np.random.default_rng(5)).records)
     finally:
         link.close()
+    # The trainer leaves the round pending, saying why.
+    shares = HelperShares(TOKEN, 60.0, threading.Event(), ca_file=str(other_ca))
+    try:
+        with pytest.raises(RoundPending, match="IPDP_HELPER_CA_FILE") as pending:
+            shares.fetch(study, 0)
+        assert pending.value.reason == DeferralReason.HELPER_ERROR
+    finally:
+        shares.close()
 
 
 def test_the_leader_sends_again_while_the_edge_answers_502_for_a_helper_not_up(
