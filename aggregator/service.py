@@ -94,6 +94,7 @@ class Aggregator:
             log.warning("aggregator: no trusted study key (IPDP_TRUSTED_STUDY_KEYS) — UNSIGNED "
                         "studies are accepted; anyone who can write Redis defines what is folded "
                         "(docs/security.md)")
+        leader = LeaderTokenSettings()
         self.folder = Folder(
             self.redis, group=settings.group, topic=topics.records, trusted=trusted,
             replay_window_s=settings.replay_window_s,
@@ -101,7 +102,7 @@ class Aggregator:
             max_message_bytes=settings.max_message_bytes,
             unknown_study_ttl_s=settings.unknown_study_ttl_s,
             credential_keys=trust.credential_keys(),
-            helpers=HelperLink(_secret(LeaderTokenSettings().leader_token),
+            helpers=HelperLink(_secret(leader.leader_token), ca_file=leader.ca_file,
                                timeout_s=settings.helper_timeout_s,
                                retry_s=settings.helper_retry_s),
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import ssl
 from dataclasses import dataclass
 
 import numpy as np
@@ -234,11 +235,13 @@ class HelperUnavailable(IpdpError):
 class HelperLink:
     """The leader's calls to its two-server studies' helpers: one keep-alive client per helper
     URL (the fold's thread is the only caller at a time), the bearer token the two domains share
-    (IPDP_HELPER_LEADER_TOKEN), and the helper metrics of the leader."""
+    (IPDP_HELPER_LEADER_TOKEN), the CA an https:// helper's certificate is verified against
+    (IPDP_HELPER_CA_FILE; None: the system's), and the helper metrics of the leader."""
 
     def __init__(self, token: str | None, *, timeout_s: float = 30.0,
-                 retry_s: float = 5.0) -> None:
+                 retry_s: float = 5.0, ca_file: str | None = None) -> None:
         self._token = token
+        self._ca_file = ca_file
         self.timeout_s, self.retry_s = timeout_s, retry_s
         self._clients: dict[str, HelperClient] = {}
 
@@ -251,7 +254,7 @@ class HelperLink:
                 f"required, the bearer token its helper ({url}) expects from the leader")
         if url not in self._clients:
             self._clients[url] = HelperClient(url, self._token, timeout_s=self.timeout_s,
-                                              retry_s=self.retry_s)
+                                              retry_s=self.retry_s, ca_file=self._ca_file)
         return self._clients[url]
 
     def _call(self, study: Study, call: str, fn, *args):
@@ -270,6 +273,13 @@ class HelperLink:
                     "refused the leader's token: IPDP_HELPER_LEADER_TOKEN must be the one the "
                     "helper was given") from exc
             raise
+        except ssl.SSLCertVerificationError as exc:
+            # Not the helper being away: waiting would not make its certificate verify.
+            metrics.HELPER_CALLS.labels(call, "refused").inc()
+            raise ConfigurationError(
+                f"the certificate of study {study.study_id}'s helper "
+                f"({study.two_server.helper_url}) does not verify ({exc.verify_message}): "
+                "IPDP_HELPER_CA_FILE must name the CA that signed it") from exc
         except (OSError, http.client.HTTPException, ValueError) as exc:
             client.close()
             metrics.HELPER_CALLS.labels(call, "unavailable").inc()

@@ -1,10 +1,11 @@
-"""The shipped edge (compose/nginx/ipdp.conf) run by Debian's nginx on loopback, in front of a
-gateway: for `ipdp bench flood --attack connections` and the tests that check the edge
-(tests/system/test_proxy.py, tests/system/test_conformance.py).
+"""A shipped edge run by Debian's nginx on loopback: compose/nginx/ipdp.conf in front of a
+gateway, for `ipdp bench flood --attack connections` and the tests that check the edge
+(tests/system/test_proxy.py, tests/system/test_conformance.py), or compose/helper/nginx/helper.conf
+in front of a helper (tests/system/test_compose.py).
 
-The shipped server block is used as it is but for the upstream (compose's `gateway:8080` → the
-given gateway), the listen address and the certificate's paths; the certificate is self-signed,
-made here for the listen address. nginx runs in the foreground from a minimal main file of its
+The shipped server block is used as it is but for the upstream's one server (compose's
+`gateway:8080` or `helper:8090` → the given address), the listen address and the certificate's
+paths; the certificate is self-signed, made here for the listen address. nginx runs in the foreground from a minimal main file of its
 own, in a directory of its own.
 """
 
@@ -14,6 +15,7 @@ import datetime
 import ipaddress
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -30,9 +32,12 @@ from cryptography.x509.oid import NameOID
 
 from ipdp.embedded.children import free_port
 
-__all__ = ["NGINX_CONF", "Edge", "self_signed", "shipped_config"]
+__all__ = ["HELPER_NGINX_CONF", "NGINX_CONF", "Edge", "self_signed", "shipped_config"]
 
 NGINX_CONF = Path(__file__).resolve().parents[1] / "compose" / "nginx" / "ipdp.conf"
+HELPER_NGINX_CONF = Path(__file__).resolve().parents[1] / "compose" / "helper" / "nginx" / \
+    "helper.conf"
+_UPSTREAM_SERVER = re.compile(r"^(\s*server )[\w.-]+:\d+;$", re.MULTILINE)
 
 
 def self_signed(directory: Path, address: str) -> tuple[Path, Path]:
@@ -63,22 +68,25 @@ def _host(address: str) -> str:
 
 
 def shipped_config(upstream: tuple[str, int], listen: tuple[str, int], cert: Path,
-                   key: Path) -> str:
-    """compose/nginx/ipdp.conf with the given upstream, listen address and certificate."""
-    text = NGINX_CONF.read_text()
-    for old, new in (("server gateway:8080;", f"server {_host(upstream[0])}:{upstream[1]};"),
-                     ("listen 443 ssl;", f"listen {_host(listen[0])}:{listen[1]} ssl;"),
+                   key: Path, shipped: Path = NGINX_CONF) -> str:
+    """The ``shipped`` server block with the given upstream, listen address and certificate."""
+    text = shipped.read_text()
+    text, servers = _UPSTREAM_SERVER.subn(rf"\g<1>{_host(upstream[0])}:{upstream[1]};", text)
+    if servers != 1:
+        raise ValueError(f"{shipped.name} no longer has one upstream server")
+    for old, new in (("listen 443 ssl;", f"listen {_host(listen[0])}:{listen[1]} ssl;"),
                      ("/etc/nginx/certs/tls.crt", str(cert)),
                      ("/etc/nginx/certs/tls.key", str(key))):
         if text.count(old) != 1:
-            raise ValueError(f"compose/nginx/ipdp.conf no longer has {old!r} once")
+            raise ValueError(f"{shipped.name} no longer has {old!r} once")
         text = text.replace(old, new)
     return text
 
 
 class Edge:
-    """Debian's nginx in the foreground with the shipped server block, listening on TLS at
-    ``address``:``port`` (a free port unless given) in front of the gateway at ``upstream``.
+    """Debian's nginx in the foreground with the ``shipped`` server block (the gateway's unless
+    given), listening on TLS at ``address``:``port`` (a free port unless given) in front of the
+    server at ``upstream``.
 
     ``worker_connections`` sizes nginx's one worker (the main file's setting; the official
     image's default is 1024 per worker): a connection flood is held there until
@@ -87,7 +95,8 @@ class Edge:
 
     def __init__(self, upstream: tuple[str, int], directory: Path, *,
                  address: str = "127.0.0.1", port: int | None = None,
-                 worker_connections: int = 1024, extra: str = "") -> None:
+                 worker_connections: int = 1024, extra: str = "",
+                 shipped: Path = NGINX_CONF) -> None:
         binary = shutil.which("nginx")
         if binary is None:
             raise FileNotFoundError("nginx is not on PATH (apt-get install nginx)")
@@ -96,7 +105,7 @@ class Edge:
         self.port = port or free_port()
         self.cert, key = self_signed(directory, address)
         (directory / "ipdp.conf").write_text(
-            shipped_config(upstream, (address, self.port), self.cert, key) + extra)
+            shipped_config(upstream, (address, self.port), self.cert, key, shipped) + extra)
         # As root, nginx's workers take the user the main file names (nobody by default),
         # which could not read this directory.
         user = f"user {pwd.getpwuid(os.geteuid()).pw_name};" if os.geteuid() == 0 else ""

@@ -35,14 +35,17 @@ def load_service(settings: HelperSettings) -> tuple[HelperSettings, HelperStore,
         raise ConfigurationError("IPDP_HELPER_KEY_FILE is required: the helper's PREFIX.key "
                                  "(`ipdp keys generate --helper --out PREFIX`)")
     if settings.leader_token is None or not settings.leader_token.get_secret_value():
-        raise ConfigurationError("IPDP_HELPER_LEADER_TOKEN is required: the bearer token the "
-                                 "leader's aggregator presents")
+        raise ConfigurationError("IPDP_HELPER_LEADER_TOKEN (or _FILE) is required: the bearer "
+                                 "token the leader's aggregator presents")
     trusted = TrustSettings().study_keys()
     if not trusted:
         raise ConfigurationError("IPDP_TRUSTED_STUDY_KEYS is required: the helper folds only "
                                  "for studies signed by an owner key it pins")
     key = load_helper_key(settings.key_file)
-    client = redis_client(RedisSettings(url=settings.redis_url))
+    # Built from the helper's own settings only (model_construct reads no environment): the
+    # leader's IPDP_REDIS_* name another domain's Redis.
+    client = redis_client(RedisSettings.model_construct(url=settings.redis_url,
+                                                        password=settings.redis_password))
     check_redis(client)
     if client.exists(state.STUDY_HASHES, state.ROUNDS_STREAM):
         # One Redis for both servers would put both shares of every record in one domain.

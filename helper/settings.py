@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from ipdp.settings import LeaderTokenSettings
@@ -20,6 +20,9 @@ class HelperSettings(LeaderTokenSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6380/0", description="The helper's own Redis (redis:// or rediss://), "
         "never the leader's: it holds the opened shares and the rounds' sums of shares.")
+    redis_password: SecretStr | None = Field(
+        None, description="Its Redis's password (`requirepass`); overrides the URL's. The "
+        "leader's IPDP_REDIS_* settings are never read here.")
     key_file: str | None = Field(
         None, description="The helper's X25519 PREFIX.key (`ipdp keys generate --helper`): "
         "devices seal the helper's share of each record to its public key. Required.")

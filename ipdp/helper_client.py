@@ -4,14 +4,20 @@ round's sum share.
 
 Every call carries the leader's bearer token. Prepare and commit are idempotent by job id on the
 helper, so a call that fails on the connection (the helper restarting, a reset) or is answered
-503 (the helper's Redis unreachable) is sent again with the same job id and body until it is
-answered or ``retry_s`` has passed: the helper answers the stored result of a job it already
+503 (the helper's Redis unreachable) or, from a TLS edge in front of the helper, 502 or 504 (the
+helper restarting or slow) is sent again with the same job id and body until it is answered or
+``retry_s`` has passed: the helper answers the stored result of a job it already
 prepared or committed, and folds each record once.
 
 A job id must name one batch for good (for instance the aggregator's partition, epoch, first
 and last offset), so that a leader that crashed and polled the batch again sends the same job.
 The client forwards each record's helper part only (ipdp.helper_protocol.helper_part): the
 helper never receives the leader's share.
+
+An ``https://`` helper's certificate is verified, host name included, against ``ca_file`` (the
+leader's IPDP_HELPER_CA_FILE: the helper's own CA, docs/operations.md, "The helper's
+deployment") or else the system's trust store. A certificate that does not verify is a
+configuration error and is not sent again.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Self
@@ -32,6 +39,9 @@ from ipdp.helper_protocol import helper_part
 __all__ = ["HelperClient", "HelperRefused", "Prepared", "RoundShare"]
 
 _RETRIED = (ConnectionError, http.client.HTTPException, TimeoutError, OSError)
+#: 503: the helper's Redis is unreachable; 502, 504: an edge's answers while the helper restarts
+#: or is slow.
+_RETRIED_STATUS = frozenset({502, 503, 504})
 
 
 class HelperRefused(IpdpError):
@@ -62,15 +72,34 @@ class RoundShare:
     sum: np.ndarray
 
 
+def _answer(response: http.client.HTTPResponse, data: bytes) -> dict:
+    """The helper's JSON answer; an edge's own error page (nginx's 403, 413, 502) is not JSON
+    and becomes an answer naming its status, never its body."""
+    if not data:
+        return {}
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict):
+        return answer
+    return {"error": f"http_{response.status}",
+            "detail": f"an answer that is not the helper's JSON "
+                      f"({response.getheader('content-type', 'no content type')}), from the "
+                      f"helper's edge or another server at its address"}
+
+
 class HelperClient:
     """One keep-alive HTTP/1.1 connection to the helper (not thread-safe: one per thread)."""
 
     def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0,
-                 retry_s: float = 60.0) -> None:
+                 retry_s: float = 60.0, ca_file: str | None = None) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"the helper's URL is http(s)://host[:port], not {base_url!r}")
-        self._https = url.scheme == "https"
+        # Built once, so that an unreadable CA file fails here, before any request.
+        self._tls = ssl.create_default_context(cafile=ca_file) if url.scheme == "https" \
+            else None
         self._host, self._port = url.hostname, url.port
         self._base = url.path.rstrip("/")
         self._token = token
@@ -91,13 +120,18 @@ class HelperClient:
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+            if self._tls is None:
+                self._conn = http.client.HTTPConnection(self._host, self._port,
+                                                        timeout=self.timeout_s)
+            else:
+                self._conn = http.client.HTTPSConnection(self._host, self._port,
+                                                         timeout=self.timeout_s,
+                                                         context=self._tls)
         return self._conn
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        """(status, JSON answer) of one request, sent again on a connection error or a 503 until
-        ``retry_s`` has passed (every request here is idempotent)."""
+        """(status, JSON answer) of one request, sent again on a connection error or a 502, 503
+        or 504 until ``retry_s`` has passed (every request here is idempotent)."""
         payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         headers = {"authorization": f"Bearer {self._token}", "accept": "application/json"}
         if payload is not None:
@@ -110,9 +144,13 @@ class HelperClient:
                 conn.request(method, self._base + path, body=payload, headers=headers)
                 response = conn.getresponse()
                 data = response.read()
-                answer = json.loads(data) if data else {}
-                if response.status != 503 or time.monotonic() + pause > deadline:
+                answer = _answer(response, data)
+                if response.status not in _RETRIED_STATUS or \
+                        time.monotonic() + pause > deadline:
                     return response.status, answer
+            except ssl.SSLCertVerificationError:
+                self.close()
+                raise
             except _RETRIED:
                 self.close()
                 if time.monotonic() + pause > deadline:

@@ -9,10 +9,13 @@ The environment-variable names are the contract with compose/ and docs/operation
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Self
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ipdp.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from ipdp.signing import TrustedKeys
@@ -69,6 +72,30 @@ class LeaderTokenSettings(BaseSettings):
         None, description="The bearer token the leader's aggregator and trainer present at the "
         "helper on every route but /healthz (compared there in constant time). Required by the "
         "helper, and by the leader for a two-server study.")
+    leader_token_file: str | None = Field(
+        None, description="A file holding the leader token instead (a compose secret, "
+        "/run/secrets/...): its text without the trailing newline. Not with leader_token.")
+    ca_file: str | None = Field(
+        None, description="The leader's side: PEM file of the CA(s) that signed an https:// "
+        "helper's certificate (default: the system's trust store).")
+
+    @model_validator(mode="after")
+    def _read_token_file(self) -> Self:
+        """The token from ``leader_token_file``. A missing or unreadable file, or both set, is a
+        ConfigurationError naming the variables: not a ValueError, which pydantic would report
+        with the input, the token included."""
+        if self.leader_token_file is None:
+            return self
+        if self.leader_token is not None:
+            raise ConfigurationError("IPDP_HELPER_LEADER_TOKEN and IPDP_HELPER_LEADER_TOKEN_FILE "
+                                     "are both set: set one")
+        try:
+            text = Path(self.leader_token_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigurationError(f"IPDP_HELPER_LEADER_TOKEN_FILE={self.leader_token_file} "
+                                     f"cannot be read: {exc.strerror}") from None
+        self.leader_token = SecretStr(text.rstrip("\r\n"))
+        return self
 
 
 class RedisSettings(BaseSettings):

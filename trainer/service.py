@@ -87,7 +87,7 @@ class Trainer:
 
     def __init__(self, kafka: KafkaSettings, redis_settings: RedisSettings, topics: TopicSettings,
                  settings: TrainerSettings, trust: TrustSettings | None = None,
-                 helper_token: str | None = None) -> None:
+                 helper_token: str | None = None, helper_ca_file: str | None = None) -> None:
         self.topics, self.settings = topics, settings
         self.signing_key = load_signing_key(settings.signing_key) if settings.signing_key else None
         if self.signing_key is None:
@@ -102,7 +102,8 @@ class Trainer:
         self.producer = kafka_producer(kafka)
         self.stop_event = threading.Event()
         self.published = 0
-        self.helpers = HelperShares(helper_token, settings.helper_wait_s, self.stop_event)
+        self.helpers = HelperShares(helper_token, settings.helper_wait_s, self.stop_event,
+                                    ca_file=helper_ca_file)
         self.pending_retry_at: float | None = None
         # Every model's report composes its study's rounds: pay dp-accounting's import (about a
         # second) now, not between the first round's close and its model.
@@ -245,9 +246,11 @@ def cmd_run(args) -> int:
     metrics.start_studies_reader_at_zero("trainer", topic_values=False)
     metrics.start_backends_at_zero(("kafka", "rounds"), ("redis", "rounds"))
     # The leader's credential at a two-server study's helper: the variable the helper reads.
-    token = LeaderTokenSettings().leader_token
+    leader = LeaderTokenSettings()
+    token = leader.leader_token
     trainer = Trainer(KafkaSettings(), RedisSettings(), TopicSettings(), TrainerSettings(),
-                      helper_token=None if token is None else token.get_secret_value())
+                      helper_token=None if token is None else token.get_secret_value(),
+                      helper_ca_file=leader.ca_file)
     install_signal_handlers(trainer.stop_event)
     published = trainer.run(idle_exit_s=args.idle_exit)
     log.info("trainer stopped after publishing %d models", published)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import http.client
 import math
+import ssl
 import threading
 import time
 
@@ -162,10 +163,14 @@ def combine_round(study: Study, raw: dict[bytes, bytes], share: RoundShare, roun
 
 
 class HelperShares:
-    """The helpers' round shares, one keep-alive client per helper URL (one thread)."""
+    """The helpers' round shares, one keep-alive client per helper URL (one thread), an
+    https:// helper's certificate verified against ``ca_file`` (IPDP_HELPER_CA_FILE; None: the
+    system's trust store)."""
 
-    def __init__(self, token: str | None, wait_s: float, stop_event: threading.Event) -> None:
+    def __init__(self, token: str | None, wait_s: float, stop_event: threading.Event, *,
+                 ca_file: str | None = None) -> None:
         self.token = token
+        self.ca_file = ca_file
         self.wait_s = wait_s
         self.stop_event = stop_event
         self._clients: dict[str, HelperClient] = {}
@@ -187,7 +192,7 @@ class HelperShares:
         client = self._clients.get(url)
         if client is None:
             client = HelperClient(url, self.token, timeout_s=max(1.0, min(10.0, self.wait_s)),
-                                  retry_s=self.wait_s)
+                                  retry_s=self.wait_s, ca_file=self.ca_file)
             self._clients[url] = client
         deadline = time.monotonic() + self.wait_s
         pause = 0.05
@@ -196,6 +201,11 @@ class HelperShares:
                 share = client.round_share(study.study_id, round_no)
             except HelperRefused as exc:
                 raise RoundPending(DeferralReason.HELPER_ERROR, f"{where}: {exc}") from None
+            except ssl.SSLCertVerificationError as exc:
+                raise RoundPending(DeferralReason.HELPER_ERROR, (
+                    f"{where}: the certificate of the helper at {url} does not verify "
+                    f"({exc.verify_message}): IPDP_HELPER_CA_FILE must name the CA that signed "
+                    "it")) from None
             except (OSError, http.client.HTTPException) as exc:
                 raise RoundPending(DeferralReason.HELPER_UNREACHABLE, (
                     f"{where}: the helper at {url} did not answer: {type(exc).__name__}")

@@ -121,7 +121,7 @@ def test_ipdp_helper_run_says_what_it_is_missing(helper_env):
     done = _run_helper({k: v for k, v in helper_env.items()
                         if k != "IPDP_HELPER_LEADER_TOKEN"})
     assert done.returncode == 2
-    assert "IPDP_HELPER_LEADER_TOKEN is required" in done.stderr
+    assert "IPDP_HELPER_LEADER_TOKEN (or _FILE) is required" in done.stderr
     done = _run_helper({**helper_env, "IPDP_TRUSTED_STUDY_KEYS": ""})
     assert done.returncode == 2
     assert "IPDP_TRUSTED_STUDY_KEYS is required" in done.stderr
@@ -136,3 +136,38 @@ def test_ipdp_helper_run_refuses_the_leaders_redis(helper_env, fresh_redis):
     done = _run_helper(helper_env)
     assert done.returncode == 2
     assert "points at a leader's Redis" in done.stderr
+
+
+def test_ipdp_helper_run_reads_its_secrets_from_files_and_its_own_redis_password(
+        helper_env, fresh_redis, tmp_path):
+    """As compose/helper runs it: the token from a secret file (its trailing newline dropped),
+    the helper's Redis behind a password given as IPDP_HELPER_REDIS_PASSWORD, and the leader's
+    IPDP_REDIS_* never read."""
+    import redis
+
+    redis.Redis.from_url(fresh_redis.settings().url).config_set("requirepass", "helper-redis")
+    token_file = tmp_path / "leader-token"
+    token_file.write_text(TOKEN + "\n")
+    env = {k: v for k, v in helper_env.items() if k != "IPDP_HELPER_LEADER_TOKEN"}
+    env.update(IPDP_HELPER_LEADER_TOKEN_FILE=str(token_file),
+               IPDP_HELPER_REDIS_PASSWORD="helper-redis", IPDP_REDIS_PASSWORD="the-leaders",
+               IPDP_REDIS_USERNAME="the-leaders")
+    helper = HelperProcess(env, free_port(), tmp_path / "helper.log")
+    helper.start()
+    try:
+        helper.wait_up()
+        with HelperClient(f"http://127.0.0.1:{helper.port}", TOKEN, retry_s=10) as client:
+            status, answer = client.request("GET", "/studies/two-server/rounds/0")
+        assert (status, answer["error"]) == (409, "round_not_full"), answer
+    finally:
+        helper.kill()
+    both = _run_helper({**env, "IPDP_HELPER_LEADER_TOKEN": TOKEN})
+    assert both.returncode == 2
+    assert TOKEN not in both.stderr
+    assert "IPDP_HELPER_LEADER_TOKEN and IPDP_HELPER_LEADER_TOKEN_FILE are both set" in \
+        both.stderr
+    missing = _run_helper({**env, "IPDP_HELPER_LEADER_TOKEN_FILE": str(tmp_path / "none")})
+    assert missing.returncode == 2
+    assert f"IPDP_HELPER_LEADER_TOKEN_FILE={tmp_path / 'none'} cannot be read" in missing.stderr
+    wrong = _run_helper({**env, "IPDP_HELPER_REDIS_PASSWORD": "the-leaders"})
+    assert wrong.returncode != 0

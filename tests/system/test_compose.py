@@ -8,6 +8,11 @@ Kafka's listeners, SCRAM users and ACLs against docs/operations.md's table, the 
 ports and nginx configuration against the gateway's settings, the compose file with
 `docker-compose config` (Compose specification) and the Prometheus configuration with
 `promtool check config`. The nginx configuration itself runs in tests/system/test_proxy.py.
+
+A two-server study's helper is a deployment of its own (compose/helper/): its file, its edge's
+nginx configuration and the leader's two-server file are checked the same way, and the setup
+block of docs/operations.md that makes its secrets and certificate is run. The helper's edge
+itself runs in tests/helper/test_tls_edge.py.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import os
 import re
 import shlex
+import ssl
 import subprocess
 from pathlib import Path
 
@@ -35,6 +41,13 @@ PROVISIONING = COMPOSE_DIR / "grafana" / "provisioning"
 IPDP_IMAGE = "ipdp:local"
 NGINX_CONF = COMPOSE_DIR / "nginx" / "ipdp.conf"
 OPERATIONS = REPO / "docs" / "operations.md"
+HELPER_DIR = COMPOSE_DIR / "helper"
+HELPER_COMPOSE_FILE = HELPER_DIR / "docker-compose.yml"
+HELPER_NGINX_CONF = HELPER_DIR / "nginx" / "helper.conf"
+TWO_SERVER_FILE = COMPOSE_DIR / "docker-compose.two-server.yml"
+#: compose/helper/.env for the tests: a study owner's public key line (any 32 bytes, base64).
+HELPER_TEST_ENV = {"HELPER_REDIS_PASSWORD": "compose-test-helper-redis",
+                   "TRUSTED_STUDY_KEYS": "Thb9QZZP/gnHSodYIHKPsGvP21stP0I6fUdIryddqAM="}
 TEST_ENV = {"REDIS_PASSWORD": "compose-test-redis", "GRAFANA_ADMIN_PASSWORD": "compose-test-gf",
             **{f"KAFKA_{role}_PASSWORD": f"compose-test-{role.lower()}" for role in
                ("AGGREGATOR", "TRAINER", "GATEWAY", "DEVICES", "OPERATOR", "MODELS")}}
@@ -58,11 +71,11 @@ def _env(service: dict) -> dict[str, str]:
     return {k: str(v) for k, v in env.items()}
 
 
-def _interpolate(value: str) -> str:
-    """Compose's ${VAR:-default} / ${VAR:?err} with TEST_ENV, defaults otherwise."""
+def _interpolate(value: str, env: dict[str, str] = TEST_ENV) -> str:
+    """Compose's ${VAR:-default} / ${VAR:?err} with ``env``, defaults otherwise."""
     def sub(m: re.Match) -> str:
-        if m[1] in TEST_ENV:
-            return TEST_ENV[m[1]]
+        if m[1] in env:
+            return env[m[1]]
         text = m[0]
         return text[text.index(":-") + 2:-1] if ":-" in text else ""
     return _INTERP.sub(sub, value)
@@ -132,6 +145,24 @@ def test_the_ipdp_services_are_built_from_one_dockerfile_and_run_real_commands(c
     load_args = parser.parse_args([_interpolate(str(a)) for a in services["loadgen"]["command"]])
     assert study_from_args(init_args).study_id == load_args.study
     assert "profiles" not in services["aggregator"]
+
+
+def test_the_image_holds_every_package_pyproject_installs():
+    """`pip install .` in the image needs every package pyproject.toml lists: the Dockerfile
+    copies each, and its .dockerignore lets each into the build context."""
+    import tomllib
+
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]
+    copied = {source for line in re.findall(r"^COPY (.+)$", (COMPOSE_DIR / "Dockerfile")
+                                            .read_text(), re.MULTILINE)
+              for source in shlex.split(line)[:-1]}
+    admitted = set(re.findall(r"^!(\S+?)/?$", (COMPOSE_DIR / "Dockerfile.dockerignore")
+                              .read_text(), re.MULTILINE))
+    for top in {package.split(".")[0] for package in packages}:
+        assert top in copied, f"the Dockerfile does not copy {top}/, which pyproject installs"
+    for source in copied:
+        assert source in admitted, f".dockerignore keeps {source} out of the build context"
 
 
 def test_dockerfile_is_python_slim_and_copies_only_what_exists():
@@ -458,30 +489,284 @@ def test_grafana_is_provisioned_with_the_prometheus_datasource_and_the_dashboard
     assert prom_mounts["./prometheus/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
 
 
+# --------------------------------------------------------------------------- the helper's deployment
+
+
+@pytest.fixture(scope="module")
+def helper_compose() -> dict:
+    return yaml.safe_load(HELPER_COMPOSE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def two_server() -> dict:
+    return yaml.safe_load(TWO_SERVER_FILE.read_text())
+
+
+def _ignored_by_git(path: Path) -> bool:
+    binary = require_tool("git", "asking which files the repository ignores")
+    return subprocess.run([binary, "-C", str(REPO), "check-ignore", "-q", str(path)],
+                          check=False).returncode == 0
+
+
+def test_the_helper_is_a_deployment_of_its_own_with_its_own_persistent_redis(helper_compose):
+    from ipdp.cli.main import build_parser
+
+    services = helper_compose["services"]
+    assert set(services) == {"redis", "helper", "proxy"}, "the helper's file runs the leader's"
+    helper = services["helper"]
+    assert helper["image"] == IPDP_IMAGE
+    assert (HELPER_DIR / helper["build"]["context"]).resolve() == REPO
+    assert helper["build"]["dockerfile"] == "compose/Dockerfile"
+    assert helper["command"] == ["helper", "run"]
+    assert callable(build_parser().parse_args(helper["command"]).func)
+    env = _env(helper)
+    assert env["IPDP_HELPER_HOST"] == "0.0.0.0"
+    # Nothing of the leader's domain: no Kafka, no topics, not the leader's Redis settings.
+    assert not [k for k in env if k.startswith(("IPDP_REDIS_", "IPDP_KAFKA_", "IPDP_TOPIC_"))]
+    assert env["IPDP_HELPER_REDIS_URL"] == "redis://redis:6379/0"
+    assert helper["depends_on"]["redis"]["condition"] == "service_healthy"
+    redis = services["redis"]
+    argv = shlex.split(redis["command"][-1])
+    for flag, value in (("--appendonly", "yes"), ("--appendfsync", "always"),
+                        ("--requirepass", "$$REDIS_PASSWORD")):
+        assert argv[argv.index(flag) + 1] == value, flag
+    password_ref = _env(redis)["REDIS_PASSWORD"]
+    assert password_ref.startswith("${HELPER_REDIS_PASSWORD:?")
+    assert env["IPDP_HELPER_REDIS_PASSWORD"] == password_ref
+    assert env["IPDP_TRUSTED_STUDY_KEYS"].startswith("${TRUSTED_STUDY_KEYS:?")
+    # The helper forgets record ids no later than the leader does (the leader's compose file).
+    leader = _env(yaml.safe_load(COMPOSE_FILE.read_text())["services"]["aggregator"])
+    for helper_name, leader_name in (("IPDP_HELPER_REPLAY_WINDOW_S",
+                                      "IPDP_AGGREGATOR_REPLAY_WINDOW_S"),
+                                     ("IPDP_HELPER_MAX_FUTURE_SKEW_S",
+                                      "IPDP_AGGREGATOR_MAX_FUTURE_SKEW_S")):
+        assert int(env[helper_name]) <= int(leader[leader_name]), helper_name
+
+
+def test_the_helpers_key_and_the_leader_token_are_secrets_the_repository_never_holds(
+        helper_compose, two_server):
+    helper_env = _env(helper_compose["services"]["helper"])
+    assert helper_env["IPDP_HELPER_KEY_FILE"] == "/run/secrets/helper_key"
+    assert helper_env["IPDP_HELPER_LEADER_TOKEN_FILE"] == "/run/secrets/leader_token"
+    assert "IPDP_HELPER_LEADER_TOKEN" not in helper_env
+    # The leader's file gives its aggregator and trainer the token and the helper's CA, and
+    # nothing else; the main file alone (one-server studies) names neither.
+    assert set(two_server["services"]) == {"aggregator", "trainer"}
+    for name in ("aggregator", "trainer"):
+        assert _env(two_server["services"][name]) == {
+            "IPDP_HELPER_LEADER_TOKEN_FILE": "/run/secrets/helper_leader_token",
+            "IPDP_HELPER_CA_FILE": "/run/secrets/helper_ca"}, name
+    assert "IPDP_HELPER_" not in COMPOSE_FILE.read_text()
+    for compose, base in ((helper_compose, HELPER_DIR), (two_server, COMPOSE_DIR)):
+        files = {name: base / spec["file"] for name, spec in compose["secrets"].items()}
+        for path in files.values():
+            assert _ignored_by_git(path), f"{path} could be committed"
+        for name, service in compose["services"].items():
+            mounted = {f"/run/secrets/{secret}" for secret in service.get("secrets", [])}
+            named = {v for k, v in _env(service).items() if v.startswith("/run/secrets/")}
+            assert named == mounted and set(service.get("secrets", [])) <= set(files), name
+    for path in (HELPER_DIR / ".env", HELPER_DIR / "certs" / "tls.key", COMPOSE_DIR / ".env",
+                 COMPOSE_DIR / "nginx" / "certs" / "tls.key"):
+        assert _ignored_by_git(path), f"{path} could be committed"
+
+
+def test_each_domains_environment_reads_its_secret_files(helper_compose, two_server, compose,
+                                                          monkeypatch, tmp_path):
+    """Every settings model accepts the helper's environment and the leader's merged one, with
+    the secrets where compose mounts them (here: files of the test's own)."""
+    token = "compose-test-leader-token"
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    for name in ("leader_token", "helper_leader_token", "helper_key", "helper_ca"):
+        (secrets / name).write_text(f"{token}\n")
+
+    def environment(env: dict[str, str], compose_env: dict[str, str]) -> None:
+        for key in [k for k in os.environ if k.startswith("IPDP_")]:
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, _interpolate(value, compose_env).replace(
+                "/run/secrets/", f"{secrets}/"))
+        for model in settings_models():
+            model()
+
+    from helper.settings import HelperSettings
+    from ipdp.settings import LeaderTokenSettings
+
+    environment(_env(helper_compose["services"]["helper"]), HELPER_TEST_ENV)
+    helper = HelperSettings()
+    assert helper.leader_token.get_secret_value() == token
+    assert helper.key_file == f"{secrets}/helper_key"
+    assert helper.redis_password.get_secret_value() == HELPER_TEST_ENV["HELPER_REDIS_PASSWORD"]
+    for name in ("aggregator", "trainer"):
+        environment({**_env(compose["services"][name]), **_env(two_server["services"][name])},
+                    TEST_ENV)
+        leader = LeaderTokenSettings()
+        assert leader.leader_token.get_secret_value() == token, name
+        assert leader.ca_file == f"{secrets}/helper_ca", name
+
+
+def test_the_helpers_edge_is_its_only_published_port_and_holds_to_the_helpers_limits(
+        helper_compose):
+    from aggregator.settings import AggregatorSettings
+
+    services = helper_compose["services"]
+    proxy, helper = services["proxy"], services["helper"]
+    assert proxy["image"].startswith("nginx:"), "nginx's official image"
+    assert proxy["ports"] == ["443:443"]
+    assert [name for name, service in services.items() if "ports" in service] == ["proxy"]
+    mounts = dict(v.rsplit(":", 1)[0].split(":") for v in proxy["volumes"])
+    assert mounts == {"../nginx/nginx.conf": "/etc/nginx/nginx.conf",
+                      "./nginx/helper.conf": "/etc/nginx/conf.d/default.conf",
+                      "./certs": "/etc/nginx/certs"}
+    assert (HELPER_DIR / "../nginx/nginx.conf").resolve() == COMPOSE_DIR / "nginx" / "nginx.conf"
+    assert set(proxy["networks"]) == {"edge"}
+    assert set(helper["networks"]) == {"default", "edge"}
+    assert "networks" not in services["redis"], "the helper's Redis is on the edge network"
+
+    env = _env(helper)
+    conf = HELPER_NGINX_CONF.read_text()
+    assert re.findall(r"^\s*server (\S+);$", conf, re.MULTILINE) == \
+        [f"helper:{env['IPDP_HELPER_PORT']}"]
+    assert re.findall(r"^\s*listen\b.*$", conf, re.MULTILINE) == ["    listen 443 ssl;"]
+    assert "ssl_certificate     /etc/nginx/certs/tls.crt;" in conf
+    assert "ssl_certificate_key /etc/nginx/certs/tls.key;" in conf
+    assert re.search(r"location \^~ /metrics \{\s*deny all;\s*\}", conf)
+    body = re.search(r"client_max_body_size\s+(\d+)m;", conf)
+    assert int(body[1]) << 20 == int(env["IPDP_HELPER_MAX_BODY_BYTES"])
+    read_timeout = re.search(r"proxy_read_timeout\s+(\d+)s;", conf)
+    assert float(read_timeout[1]) > AggregatorSettings.model_fields["helper_timeout_s"].default
+
+
+def _tls_handshake(server: ssl.SSLContext, client: ssl.SSLContext, hostname: str) -> None:
+    """One TLS handshake between the two contexts over a socket pair; raises the client's
+    error."""
+    import socket
+    import threading
+
+    client_end, server_end = socket.socketpair()
+
+    def serve() -> None:
+        try:
+            with server.wrap_socket(server_end, server_side=True) as tls:
+                tls.sendall(b"ok")
+        except (ssl.SSLError, OSError):
+            pass  # the client's side says why
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with client.wrap_socket(client_end, server_hostname=hostname) as tls:
+            assert tls.recv(2) == b"ok"
+    finally:
+        client_end.close()
+        thread.join(timeout=10)
+
+
+def test_the_documented_helper_setup_makes_every_file_the_helper_deployment_mounts(
+        helper_compose, tmp_path):
+    """docs/operations.md's setup block, run as written in a copy of compose/helper, makes the
+    secrets (private to their owner), a key pair the helper loads and a certificate the leader,
+    pinning it as its CA (IPDP_HELPER_CA_FILE), accepts for the helper's name only."""
+    import shutil
+    import sys
+
+    from ipdp.sealing import load_helper_key
+
+    require_tool("openssl", "making the helper edge's certificate")
+    block = re.search(r"<!-- compose/helper: setup -->\s*```sh\n(.*?)```", OPERATIONS.read_text(),
+                      re.DOTALL)[1]
+    shutil.copytree(HELPER_DIR, tmp_path / "compose" / "helper")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IPDP_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # this ipdp
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    here = tmp_path / "compose" / "helper"
+    for spec in helper_compose["secrets"].values():
+        path = here / spec["file"]
+        assert path.stat().st_mode & 0o077 == 0, f"{spec['file']} is readable by others"
+    key = load_helper_key(str(here / "secrets" / "helper.key"))
+    assert (here / "secrets" / "helper.pub").read_text().strip() == key.public_b64
+    assert re.fullmatch(r"[0-9a-f]{64}\n", (here / "secrets" / "leader-token").read_text())
+    cert, tls_key = here / "certs" / "tls.crt", here / "certs" / "tls.key"
+    assert tls_key.stat().st_mode & 0o077 == 0
+    assert (here / ".env").read_text() == (HELPER_DIR / ".env.example").read_text()
+
+    host = re.search(r"^HELPER_HOST=(\S+)", block, re.MULTILINE)[1]
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, tls_key)
+    leader = ssl.create_default_context(cafile=str(cert))
+    _tls_handshake(server, leader, host)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _tls_handshake(server, leader, f"not-{host}")
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _tls_handshake(server, ssl.create_default_context(), host)  # the system's trust store
+
+
 # --------------------------------------------------------------------------- real tools
 
 
-def test_docker_compose_config_accepts_the_file_and_requires_the_passwords(tmp_path):
-    binary = require_tool("docker-compose", "validating compose/docker-compose.yml")
+def _compose_config(tmp_path: Path, files: list[Path], env: dict[str, str],
+                    *args: str) -> subprocess.CompletedProcess:
+    """`docker-compose config` of ``files`` (the first one's directory is the project's) with
+    ``env`` and no .env file."""
+    binary = require_tool("docker-compose", "validating the compose files")
     empty_env = tmp_path / "empty.env"
     empty_env.write_text("")
-    base = [binary, "--env-file", str(empty_env), "--project-directory", str(COMPOSE_DIR),
-            "-f", str(COMPOSE_FILE)]
-    clean = {k: v for k, v in os.environ.items() if k not in TEST_ENV}
-    ok = subprocess.run([*base, "config", "-q"], env={**clean, **TEST_ENV}, check=False,
-                        capture_output=True, text=True, timeout=120)
+    clean = {k: v for k, v in os.environ.items() if k not in TEST_ENV and k not in HELPER_TEST_ENV}
+    return subprocess.run([binary, "--env-file", str(empty_env), "--project-directory",
+                           str(files[0].parent), *[a for f in files for a in ("-f", str(f))],
+                           "config", *args], env={**clean, **env}, check=False,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _requires_each(tmp_path: Path, files: list[Path], env: dict[str, str]) -> None:
+    """The files are valid with ``env``, and refused, naming it, without any one of it."""
+    ok = _compose_config(tmp_path, files, env, "-q")
     assert ok.returncode == 0, ok.stderr
-    services = subprocess.run([*base, "config", "--services"], env={**clean, **TEST_ENV}, check=False,
-                              capture_output=True, text=True, timeout=120)
+    services = _compose_config(tmp_path, files, env, "--services")
     assert services.returncode == 0, services.stderr
-    assert set(services.stdout.split()) == set(yaml.safe_load(COMPOSE_FILE.read_text())
-                                               ["services"])
-    for secret in TEST_ENV:  # each password is required on its own
-        env = {**clean, **{k: v for k, v in TEST_ENV.items() if k != secret}}
-        missing = subprocess.run([*base, "config", "-q"], env=env, check=False,
-                                 capture_output=True, text=True, timeout=120)
+    assert set(services.stdout.split()) == set(yaml.safe_load(files[0].read_text())["services"])
+    for secret in env:  # each password is required on its own
+        missing = _compose_config(tmp_path, files, {k: v for k, v in env.items() if k != secret},
+                                  "-q")
         assert missing.returncode != 0, secret
         assert secret in missing.stderr, secret
+
+
+def test_docker_compose_config_accepts_the_file_and_requires_the_passwords(tmp_path):
+    _requires_each(tmp_path, [COMPOSE_FILE], TEST_ENV)
+
+
+def test_docker_compose_config_accepts_the_helpers_file_and_requires_its_settings(tmp_path):
+    _requires_each(tmp_path, [HELPER_COMPOSE_FILE], HELPER_TEST_ENV)
+    merged = yaml.safe_load(_compose_config(tmp_path, [HELPER_COMPOSE_FILE], HELPER_TEST_ENV)
+                            .stdout)
+    assert {name: Path(spec["file"]) for name, spec in merged["secrets"].items()} == {
+        "helper_key": HELPER_DIR / "secrets" / "helper.key",
+        "leader_token": HELPER_DIR / "secrets" / "leader-token"}
+
+
+def test_docker_compose_config_merges_the_two_server_file_over_the_leaders(tmp_path):
+    files = [COMPOSE_FILE, TWO_SERVER_FILE]
+    _requires_each(tmp_path, files, TEST_ENV)
+    done = _compose_config(tmp_path, files, TEST_ENV)
+    merged, alone = yaml.safe_load(done.stdout), yaml.safe_load(
+        _compose_config(tmp_path, [COMPOSE_FILE], TEST_ENV).stdout)
+    assert {name: Path(spec["file"]) for name, spec in merged["secrets"].items()} == {
+        "helper_leader_token": COMPOSE_DIR / "secrets" / "helper-leader-token",
+        "helper_ca": COMPOSE_DIR / "secrets" / "helper-ca.crt"}
+    assert set(merged["services"]) == set(alone["services"])
+    for name, service in merged["services"].items():
+        if name in ("aggregator", "trainer"):
+            assert {s["source"] for s in service["secrets"]} == {"helper_leader_token",
+                                                                "helper_ca"}, name
+            env = service["environment"]
+            assert env["IPDP_HELPER_LEADER_TOKEN_FILE"] == "/run/secrets/helper_leader_token"
+            assert env["IPDP_HELPER_CA_FILE"] == "/run/secrets/helper_ca"
+            # The main file's settings stay: the merge adds, it replaces nothing.
+            assert {k: v for k, v in env.items() if not k.startswith("IPDP_HELPER_")} == \
+                alone["services"][name]["environment"], name
 
 
 def test_promtool_accepts_the_prometheus_configuration():
