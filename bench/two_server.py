@@ -61,6 +61,8 @@ MODEL_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True)
 class Sizes:
+    """How much each section runs: FULL (the documented table) or QUICK (``--quick``)."""
+
     d: int
     device_records: int
     fold_records: int
@@ -120,6 +122,7 @@ def _studies(d: int, n: int, helper_url: str, helper_key_b64: str, suffix: str):
 
 
 def _rows(d: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """k simulated devices' examples (‖x‖ ≤ 1/2, |y| ≤ 1): the costs do not depend on them."""
     x = np.clip(rng.normal(0.0, 0.4, (k, d)), -0.5, 0.5) / math.sqrt(d)
     return x, np.clip(x.sum(axis=1), -1.0, 1.0)
 
