@@ -1,4 +1,4 @@
-"""`ipdp bench accuracy|throughput|credentials|devices|flood`, `ipdp soak` and `ipdp audit`:
+"""`ipdp bench accuracy|throughput|credentials|devices|flood|two-server`, `ipdp soak` and `ipdp audit`:
 bench/, which prints tables."""
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ def add_commands(sub: argparse._SubParsersAction, words: list[str] | None = None
         "flood", help="Floods against a live gateway and aggregator: re-sent records and "
         "connections, with honest devices alongside.")
     flags(p, "flood", "run", "bench", "flood", docstring_is_description=True)
+    p = kinds.add_parser(
+        "two-server", help="Two-server mode: the device's cost, bytes on the wire, the leader's "
+        "fold, the helper's rate, end to end, and accuracy against one-server.")
+    flags(p, "two_server", "run", "bench", "two-server", docstring_is_description=True)
     p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times; check invariants.")
     flags(p, "soak", "run", "soak")
     p = sub.add_parser(

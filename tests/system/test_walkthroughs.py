@@ -39,6 +39,7 @@ RUN_ELSEWHERE = {
     "ipdp bench devices": "tests/bench/test_devices.py",
     "ipdp bench credentials": "tests/bench/test_bench_commands.py",
     "ipdp bench flood": "tests/bench/test_bench_commands.py",
+    "ipdp bench two-server": "tests/bench/test_two_server.py",
     "ipdp dead-letters": "tests/aggregator/test_resent.py",
     "ipdp credentials": "tests/aggregator/test_credentials.py",
     "ipdp soak": "tests/bench/test_bench_commands.py",
