@@ -147,6 +147,9 @@ def two_server_rows(study) -> list[tuple[str, str]]:
                                       f"σ_b² = {fmt(two.sigma_b2)}")),
         ("ε split (two-server)", _split(two.epsilon_split)),
         ("δ split (two-server)", _split(two.delta_split)),
+        ("who sees a record", ("the local (ε, δ) above is what the leader and the helper learn "
+                               "of a record only if they collude; either alone holds uniform "
+                               "shares (docs/security.md)")),
     ]
 
 

@@ -126,6 +126,8 @@ def test_study_create_two_server_and_show_say_the_mode(env_topics, redis_setting
     shown = capsys.readouterr().out
     assert "two-server, helper helper-a" in shown
     assert f"f = {study.encoding.fraction_bits} fraction bits" in shown
+    # The local (ε, δ) row of the one-server rows is qualified: neither server alone sees it.
+    assert "only if they collude; either alone holds uniform shares" in shown
     assert _run(["study", "show", "two-cli", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["two_server_calibration"]["encoding"]["fraction_bits"] == \
