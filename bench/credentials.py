@@ -292,7 +292,7 @@ def http_rows(seconds: float, connections: int, threads: int, repeat: int) -> di
 
     from aggregator.settings import AggregatorSettings
     from bench.devices import _stop, _wrk, start_server, wrk_script
-    from bench.gateway_load import cpu_seconds
+    from bench.process_tree import cpu_seconds
     from ipdp import state
     from ipdp.embedded import EmbeddedRuntime
     from ipdp.kafka_io import ensure_topics, kafka_producer

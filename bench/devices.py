@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bench.gateway_load import cpu_seconds
+from bench.process_tree import cpu_seconds
 from bench.runtime import register_studies, service_env
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime

@@ -47,7 +47,8 @@ from typing import Self
 import numpy as np
 
 from bench import flood_connections
-from bench.gateway_load import cpu_seconds, post_all, request_bodies
+from bench.gateway_load import post_all, request_bodies
+from bench.process_tree import cpu_seconds
 from bench.runtime import register_studies, service_env
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime

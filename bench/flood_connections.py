@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench.devices import DEVICE_LIMITS_RAISED, D, _stop, _wrk, start_server, wrk_script
 from bench.edge import Edge
-from bench.gateway_load import cpu_seconds
+from bench.process_tree import cpu_seconds
 from bench.runtime import register_studies, service_env
 from ipdp.embedded import EmbeddedRuntime
 from ipdp.study import Study

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from bench.process_tree import cpu_seconds
 from gateway.checks import why_refused
 from ipdp import state
 from ipdp.embedded import EmbeddedRuntime
@@ -73,32 +74,6 @@ def post_all(url: str, study_id: str, bodies: list[bytes], connections: int) -> 
         t.join()
     if refused:
         raise RuntimeError(f"the gateway refused {len(refused)} requests: {sorted(set(refused))}")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time so far of a live process and all its live descendants (uvicorn's
-    workers, and each worker's Kafka producer process), from /proc."""
-    times: dict[int, float] = {}
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        parent[int(entry)] = int(fields[1])
-
-    def descends(p: int) -> bool:
-        while p > 1:
-            if p == pid:
-                return True
-            p = parent.get(p, 0)
-        return False
-
-    return sum(t for p, t in times.items() if descends(p))
 
 
 def _bare_consume(kafka, topic: str, records: int) -> float:

@@ -13,7 +13,6 @@ listed; a path is held to what the RFC allows, not to what nginx happens to do.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import socket
 import ssl
@@ -27,6 +26,7 @@ import pytest
 
 from bench.devices import DEVICE_LIMITS_RAISED
 from bench.edge import Edge
+from bench.process_tree import rss_bytes
 from ipdp.credentials import issue_credential, token_text
 from ipdp.embedded import free_port
 from ipdp.kafka_io import ensure_topics, kafka_consumer
@@ -505,31 +505,6 @@ STALLED, ENDLESS, FLOOD_S = 180, 20, 10.0
 FLAT_BYTES = 32 << 20
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and its descendants (the gateway's workers and producer)."""
-    parents, rss = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/status") as f:
-                kib = next((line.split()[1] for line in f if line.startswith("VmRSS:")), "0")
-            rss[int(entry)] = int(kib) << 10
-        except OSError:
-            continue
-
-    def descends(p: int) -> bool:
-        while p > 1:
-            if p == pid:
-                return True
-            p = parents.get(p, 0)
-        return False
-
-    return sum(v for p, v in rss.items() if descends(p))
-
-
 async def _memory_flood(pair: Pair) -> tuple[tuple[int, int], int, int]:
     """Open the flood through the edge and hold it for ``FLOOD_S``; (the gateway's and the
     edge's RSS at the end of it, body bytes sent, trailer bytes sent)."""
@@ -568,7 +543,7 @@ async def _memory_flood(pair: Pair) -> tuple[tuple[int, int], int, int]:
     held = await asyncio.gather(*(stalled() for _ in range(STALLED)))
     try:
         await asyncio.gather(*(endless(time.monotonic() + FLOOD_S) for _ in range(ENDLESS)))
-        peak = _tree_rss(pair.gateway_pid), _tree_rss(pair.edge.proc.pid)
+        peak = rss_bytes(pair.gateway_pid), rss_bytes(pair.edge.proc.pid)
     finally:
         for writer in held:
             writer.close()
@@ -580,10 +555,10 @@ def test_stalled_bodies_and_endless_trailers_through_the_edge_leave_the_gateway_
     its processes, from /proc) moves by less than 32 MiB while 180 connections each hold
     512 KiB of a 4 MiB − 1 B body and 20 send trailer lines for 10 s, and after; nor does the
     edge's."""
-    before = _tree_rss(pair.gateway_pid), _tree_rss(pair.edge.proc.pid)
+    before = rss_bytes(pair.gateway_pid), rss_bytes(pair.edge.proc.pid)
     peak, body, trailers = asyncio.run(_memory_flood(pair))
     time.sleep(1.0)
-    after = _tree_rss(pair.gateway_pid), _tree_rss(pair.edge.proc.pid)
+    after = rss_bytes(pair.gateway_pid), rss_bytes(pair.edge.proc.pid)
     assert body == STALLED * (512 << 10)
     assert trailers > 0
     assert peak[0] - before[0] < FLAT_BYTES, (before, peak, body, trailers)
