@@ -61,7 +61,7 @@ import numpy as np
 import redis
 
 from aggregator.batch import REASONS, Message, Polled, Refused, Rejection
-from aggregator.credentials import CredentialCheck
+from aggregator.credentials import CredentialCheck, tokens_of_rows
 from aggregator.replay import ReplayIds, id_prefixes
 from aggregator.studies import StudyLookup
 from aggregator.two_server import (
@@ -828,11 +828,15 @@ class Folder:
             asked[:] = False
         asked[asked] &= ~self.replay.seen(self.r, keys, w.record_id[asked])
         asked[asked] &= _first_of_each_id(w.record_id[asked])
-        records = [rows.values[i] for i in w.row[asked].tolist()]
+        at = w.row[asked].tolist()
+        records = [rows.values[i] for i in at]
         if not records:
             return HelperVerdict.of(asked, Prepared(np.zeros(0, bool), {}))
+        # The rows passed the leader's credential check, so each has its token: the helper
+        # checks it against its own pinned issuers.
+        tokens = tokens_of_rows(rows, at) if study.require_credentials else None
         try:
-            prepared = self.helpers.prepare(study, job_id, envelope or b"", records)
+            prepared = self.helpers.prepare(study, job_id, envelope or b"", records, tokens)
         except HelperRefused as exc:
             log.warning("study %s: the helper refused job %s whole (%s)", study.study_id,
                         job_id, exc)
