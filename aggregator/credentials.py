@@ -40,9 +40,9 @@ class CredentialCheck:
         """The rows of ``batch`` (rows of ``polled``) whose credential admits them; the others
         are appended to ``refused`` as (rows of ``polled``, reason, detail), one entry per
         refused credential."""
-        ok, refusals, _expires = admit_slots(self.verifier, tokens_of_rows(polled, batch.index.tolist()),
-                                   batch.record_id, study.hash, study.records_per_device,
-                                   now_ms)
+        ok, refusals, _expires = admit_slots(
+            self.verifier, tokens_of_rows(polled, batch.index.tolist()), batch.record_id,
+            study.hash, study.records_per_device, now_ms)
         refused += [(batch.index[hit], reason, detail) for hit, reason, detail in refusals]
         return batch if ok.all() else batch.take(ok)
 

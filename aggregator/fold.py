@@ -811,7 +811,8 @@ class Folder:
                  checkpoint: Checkpoint) -> HelperVerdict:
         """Job ``job_id`` at the study's helper: the rows of ``w`` not folded yet, first of
         their id in the batch and not seen within the replay window, as Redis holds the study
-        now (a replay costs the helper nothing). A job the helper refuses whole (its study
+        now (a replay costs the helper nothing), with, where the study requires them, the
+        credentials they came with, which the helper checks itself. A job the helper refuses whole (its study
         unverifiable there, say) refuses each record with the helper's reason; one it cannot
         answer raises HelperUnavailable."""
         study = w.study

@@ -24,6 +24,7 @@ import base64
 import hashlib
 import hmac
 import re
+import threading
 import time
 from typing import Annotated
 
@@ -151,6 +152,7 @@ class HelperApp:
         self.credentials = CredentialVerifier(
             credential_keys, max_validity_ms=settings.replay_window_s * 1000,
             skew_ms=settings.max_future_skew_s * 1000)
+        self.credentials_lock = threading.Lock()
         self._token = f"Bearer {token}".encode()
 
     def authorised(self, request: Request) -> bool:
@@ -193,7 +195,8 @@ class HelperApp:
         except MalformedValue as exc:
             return _error(400, "bad_request", str(exc))
         digest = job_digest(study_value, parts, job.credentials)
-        required = (CredentialRequirement(self.credentials, _tokens(job.credentials, len(parts)),
+        required = (CredentialRequirement(self.credentials, self.credentials_lock,
+                                          _tokens(job.credentials, len(parts)),
                                           study.records_per_device)
                     if study.require_credentials else None)
 

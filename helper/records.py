@@ -17,6 +17,7 @@ jobs and a slot used again (``credential_reused``) are the store's checks (helpe
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,10 +64,13 @@ class HelperRefusal(enum.StrEnum):
 @dataclass(frozen=True)
 class CredentialRequirement:
     """What a study that requires device credentials needs of each record at the helper: the
-    helper's verifier (its own pinned issuer keys), the token each record came with (bytes,
-    None for none, or the CredentialRefused its text gave) and the study's records_per_device."""
+    helper's verifier (its own pinned issuer keys) and the lock that serialises its use (its
+    caches are not thread-safe, and prepares run in a thread pool), the token each record came
+    with (bytes, None for none, or the CredentialRefused its text gave) and the study's
+    records_per_device."""
 
     verifier: CredentialVerifier
+    lock: threading.Lock
     tokens: list
     records_per_device: int
 
@@ -128,9 +132,10 @@ def check_records(parts: list[bytes], *, d: int, study_hash: bytes, open_study: 
     if credentials is not None and pending.any():
         at = np.flatnonzero(pending)
         record_ids = np.frombuffer(b"".join(ids[i] for i in at), np.uint8).reshape(-1, 16)
-        _ok, refused, expires[at] = admit_slots(credentials.verifier, [credentials.tokens[i] for i in at],
-                                   record_ids, study_hash, credentials.records_per_device,
-                                   now_ms)
+        with credentials.lock:
+            _ok, refused, expires[at] = admit_slots(
+                credentials.verifier, [credentials.tokens[i] for i in at], record_ids,
+                study_hash, credentials.records_per_device, now_ms)
         for hit, reason, _detail in refused:
             for i in at[hit]:
                 refusals[i] = HelperRefusal(reason.value)
