@@ -812,9 +812,9 @@ class Folder:
         """Job ``job_id`` at the study's helper: the rows of ``w`` not folded yet, first of
         their id in the batch and not seen within the replay window, as Redis holds the study
         now (a replay costs the helper nothing), with, where the study requires them, the
-        credentials they came with, which the helper checks itself. A job the helper refuses whole (its study
-        unverifiable there, say) refuses each record with the helper's reason; one it cannot
-        answer raises HelperUnavailable."""
+        credentials they came with, which the helper checks itself. A job the helper refuses
+        whole (its study unverifiable there, say) refuses each record with the helper's reason;
+        one it cannot answer raises HelperUnavailable."""
         study = w.study
         partitions = np.unique(rows.partition[w.row]).tolist()
         with self.r.pipeline(transaction=False) as pipe:

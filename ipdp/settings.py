@@ -182,8 +182,8 @@ class TrustSettings(BaseSettings):
         None, description="PREFIX.key that `ipdp study create|close` signs with.")
     trusted_credential_keys: str | None = Field(
         None, description="Device-credential issuers' public keys that the gateway, the "
-        "aggregator and a two-server study's helper accept (ipdp.credentials); none: every record of a study that requires "
-        "credentials is refused.")
+        "aggregator and a two-server study's helper accept (ipdp.credentials); none: every "
+        "record of a study that requires credentials is refused.")
 
     def study_keys(self) -> TrustedKeys:
         """The pinned study-owner keys (none: unsigned studies are accepted, with a warning)."""
