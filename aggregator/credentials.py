@@ -5,17 +5,21 @@ Runs after the stateless checks, on the rows of one study, and only for such stu
 message's ``credentials`` header is read once (a container's records share it) and each distinct
 token of a poll checked once (ipdp.credentials.CredentialVerifier: a version-1 token's signature
 once per process, a version-2 batch's once for all its devices, then a few hashes per device);
-the record ids of a credential are compared with its slots' ids in one numpy comparison. A slot
-used twice is refused by the fold's replay check (``credential_reused``), where the fold is
+the record ids of a credential are compared with its slots' ids in one numpy comparison
+(ipdp.credentials.admit_slots, the check a two-server study's helper makes too). A slot used
+twice is refused by the fold's replay check (``credential_reused``), where the fold is
 exactly-once.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from aggregator.batch import Polled, decode_headers
-from ipdp.credentials import CredentialRefused, CredentialVerifier, tokens_of_header
+from ipdp.credentials import (
+    CredentialRefused,
+    CredentialVerifier,
+    admit_slots,
+    tokens_of_header,
+)
 from ipdp.signing import TrustedKeys
 from ipdp.study import Study
 from ipdp.wire import RecordBatch, RejectReason
@@ -36,57 +40,33 @@ class CredentialCheck:
         """The rows of ``batch`` (rows of ``polled``) whose credential admits them; the others
         are appended to ``refused`` as (rows of ``polled``, reason, detail), one entry per
         refused credential."""
-        rows = batch.index.tolist()
-        m = study.records_per_device
-        distinct: dict[object, int] = {}
-        which = np.fromiter((distinct.setdefault(t, len(distinct))
-                             for t in self._tokens(polled, rows)), np.int64, len(rows))
-        slots, refusals = [], {}
-        no_slots = bytes(16 * m)
-        for token, u in distinct.items():
-            try:
-                if isinstance(token, CredentialRefused):
-                    raise token
-                slots.append(self.verifier.check(token, study.hash, now_ms).slot_ids(m))
-            except CredentialRefused as refusal:
-                refusals[u] = refusal
-                slots.append(no_slots)
-        ok = np.ones(len(rows), bool)
-        for u, refusal in refusals.items():
-            hit = which == u
-            refused.append((batch.index[hit], refusal.reason, refusal.detail))
-            ok &= ~hit
-        # Every row against its credential's slots at once: (rows, m, 16) comparisons.
-        expected = np.frombuffer(b"".join(
-            s if type(s) is bytes else s.tobytes() for s in slots), np.uint8).reshape(-1, m, 16)
-        in_slots = (batch.record_id[:, None, :] == expected[which]).all(axis=2).any(axis=1)
-        outside = ok & ~in_slots
-        if outside.any():
-            refused.append((batch.index[outside], RejectReason.CREDENTIAL_BAD_SLOT,
-                            f"record id is none of its credential's {m} slot id(s)"))
-            ok &= in_slots
+        ok, refusals, _expires = admit_slots(
+            self.verifier, tokens_of_rows(polled, batch.index.tolist()), batch.record_id,
+            study.hash, study.records_per_device, now_ms)
+        refused += [(batch.index[hit], reason, detail) for hit, reason, detail in refusals]
         return batch if ok.all() else batch.take(ok)
 
-    @staticmethod
-    def _tokens(polled, rows: list[int]) -> list:
-        """Per row its token, None (no header) or the CredentialRefused of its header."""
-        parsed: dict[int, list | CredentialRefused | None] = {}
-        out = []
-        for i in rows:
-            block = None if polled.headers is None else polled.headers[i]
-            tokens = parsed.get(id(block), parsed)
-            if tokens is parsed:
-                try:
-                    tokens = tokens_of_header(decode_headers(block))
-                except CredentialRefused as refusal:
-                    tokens = refusal
-                parsed[id(block)] = tokens
-            at = max(int(polled.index[i]), 0)
-            if tokens is None or isinstance(tokens, CredentialRefused):
-                out.append(tokens)
-            elif at < len(tokens):
-                out.append(tokens[at])
-            else:
-                out.append(CredentialRefused(RejectReason.CREDENTIAL_INVALID,
-                                             f"no credential for record {at} of its message"))
-        return out
+
+def tokens_of_rows(polled: Polled, rows: list[int]) -> list:
+    """Per row of ``polled`` its token, None (no header) or the CredentialRefused of its
+    header."""
+    parsed: dict[int, list | CredentialRefused | None] = {}
+    out = []
+    for i in rows:
+        block = None if polled.headers is None else polled.headers[i]
+        tokens = parsed.get(id(block), parsed)
+        if tokens is parsed:
+            try:
+                tokens = tokens_of_header(decode_headers(block))
+            except CredentialRefused as refusal:
+                tokens = refusal
+            parsed[id(block)] = tokens
+        at = max(int(polled.index[i]), 0)
+        if tokens is None or isinstance(tokens, CredentialRefused):
+            out.append(tokens)
+        elif at < len(tokens):
+            out.append(tokens[at])
+        else:
+            out.append(CredentialRefused(RejectReason.CREDENTIAL_INVALID,
+                                         f"no credential for record {at} of its message"))
+    return out

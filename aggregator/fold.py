@@ -61,7 +61,7 @@ import numpy as np
 import redis
 
 from aggregator.batch import REASONS, Message, Polled, Refused, Rejection
-from aggregator.credentials import CredentialCheck
+from aggregator.credentials import CredentialCheck, tokens_of_rows
 from aggregator.replay import ReplayIds, id_prefixes
 from aggregator.studies import StudyLookup
 from aggregator.two_server import (
@@ -811,9 +811,10 @@ class Folder:
                  checkpoint: Checkpoint) -> HelperVerdict:
         """Job ``job_id`` at the study's helper: the rows of ``w`` not folded yet, first of
         their id in the batch and not seen within the replay window, as Redis holds the study
-        now (a replay costs the helper nothing). A job the helper refuses whole (its study
-        unverifiable there, say) refuses each record with the helper's reason; one it cannot
-        answer raises HelperUnavailable."""
+        now (a replay costs the helper nothing), with, where the study requires them, the
+        credentials they came with, which the helper checks itself. A job the helper refuses
+        whole (its study unverifiable there, say) refuses each record with the helper's reason;
+        one it cannot answer raises HelperUnavailable."""
         study = w.study
         partitions = np.unique(rows.partition[w.row]).tolist()
         with self.r.pipeline(transaction=False) as pipe:
@@ -828,11 +829,15 @@ class Folder:
             asked[:] = False
         asked[asked] &= ~self.replay.seen(self.r, keys, w.record_id[asked])
         asked[asked] &= _first_of_each_id(w.record_id[asked])
-        records = [rows.values[i] for i in w.row[asked].tolist()]
+        at = w.row[asked].tolist()
+        records = [rows.values[i] for i in at]
         if not records:
             return HelperVerdict.of(asked, Prepared(np.zeros(0, bool), {}))
+        # The rows passed the leader's credential check, so each has its token: the helper
+        # checks it against its own pinned issuers.
+        tokens = tokens_of_rows(rows, at) if study.require_credentials else None
         try:
-            prepared = self.helpers.prepare(study, job_id, envelope or b"", records)
+            prepared = self.helpers.prepare(study, job_id, envelope or b"", records, tokens)
         except HelperRefused as exc:
             log.warning("study %s: the helper refused job %s whole (%s)", study.study_id,
                         job_id, exc)

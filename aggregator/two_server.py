@@ -288,11 +288,12 @@ class HelperLink:
         metrics.HELPER_CALLS.labels(call, "ok").inc()
         return answer
 
-    def prepare(self, study: Study, job_id: str, study_value: bytes,
-                records: list[bytes]) -> Prepared:
-        """The helper's verdict on a job of ``study``'s records (their helper parts go out)."""
+    def prepare(self, study: Study, job_id: str, study_value: bytes, records: list[bytes],
+                credentials: list[bytes | None] | None = None) -> Prepared:
+        """The helper's verdict on a job of ``study``'s records (their helper parts go out,
+        with the credentials they were admitted with where the study requires them)."""
         return self._call(study, "prepare", HelperClient.prepare, job_id, study_value, records,
-                          study.d)
+                          study.d, credentials)
 
     def commit(self, study: Study, job_id: str, rounds: dict[int, list[bytes]]) -> dict:
         """Fold a prepared job's records into ``rounds`` at the helper (idempotent by job)."""

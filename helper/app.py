@@ -12,6 +12,9 @@ Every route but /healthz needs ``Authorization: Bearer <IPDP_HELPER_LEADER_TOKEN
 in constant time; 401 otherwise). A job learns its study from the signed studies-topic value the
 leader sends with it, verified against IPDP_TRUSTED_STUDY_KEYS: an unsigned or unverifiable one
 is refused (403), so a leader cannot make the helper fold for a study its owner never signed.
+For a study that requires device credentials, each record's credential (the request's
+``credentials``) is checked against the helper's own pinned issuer keys,
+IPDP_TRUSTED_CREDENTIAL_KEYS (helper.records, helper.store).
 Nothing here logs a record, a share or a sum.
 """
 
@@ -21,21 +24,30 @@ import base64
 import hashlib
 import hmac
 import re
+import threading
 import time
 from typing import Annotated
 
 import redis
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from helper.records import check_records
+from helper.records import CredentialRequirement, check_records
 from helper.settings import HelperSettings
 from helper.store import HelperStore, JobConflict, UnknownJob
+from ipdp.credentials import CredentialRefused, CredentialVerifier, token_from_text
 from ipdp.errors import ConfigurationError, MalformedValue, SignatureError
 from ipdp.metrics import HELPER_RECORDS, HELPER_RECORDS_FOLDED, HELPER_REQUESTS, role_registry
 from ipdp.sealing import HelperKey
@@ -56,6 +68,17 @@ class PrepareRequest(BaseModel):
 
     study: str = Field(description="The studies-topic value (format 2), as text.")
     records: list[str] = Field(min_length=1)
+    credentials: list[str | None] | None = Field(
+        None, description="Per record, in order, the device credential the leader admitted it "
+        "with (its text, unpadded base64url; null for none): for a study that requires "
+        "credentials, the helper checks each against its own pinned issuer keys.")
+
+    @model_validator(mode="after")
+    def one_credential_per_record(self) -> PrepareRequest:
+        if self.credentials is not None and len(self.credentials) != len(self.records):
+            raise ValueError(f"{len(self.credentials)} credentials for {len(self.records)} "
+                             "records")
+        return self
 
 
 class RoundAssignment(BaseModel):
@@ -73,14 +96,34 @@ class CommitRequest(BaseModel):
     rounds: list[RoundAssignment] = Field(min_length=1)
 
 
-def job_digest(study_value: bytes, parts: list[bytes]) -> bytes:
+#: The length prefix of a record without a credential in a job's digest (no item is this long).
+_NO_CREDENTIAL = (1 << 64) - 1
+
+
+def job_digest(study_value: bytes, parts: list[bytes],
+               credentials: list[str | None] | None = None) -> bytes:
     """SHA-256 of a prepare request's content (length-prefixed): the same job resent has the
     same digest whatever its JSON spacing."""
     h = hashlib.sha256()
     for item in (study_value, *parts):
         h.update(len(item).to_bytes(8, "little"))
         h.update(item)
+    for text in credentials or ():
+        item = b"" if text is None else text.encode()
+        h.update((_NO_CREDENTIAL if text is None else len(item)).to_bytes(8, "little"))
+        h.update(item)
     return h.digest()
+
+
+def _tokens(credentials: list[str | None] | None, k: int) -> list:
+    """Per record its token, None (no credential) or the CredentialRefused of its text."""
+    tokens: list = []
+    for text in credentials or [None] * k:
+        try:
+            tokens.append(None if text is None else token_from_text(text))
+        except CredentialRefused as refusal:
+            tokens.append(refusal)
+    return tokens
 
 
 def _error(status: int, reason: str, detail: str) -> JSONResponse:
@@ -99,11 +142,17 @@ class HelperApp:
     """The routes over one store, key and set of trusted study keys."""
 
     def __init__(self, settings: HelperSettings, store: HelperStore, key: HelperKey,
-                 trusted: TrustedKeys, token: str) -> None:
+                 trusted: TrustedKeys, token: str, credential_keys: TrustedKeys) -> None:
         self.settings = settings
         self.store = store
         self.key = key
         self.trusted = trusted
+        # As the leader's: a credential valid longer than the record window is refused, so a
+        # slot is never forgotten while its credential could use it again.
+        self.credentials = CredentialVerifier(
+            credential_keys, max_validity_ms=settings.replay_window_s * 1000,
+            skew_ms=settings.max_future_skew_s * 1000)
+        self.credentials_lock = threading.Lock()
         self._token = f"Bearer {token}".encode()
 
     def authorised(self, request: Request) -> bool:
@@ -145,7 +194,11 @@ class HelperApp:
             return _error(403, "untrusted_study", str(exc))
         except MalformedValue as exc:
             return _error(400, "bad_request", str(exc))
-        digest = job_digest(study_value, parts)
+        digest = job_digest(study_value, parts, job.credentials)
+        required = (CredentialRequirement(self.credentials, self.credentials_lock,
+                                          _tokens(job.credentials, len(parts)),
+                                          study.records_per_device)
+                    if study.require_credentials else None)
 
         def run() -> tuple[dict, bool]:
             stored = self.store.prepared_answer(job_id, digest)
@@ -155,7 +208,7 @@ class HelperApp:
             checked = check_records(parts, d=study.d, study_hash=study.hash,
                                     open_study=status == StudyStatus.OPEN,
                                     window=self.settings.window(), now_ms=now_ms,
-                                    private_key=self.key.private)
+                                    private_key=self.key.private, credentials=required)
             return self.store.prepare(job_id, study_id=study.study_id, study_hash=study.hash,
                                       n=study.n, d=study.d, digest=digest, checked=checked)
         try:
@@ -240,15 +293,18 @@ def _first_line(exc: Exception) -> str:
 
 
 def create_app(settings: HelperSettings, store: HelperStore, key: HelperKey,
-               trusted: TrustedKeys) -> Starlette:
-    """The helper's ASGI app; every route but /healthz answers 401 without the leader's token."""
+               trusted: TrustedKeys, credential_keys: TrustedKeys) -> Starlette:
+    """The helper's ASGI app; every route but /healthz answers 401 without the leader's token.
+    ``credential_keys``: the device-credential issuers it pins (none: every record of a study
+    that requires credentials is refused)."""
     if settings.leader_token is None or not settings.leader_token.get_secret_value():
         raise ConfigurationError("IPDP_HELPER_LEADER_TOKEN is required: the leader's "
                                  "credential for every route but /healthz")
     if not trusted:
         raise ConfigurationError("IPDP_TRUSTED_STUDY_KEYS is required: without a pinned key "
                                  "parse_study_message would not verify the study")
-    helper = HelperApp(settings, store, key, trusted, settings.leader_token.get_secret_value())
+    helper = HelperApp(settings, store, key, trusted, settings.leader_token.get_secret_value(),
+                       credential_keys)
     routes = [
         Route("/healthz", helper.healthz, methods=["GET"]),
         Route("/jobs/{job_id}", helper.prepare, methods=["PUT"]),

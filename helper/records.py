@@ -6,16 +6,23 @@ when it is not of that layout for the study (``undecodable``, ``unsupported_vers
 ``wrong_dimension``, ``study_mismatch``), carries a proof (``unexpected_proof``: no study
 requires one yet), was created outside the record window (``stale``, ``future``), repeats an id
 of the same job (``duplicate_record``), or its share does not open under the helper's key and
-the record's header (``bad_seal``). Replays across jobs are the store's check (helper.store).
+the record's header (``bad_seal``). For a study that requires device credentials, a record is
+also refused unless the credential the leader forwards with it verifies under the helper's own
+pinned issuer keys and its id is one of that credential's slots (ipdp.credentials.admit_slots,
+the leader's check: ``credential_missing``, ``credential_invalid``, ``credential_untrusted``,
+``credential_expired``, ``credential_wrong_study``, ``credential_bad_slot``). Replays across
+jobs and a slot used again (``credential_reused``) are the store's checks (helper.store).
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
+from ipdp.credentials import CredentialVerifier, admit_slots
 from ipdp.helper_protocol import PROOF_LENGTH, TWO_SERVER_VERSION, helper_part_size
 from ipdp.sealing import SealError, open_share
 from ipdp.wire import (
@@ -45,23 +52,47 @@ class HelperRefusal(enum.StrEnum):
     DUPLICATE_RECORD = "duplicate_record"
     REPLAYED = "replayed"
     BAD_SEAL = "bad_seal"
+    CREDENTIAL_MISSING = "credential_missing"
+    CREDENTIAL_INVALID = "credential_invalid"
+    CREDENTIAL_UNTRUSTED = "credential_untrusted"
+    CREDENTIAL_EXPIRED = "credential_expired"
+    CREDENTIAL_WRONG_STUDY = "credential_wrong_study"
+    CREDENTIAL_BAD_SLOT = "credential_bad_slot"
+    CREDENTIAL_REUSED = "credential_reused"
+
+
+@dataclass(frozen=True)
+class CredentialRequirement:
+    """What a study that requires device credentials needs of each record at the helper: the
+    helper's verifier (its own pinned issuer keys) and the lock that serialises its use (its
+    caches are not thread-safe, and prepares run in a thread pool), the token each record came
+    with (bytes, None for none, or the CredentialRefused its text gave) and the study's
+    records_per_device."""
+
+    verifier: CredentialVerifier
+    lock: threading.Lock
+    tokens: list
+    records_per_device: int
 
 
 @dataclass
 class CheckedRecords:
     """A job's records after the helper's own checks: per record, its id, creation time, the
-    refusal (None: accepted so far) and the opened share (accepted records only)."""
+    refusal (None: accepted so far), the opened share (accepted records only) and, for a study
+    that requires credentials, its credential's expires_ms (None for other studies)."""
 
     ids: list[bytes]
     created_ms: np.ndarray
     refusals: list[HelperRefusal | None]
     shares: list[bytes | None]
+    expires_ms: np.ndarray | None = None
 
 
 def check_records(parts: list[bytes], *, d: int, study_hash: bytes, open_study: bool,
-                  window: RecordWindow, now_ms: int, private_key) -> CheckedRecords:
+                  window: RecordWindow, now_ms: int, private_key,
+                  credentials: CredentialRequirement | None = None) -> CheckedRecords:
     """Check and open each part (ipdp.helper_protocol.helper_part) of a job for a study of
-    dimension ``d``.
+    dimension ``d`` (and, with ``credentials``, of a study that requires them).
 
     The cheap checks go first; only a record that passes them is opened (one HPKE open each).
     """
@@ -97,6 +128,18 @@ def check_records(parts: list[bytes], *, d: int, study_hash: bytes, open_study: 
         for i in np.flatnonzero(hit):
             refusals[i] = HelperRefusal(reason.value)
         pending &= ~hit
+    expires = None if credentials is None else np.zeros(k, dtype=np.int64)
+    if credentials is not None and pending.any():
+        at = np.flatnonzero(pending)
+        record_ids = np.frombuffer(b"".join(ids[i] for i in at), np.uint8).reshape(-1, 16)
+        with credentials.lock:
+            _ok, refused, expires[at] = admit_slots(
+                credentials.verifier, [credentials.tokens[i] for i in at], record_ids,
+                study_hash, credentials.records_per_device, now_ms)
+        for hit, reason, _detail in refused:
+            for i in at[hit]:
+                refusals[i] = HelperRefusal(reason.value)
+            pending[at[hit]] = False
     for i in np.flatnonzero(pending):
         if ids[i] in seen_in_job:
             refusals[i] = HelperRefusal.DUPLICATE_RECORD
@@ -109,5 +152,5 @@ def check_records(parts: list[bytes], *, d: int, study_hash: bytes, open_study: 
             refusals[i] = HelperRefusal.BAD_SEAL
             continue
         seen_in_job.add(ids[i])
-    return CheckedRecords(ids, created, refusals, shares)
+    return CheckedRecords(ids, created, refusals, shares, expires)
 

@@ -28,16 +28,18 @@ APP_FACTORY = "helper.app:service_app"
 
 
 def load_service(settings: HelperSettings) -> tuple[HelperSettings, HelperStore, HelperKey,
-                                                     TrustedKeys]:
-    """The settings, store, key and trusted study keys the app runs on; ConfigurationError
-    names what is missing."""
+                                                     TrustedKeys, TrustedKeys]:
+    """The settings, store, key, trusted study keys and trusted credential issuer keys
+    (IPDP_TRUSTED_CREDENTIAL_KEYS) the app runs on; ConfigurationError names what is
+    missing."""
     if not settings.key_file:
         raise ConfigurationError("IPDP_HELPER_KEY_FILE is required: the helper's PREFIX.key "
                                  "(`ipdp keys generate --helper --out PREFIX`)")
     if settings.leader_token is None or not settings.leader_token.get_secret_value():
         raise ConfigurationError("IPDP_HELPER_LEADER_TOKEN (or _FILE) is required: the bearer "
                                  "token the leader's aggregator presents")
-    trusted = TrustSettings().study_keys()
+    trust = TrustSettings()
+    trusted = trust.study_keys()
     if not trusted:
         raise ConfigurationError("IPDP_TRUSTED_STUDY_KEYS is required: the helper folds only "
                                  "for studies signed by an owner key it pins")
@@ -54,7 +56,7 @@ def load_service(settings: HelperSettings) -> tuple[HelperSettings, HelperStore,
     window = settings.window()
     store = HelperStore(client, job_ttl_s=settings.replay_window_s + settings.max_future_skew_s,
                         forget_after_ms=window.replay_window_ms + window.max_future_skew_ms)
-    return settings, store, key, trusted
+    return settings, store, key, trusted, trust.credential_keys()
 
 
 def serve(settings: HelperSettings) -> None:
@@ -63,11 +65,12 @@ def serve(settings: HelperSettings) -> None:
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.log import LogLevels
 
-    _, store, key, trusted = load_service(settings)
+    _, store, key, trusted, credential_keys = load_service(settings)
     user, where = describe(store.r)
     store.r.close()
-    log.info("helper: http://%s:%d, Redis %s as %s, public key %s, %d trusted study key(s)",
-             settings.host, settings.port, where, user, key.public_b64, len(trusted))
+    log.info("helper: http://%s:%d, Redis %s as %s, public key %s, %d trusted study key(s), "
+             "%d trusted credential issuer key(s)", settings.host, settings.port, where, user,
+             key.public_b64, len(trusted), len(credential_keys))
     Granian(APP_FACTORY, factory=True, address=settings.host, port=settings.port,
             interface=Interfaces.ASGI, workers=1, loop=Loops.uvloop, http=HTTPModes.http1,
             websockets=False, log_level=LogLevels.warning, log_access=False).serve()

@@ -15,7 +15,17 @@ resends. The replay set holds *committed* ids only: a prepare refuses as ``repla
 already committed, and a commit naming one is refused whole (``already_committed``). A job the
 leader prepared and never committed (it crashed before its own commit point) blocks nothing:
 the leader sends those records again in a new job (docs/architecture.md, "Why each record is
-folded once on both sides"). The keys of one job span several studies'
+folded once on both sides").
+
+For a study that requires device credentials, each record's id is one of its credential's
+records_per_device slot ids (helper.records checks it), and the slots set (``slots``) holds every
+committed slot, scored by its credential's expiry: a prepare refuses a slot in it as
+``credential_reused``, a commit naming one is refused whole (``credential_reused``), and the
+commit that folds a slot adds it, in the same transaction as the replay set and for the same
+reason. A slot is kept until its credential has expired by the record window (the replay set
+forgets an id by its record's creation time, which a device chooses, so it cannot stand in for
+this): no credential ever has more than records_per_device records committed here, whatever the
+leader sends. The keys of one job span several studies'
 hash slots in the general case, so the helper's Redis is one server, not a cluster.
 """
 
@@ -32,7 +42,7 @@ from ipdp.fixed_point import entries, fold
 from ipdp.helper_protocol import CHECKSUM_BYTES, id_checksum
 
 __all__ = ["CHECKSUM_BYTES", "HelperStore", "JobConflict", "RoundShare", "UnknownJob",
-           "id_checksum", "job_key", "round_key", "seen_key", "study_hash_key"]
+           "id_checksum", "job_key", "round_key", "seen_key", "slots_key", "study_hash_key"]
 
 _PREFIX = "ipdp-helper"
 
@@ -47,6 +57,10 @@ def study_hash_key(study_id: str) -> str:
 
 def seen_key(study_id: str) -> str:
     return f"{_PREFIX}:{{{study_id}}}:seen"
+
+
+def slots_key(study_id: str) -> str:
+    return f"{_PREFIX}:{{{study_id}}}:slots"
 
 
 def round_key(study_id: str, round_no: int) -> str:
@@ -101,11 +115,11 @@ class HelperStore:
         """(answer, whether it is new): store the job and its answer, or return the stored
         answer of the same request; a different request under ``job_id`` raises
         :class:`JobConflict`."""
-        key, seen = job_key(job_id), seen_key(study_id)
+        key, seen, slots = job_key(job_id), seen_key(study_id), slots_key(study_id)
         while True:
             with self.r.pipeline() as pipe:
                 try:
-                    pipe.watch(key, seen, study_hash_key(study_id))
+                    pipe.watch(key, seen, slots, study_hash_key(study_id))
                     stored = pipe.hmget(key, "digest", "answer")
                     if stored[0] is not None:
                         if stored[0] != digest:
@@ -118,6 +132,12 @@ class HelperStore:
                                           "text than the one this helper folds for it")
                     refusals = list(checked.refusals)
                     candidates = [i for i, reason in enumerate(refusals) if reason is None]
+                    if candidates and checked.expires_ms is not None:
+                        scores = pipe.zmscore(slots, [checked.ids[i] for i in candidates])
+                        for i, score in zip(candidates, scores, strict=True):
+                            if score is not None:
+                                refusals[i] = HelperRefusal.CREDENTIAL_REUSED
+                        candidates = [i for i in candidates if refusals[i] is None]
                     if candidates:
                         scores = pipe.zmscore(seen, [checked.ids[i] for i in candidates])
                         for i, score in zip(candidates, scores, strict=True):
@@ -140,6 +160,9 @@ class HelperStore:
                                               dtype="<i8").tobytes(),
                         "shares": b"".join(checked.shares[i] for i in accepted),
                     })
+                    if checked.expires_ms is not None:
+                        pipe.hset(key, "expires", np.asarray(
+                            [checked.expires_ms[i] for i in accepted], dtype="<i8").tobytes())
                     pipe.expire(key, self.job_ttl_s)
                     pipe.execute()
                     return answer, True
@@ -185,9 +208,18 @@ class HelperStore:
                     keys = [round_key(study_id, r) for r, _ in rounds]
                     if len(set(keys)) != len(keys):
                         raise JobConflict("round_twice", "a round is named twice in one commit")
-                    seen = seen_key(study_id)
-                    pipe.watch(seen, *keys)
+                    seen, slots = seen_key(study_id), slots_key(study_id)
+                    pipe.watch(seen, slots, *keys)
                     order = sorted(assigned)
+                    expires = (np.frombuffer(job[b"expires"], dtype="<i8")
+                               if b"expires" in job else None)
+                    if expires is not None:
+                        used = [i for i, score in zip(order, pipe.zmscore(slots, order),
+                                                      strict=True) if score is not None]
+                        if used:
+                            raise JobConflict("credential_reused", f"{len(used)} credential "
+                                              f"slot(s) of job {job_id!r} were committed in "
+                                              f"another job, {used[0].hex()} first")
                     committed = [i for i, score in zip(order, pipe.zmscore(seen, order),
                                                        strict=True) if score is not None]
                     if committed:
@@ -220,6 +252,10 @@ class HelperStore:
                         pipe.hset(rkey, mapping=mapping)
                     pipe.zadd(seen, {i: int(created[row_of[i]]) for i in order})
                     pipe.zremrangebyscore(seen, "-inf", f"({now_ms - self.forget_after_ms}")
+                    if expires is not None:
+                        pipe.zadd(slots, {i: int(expires[row_of[i]]) for i in order})
+                        pipe.zremrangebyscore(slots, "-inf",
+                                              f"({now_ms - self.forget_after_ms}")
                     pipe.hdel(key, "shares")
                     pipe.hset(key, mapping={"commit_digest": digest,
                                             "commit_answer": json.dumps(answer,

@@ -85,6 +85,7 @@ __all__ = [
     "Credential",
     "CredentialRefused",
     "CredentialVerifier",
+    "admit_slots",
     "credential_id",
     "credential_run_size",
     "credentials_header",
@@ -511,6 +512,52 @@ class CredentialVerifier:
         if self.skew_ms is not None and now_ms < cred.issued_ms - self.skew_ms:
             raise CredentialRefused(RejectReason.CREDENTIAL_INVALID,
                                     f"not valid before {cred.issued_ms} ms, now {now_ms} ms")
+
+
+def admit_slots(verifier: CredentialVerifier, tokens: list, record_ids: np.ndarray,
+                study_hash: bytes, records_per_device: int, now_ms: int
+                ) -> tuple[np.ndarray, list[tuple[np.ndarray, RejectReason, str]], np.ndarray]:
+    """Which records a credential admits: record i, of id ``record_ids[i]`` ((k, 16) uint8),
+    came with ``tokens[i]`` (the token, None for none, or the CredentialRefused its transport
+    already gave). Each distinct token is checked once (:meth:`CredentialVerifier.check`), and
+    every record id is compared with its credential's slot ids in one numpy comparison. Returns
+    the mask of admitted records; per refused credential (and for the ids outside their
+    credential's slots, ``credential_bad_slot``), (mask of its records, reason, detail); and
+    per record its credential's expires_ms (0 where refused), until when its slot must be
+    remembered. A slot used twice is the caller's to refuse, where its fold is exactly-once."""
+    m = records_per_device
+    distinct: dict[object, int] = {}
+    which = np.fromiter((distinct.setdefault(t, len(distinct)) for t in tokens), np.int64,
+                        len(tokens))
+    slots, refusals = [], {}
+    expires = np.zeros(len(distinct), np.int64)
+    no_slots = bytes(16 * m)
+    for token, u in distinct.items():
+        try:
+            if isinstance(token, CredentialRefused):
+                raise token
+            cred = verifier.check(token, study_hash, now_ms)
+            slots.append(cred.slot_ids(m))
+            expires[u] = cred.expires_ms
+        except CredentialRefused as refusal:
+            refusals[u] = refusal
+            slots.append(no_slots)
+    ok = np.ones(len(tokens), bool)
+    refused = []
+    for u, refusal in refusals.items():
+        hit = which == u
+        refused.append((hit, refusal.reason, refusal.detail))
+        ok &= ~hit
+    # Every record against its credential's slots at once: (records, m, 16) comparisons.
+    expected = np.frombuffer(b"".join(
+        s if type(s) is bytes else s.tobytes() for s in slots), np.uint8).reshape(-1, m, 16)
+    in_slots = (record_ids[:, None, :] == expected[which]).all(axis=2).any(axis=1)
+    outside = ok & ~in_slots
+    if outside.any():
+        refused.append((outside, RejectReason.CREDENTIAL_BAD_SLOT,
+                        f"record id is none of its credential's {m} slot id(s)"))
+        ok &= in_slots
+    return ok, refused, np.where(ok, expires[which], 0)
 
 
 def credential_run_size(token: bytes) -> int:

@@ -33,6 +33,7 @@ from urllib.parse import quote, urlsplit
 
 import numpy as np
 
+from ipdp.credentials import token_text
 from ipdp.errors import IpdpError
 from ipdp.helper_protocol import helper_part
 
@@ -163,12 +164,17 @@ class HelperClient:
             raise HelperRefused(status, str(answer.get("error", "")), str(answer.get("detail", "")))
         return answer
 
-    def prepare(self, job_id: str, study_value: bytes, records: list[bytes], d: int) -> Prepared:
+    def prepare(self, job_id: str, study_value: bytes, records: list[bytes], d: int,
+                credentials: list[bytes | None] | None = None) -> Prepared:
         """Send a job: the study's signed studies-topic value and its version-3 records (their
-        helper parts go out). The same job again gets the same answer."""
+        helper parts go out), with, for a study that requires them, the credential each record
+        was admitted with (``credentials``, in the records' order; None for a record without
+        one). The same job again gets the same answer."""
         body = {"study": study_value.decode("utf-8"),
                 "records": [base64.b64encode(helper_part(r, d)).decode("ascii")
                             for r in records]}
+        if credentials is not None:
+            body["credentials"] = [None if t is None else token_text(t) for t in credentials]
         answer = self._expect_ok(*self.request("PUT", f"/jobs/{quote(job_id, safe='')}", body))
         mask = np.frombuffer(answer["mask"].encode("ascii"), np.uint8) == ord("1")
         return Prepared(mask=mask, refused={int(r["index"]): r["reason"]

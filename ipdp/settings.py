@@ -181,9 +181,9 @@ class TrustSettings(BaseSettings):
     study_signing_key: str | None = Field(
         None, description="PREFIX.key that `ipdp study create|close` signs with.")
     trusted_credential_keys: str | None = Field(
-        None, description="Device-credential issuers' public keys that the gateway and the "
-        "aggregator accept (ipdp.credentials); none: every record of a study that requires "
-        "credentials is refused.")
+        None, description="Device-credential issuers' public keys that the gateway, the "
+        "aggregator and a two-server study's helper accept (ipdp.credentials); none: every "
+        "record of a study that requires credentials is refused.")
 
     def study_keys(self) -> TrustedKeys:
         """The pinned study-owner keys (none: unsigned studies are accepted, with a warning)."""

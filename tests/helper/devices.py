@@ -40,8 +40,10 @@ class Batch:
 
 
 def make_records(study: Study, helper_public, k: int, rng: np.random.Generator, *,
-                 created_ms: int | None = None, proof: bytes = b"") -> Batch:
-    """k well-formed records of ``study`` whose helper share is sealed to ``helper_public``."""
+                 created_ms: int | None = None, proof: bytes = b"",
+                 record_ids: list[bytes] | None = None) -> Batch:
+    """k well-formed records of ``study`` whose helper share is sealed to ``helper_public``
+    (with the ids ``record_ids``, random ones if None)."""
     fp = fixed_point_of(study)
     q = rng.normal(0, 0.3, (k, study.d))
     p = np.ldexp(np.rint(np.ldexp(rng.normal(0, 0.3, (k, study.d)), 10)), -10)
@@ -50,7 +52,7 @@ def make_records(study: Study, helper_public, k: int, rng: np.random.Generator, 
     now = time.time_ns() // 1_000_000 if created_ms is None else created_ms
     records, ids = [], []
     for i in range(k):
-        record_id = os.urandom(16)
+        record_id = os.urandom(16) if record_ids is None else record_ids[i]
         head = header(study, record_id, now)
         sealed = seal_share(helper_public, helper[i].astype("<u8").tobytes(), head)
         records.append(head + leader[i].astype("<u8").tobytes() + sealed
