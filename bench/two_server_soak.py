@@ -1,23 +1,32 @@
-"""Two-server soak: SIGKILL the leader's aggregator, the helper and either Redis again and again
-under load; every record still folds once on each side.
+"""Two-server soak: SIGKILL the leader's aggregator, the helper, either Redis and the trainer
+again and again under load; every record still folds once on each side and every closed round
+is published once.
 
-    python -m bench.two_server_soak --kills 20 --n 200
+    python -m bench.two_server_soak --kills 50 --n 200        (or: ipdp soak --two-server ...)
 
 Starts the embedded runtime (Kafka and the leader's Redis), a second redis-server for the
-helper, a signed two-server study, and `ipdp helper run` and `ipdp aggregator run` as
-subprocesses. A load thread sends the study's version-3 records through Kafka in small batches.
-Each kill waits until the aggregator has folded more records (so it lands while folds run, not
-during a group join), then a random moment, then SIGKILLs the next of the aggregator, the
-helper, the leader's redis-server and the helper's redis-server, in turn, and starts it again (a
-Redis on its port and AOF, ``appendfsync always``). The trainer is not run: the rounds are checked as they are stored.
-Then the load stops, everything drains, and each invariant is checked:
+helper, a signed two-server study, and `ipdp helper run`, `ipdp aggregator run` and
+`ipdp trainer run` (with the leader's token) as subprocesses. A load thread sends the study's
+version-3 records through Kafka in small batches. Each kill waits until the aggregator has
+folded more records (so it lands while folds run, not during a group join), then a random
+moment, then SIGKILLs the next of the aggregator, the helper, the leader's redis-server, the
+helper's redis-server and the trainer, in turn, and starts it again (a Redis on its port and
+AOF, ``appendfsync always``). Then the load stops, everything drains, the trainer publishes
+every closed round, and each invariant is checked:
 
 * every record folded once on the leader (its folded count) and no helper commit left owed;
-* every closed round holds exactly n on both sides with equal id checksums;
-* the leader's rounds (closed and open) hold every id sent, once (count and checksum);
+* every closed round holds exactly n on the helper, and on the leader until its model is
+  published (the trainer deletes it then, having found count and checksum equal on both sides);
+* every closed round was published exactly once: one ``{study}:{round}`` key per round on the
+  models topic, any repeat of a key byte for byte the same value (which subscribers drop), each
+  model of n records with a two-server report, ``ipdp:{S}:published`` naming every round and
+  no refusal;
+* the rounds (closed and open) hold every id sent, once (count and checksum);
 * the helper's open round has the leader's open round's count and checksum;
-* the two servers' sums, added, are the exact sum of every record sent (the test holds the
-  helper's key, so it opens each share).
+* round by round, the helper's checksum and sum are those of the records in that round (with
+  one records partition a round's records are fixed by their offsets; the test holds the
+  helper's key, so it opens each share), and the open round's two sums, added, are the exact
+  sum of its records.
 
 Prints one table; exit status 1 if any invariant breaks.
 """
@@ -47,7 +56,8 @@ from ipdp.embedded.runtime import EmbeddedRuntime
 from ipdp.embedded.servers import EmbeddedRedis
 from ipdp.fixed_point import combine, fold
 from ipdp.helper_protocol import id_checksum
-from ipdp.kafka_io import kafka_consumer, kafka_producer
+from ipdp.kafka_io import kafka_consumer, kafka_producer, read_to_end
+from ipdp.model_message import model_key, parse_model_value
 from ipdp.redis_io import redis_client
 from ipdp.report import table
 from ipdp.sealing import generate_helper_key_files, open_share
@@ -63,7 +73,8 @@ DRAIN_TIMEOUT_S = 180.0
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kills", type=int, default=20, help="SIGKILLs, in turn of the aggregator, "
-                   "the helper, the leader's Redis and the helper's Redis (default 20)")
+                   "the helper, the leader's Redis, the helper's Redis and the trainer "
+                   "(default 20)")
     p.add_argument("--n", type=int, default=200, help="records per round (default 200)")
     p.add_argument("--d", type=int, default=3, help="dimension (default 3)")
     p.add_argument("--rate", type=float, default=400.0, help="records per second sent")
@@ -161,6 +172,10 @@ def run(args: argparse.Namespace) -> int:
                                             "IPDP_AGGREGATOR_HELPER_RETRY_S": "1",
                                             "IPDP_AGGREGATOR_SESSION_TIMEOUT_MS": "6000"},
                              work / "aggregator.log")
+        trainer = Service("trainer", {**base, **rt.env(), "IPDP_TRAINER_BLOCK_MS": "200",
+                                      "IPDP_TRAINER_HELPER_WAIT_S": "5",
+                                      "IPDP_TRAINER_HELPER_RETRY_S": "1"},
+                          work / "trainer.log")
 
         def folded() -> int:
             try:
@@ -170,12 +185,13 @@ def run(args: argparse.Namespace) -> int:
 
         load = Load(study, kafka, topics.records, args.rate, args.seed)
         victims = [aggregator, helper, RedisVictim("leader's Redis", rt.redis),
-                   RedisVictim("helper's Redis", helper_redis)]
+                   RedisVictim("helper's Redis", helper_redis), trainer]
         kills = dict.fromkeys((v.role for v in victims), 0)
         stalled = 0
         try:
             helper.start()
             aggregator.start()
+            trainer.start()
             load.start()
             for kill in range(args.kills):
                 before = folded()
@@ -187,20 +203,26 @@ def run(args: argparse.Namespace) -> int:
                 kills[victim.role] += 1
                 helper.check()
                 aggregator.check()
+                trainer.check()
             load.stop.set()
             load.join(timeout=60)
             drained = _wait(lambda: aggregator.check() or helper.check() or (
                 folded() == load.sent and not r.hlen(keys.helper_pending)), DRAIN_TIMEOUT_S)
+            published = _wait(lambda: trainer.check() or helper.check() or (
+                r.hlen(keys.published) == int(r.hget(keys.counts, "rounds_closed") or 0)),
+                DRAIN_TIMEOUT_S)
         finally:
             load.stop.set()
             aggregator.stop()
+            trainer.stop()
             helper.stop()
-        rows, ok = _invariants(r, hr, study, kafka, topics, key, load, drained)
+        rows, ok = _invariants(r, hr, study, kafka, topics, key, load, drained and published)
         rows = [("records sent", str(load.sent)), ("records folded (leader)", str(folded())),
                 *((f"{role} SIGKILLs", str(k)) for role, k in kills.items()),
                 ("kills with no fold in the 60 s before", str(stalled)),
                 *_log_events(work / "aggregator.log"),
-                ("unasked exits", f"aggregator {aggregator.died}, helper {helper.died}"),
+                ("unasked exits", (f"aggregator {aggregator.died}, helper {helper.died}, "
+                                   f"trainer {trainer.died}")),
                 *rows, ("wall time", f"{time.monotonic() - started:.0f} s")]
         print(table(rows, f"two-server soak: n = {args.n}, d = {args.d}, {args.kills} kills"))
     if not ok or load.error is not None:
@@ -212,48 +234,93 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _invariants(r, hr, study: Study, kafka, topics, key, load: Load, drained: bool):
-    """(table rows, whether every invariant held)."""
+def _invariants(r, hr, study: Study, kafka, topics, key, load: Load, settled: bool):
+    """(table rows, whether every invariant held); ``settled``: drained and every closed round
+    published or refused."""
     keys = state.StudyKeys(study.study_id)
+    n = study.n
     values = _records(kafka, topics.records, load.sent)
     sent, _ = decode_two_server_batch(values, study.d)
     opened = np.stack([np.frombuffer(open_share(key.private, s, h.tobytes()), "<u8")
                        for s, h in zip(sent.sealed, sent.header, strict=True)])
-    closed = sorted(int(k.rsplit(b":", 1)[1]) for k in r.scan_iter(f"{keys.closed('*')}"))
-    equal = True
-    leader_total = np.zeros(sent.leader.shape[1], np.uint64)
-    helper_total = np.zeros_like(leader_total)
+    ids = [bytes(i) for i in sent.record_id]
+    rounds = int(r.hget(keys.counts, "rounds_closed") or 0)
+    unpublished = sorted(int(k.rsplit(b":", 1)[1]) for k in r.scan_iter(f"{keys.closed('*')}"))
+
+    # Round k holds the records at offsets [(k − 1)·n, k·n): one records partition.
+    helper_rounds_ok, leader_rounds_ok = True, True
     checksum = bytes(32)
-    count = 0
-    for round_no in closed:
-        lead = r.hgetall(keys.closed(round_no))
+    for round_no in range(1, rounds + 1):
+        part = slice((round_no - 1) * n, round_no * n)
         help_ = hr.hgetall(round_key(study.study_id, round_no))
-        equal &= (int(lead[b"count"]) == study.n == int(help_.get(b"count", 0))
-                  and lead[b"checksum"] == help_.get(b"checksum"))
-        leader_total += np.frombuffer(lead[b"sum"], "<u8").astype(np.uint64)
-        helper_total += np.frombuffer(help_[b"sum"], "<u8").astype(np.uint64)
-        checksum = _xor(checksum, lead[b"checksum"])
-        count += study.n
+        helper_rounds_ok &= (
+            int(help_.get(b"count", 0)) == n
+            and help_.get(b"checksum") == id_checksum(ids[part])
+            and np.array_equal(np.frombuffer(help_.get(b"sum", b""), "<u8"), fold(opened[part])))
+        checksum = _xor(checksum, help_.get(b"checksum", bytes(32)))
+        if round_no in unpublished:
+            lead = r.hgetall(keys.closed(round_no))
+            leader_rounds_ok &= (
+                int(lead[b"count"]) == n and lead[b"checksum"] == help_.get(b"checksum")
+                and np.array_equal(np.frombuffer(lead[b"sum"], "<u8"), fold(sent.leader[part])))
+    count = rounds * n
     open_lead = r.hgetall(keys.open)
     open_ok = True
+    open_exact = True
     if open_lead and int(open_lead[b"count"]):
+        part = slice(rounds * n, None)
         open_help = hr.hgetall(round_key(study.study_id, int(open_lead[b"round"])))
         open_ok = (int(open_help.get(b"count", 0)) == int(open_lead[b"count"])
                    and open_help.get(b"checksum") == open_lead[b"checksum"])
-        leader_total += np.frombuffer(open_lead[b"sum"], "<u8").astype(np.uint64)
-        helper_total += np.frombuffer(open_help[b"sum"], "<u8").astype(np.uint64)
+        open_exact = (open_lead[b"checksum"] == id_checksum(ids[part]) and np.array_equal(
+            combine(np.frombuffer(open_lead[b"sum"], "<u8"),
+                    np.frombuffer(open_help.get(b"sum", b""), "<u8")),
+            fold(combine(sent.leader[part], opened[part]))))
         checksum = _xor(checksum, open_lead[b"checksum"])
         count += int(open_lead[b"count"])
-    every_id = (count == len(sent) == load.sent
-                and checksum == id_checksum(bytes(i) for i in sent.record_id))
-    exact = np.array_equal(combine(leader_total, helper_total),
-                           fold(combine(sent.leader, opened)))
-    rows = [("drained (all folded, no commit owed)", str(drained)),
-            ("closed rounds, n on both sides, equal checksums", f"{len(closed)}, {equal}"),
+    every_id = (count == len(sent) == load.sent and checksum == id_checksum(ids))
+
+    published = {int(k): v.decode() for k, v in r.hgetall(keys.published).items()}
+    refused = sum(v.startswith("refused") for v in published.values())
+    on_topic = _models(kafka, topics.models)
+    want = {model_key(study.study_id, k) for k in range(1, rounds + 1)}
+    models = {k: parse_model_value(v[0]) for k, v in on_topic.items() if k in want}
+    repeats = sum(len(v) - 1 for v in on_topic.values())
+    inexact = sum(len(set(v)) > 1 for v in on_topic.values())
+    reports_ok = all(m.key == k and m.n == n and m.privacy.servers == "two-server"
+                     for k, m in models.items())
+    published_ok = (settled and set(on_topic) == want and not inexact and reports_ok
+                    and sorted(published) == list(range(1, rounds + 1)) and not refused)
+    rows = [("drained, every closed round published", str(settled)),
+            ("closed rounds: n and their records' checksum and sum on the helper",
+             f"{rounds}, {helper_rounds_ok}"),
+            ("closed rounds not yet published (leader): n, helper's checksum, their sum",
+             f"{len(unpublished)}, {leader_rounds_ok}"),
+            ("models on the topic: rounds, repeats (differing)",
+             f"{len(on_topic)}, {repeats} ({inexact})"),
+            ("models of n records with a two-server report", str(reports_ok)),
+            ("ipdp:{S}:published: rounds, refused", f"{len(published)}, {refused}"),
+            ("every round published exactly once", str(published_ok)),
             ("open round equal on both sides", str(open_ok)),
-            ("every id once on the leader", str(every_id)),
-            ("combined sums = exact sum of records", str(exact))]
-    return rows, drained and equal and open_ok and every_id and exact
+            ("open round's combined sum = exact sum of its records", str(open_exact)),
+            ("every id once on the leader", str(every_id))]
+    return rows, (settled and helper_rounds_ok and leader_rounds_ok and published_ok
+                  and open_ok and open_exact and every_id)
+
+
+def _models(kafka, topic: str, timeout_s: float = 60.0) -> dict[bytes, list[bytes]]:
+    """Every value on the models topic, by key, in topic order."""
+    consumer = kafka_consumer(kafka, group_id=None)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: dict[bytes, list[bytes]] = {}
+        for m in read_to_end(consumer, tps, timeout_s=timeout_s):
+            out.setdefault(m.key, []).append(m.value)
+        return out
+    finally:
+        consumer.close()
 
 
 def _records(kafka, topic: str, expected: int, timeout_s: float = 60.0) -> list[bytes]:

@@ -9,7 +9,7 @@ Redis: a study's keys carry the hash tag ``{id}``, an aggregator group's bookkee
 |---|---|---|
 | `ipdp:{<id>}:study` | hash | `json` (the Study), `status` (open/closed), `hash` (its 16-byte wire hash), `created_ms`, `envelope` |
 | `ipdp:{<id>}:open` | hash | the open round: `round`, `count`, `A` (d×d f8), `b` (d f8); of a two-server study `round`, `count`, `sum` (L u8, mod 2⁶⁴), `checksum` (32 bytes) |
-| `ipdp:{<id>}:closed:<round>` | hash | a closed round's `A`, `b`, `count`, `closed_ms` until its model is published; of a two-server study `sum`, `count`, `checksum`, `closed_ms`, `mode` (`two-server`) |
+| `ipdp:{<id>}:closed:<round>` | hash | a closed round's `A`, `b`, `count`, `closed_ms` until its model is published; of a two-server study `sum`, `count`, `checksum`, `closed_ms`, `mode` (`two-server`); once solved, `model` (the model's JSON, sent again as is after a crash) |
 | `ipdp:{<id>}:helper-pending` | hash | a two-server study's journal: job id → JSON {round: [id hex, …]}, the helper commit a fold owes |
 | `ipdp:{<id>}:unannounced` | set | closed rounds not yet on `ipdp:rounds` (written in the closing fold) |
 | `ipdp:{<id>}:published` | hash | round → publication time (ms) |

@@ -3,9 +3,11 @@
 The trainer blocks on the Redis stream `ipdp:rounds`, to which the aggregator appends an entry in
 the same transaction that closes a round — no polling of the statistics. Each entry is read
 through a Redis consumer group and acknowledged only after the model is on the models topic
-(acks=all) and the closed round's statistics are deleted, in one MULTI/EXEC. A trainer killed
-anywhere in between re-reads its pending entry on restart and publishes the same (study, round)
-again: at least once, under the same key, which consumers drop as a repeat.
+(acks=all) and the closed round's statistics are deleted, in one MULTI/EXEC. Before it is sent,
+the model's JSON is stored in the closed round (field ``model``, the first one stored wins), so a
+trainer killed anywhere in between re-reads its pending entry on restart and sends that same
+model again: at least once, the same bytes under the same key, which consumers drop as a repeat
+(a two-server round's dither is drawn once, and published_ms is not taken again).
 
 A two-server study's round (trainer.two_server) needs the helper's share too: while the helper
 cannot give it (its round not yet full, or unreachable) the entry stays pending, unacknowledged,
@@ -49,6 +51,15 @@ log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT_S = 30.0
 CLAIM_IDLE_MS = 60_000
+
+#: Store the round's model unless one is stored (or the round is gone); the stored model, or nil.
+_STORE_MODEL_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return false
+end
+redis.call('HSETNX', KEYS[1], 'model', ARGV[1])
+return redis.call('HGET', KEYS[1], 'model')
+"""
 
 
 def train_round(study: Study, a: np.ndarray, b: np.ndarray, count: int, round_no: int,
@@ -189,16 +200,41 @@ class Trainer:
         metrics.start_at_zero(metrics.ROUNDS_REFUSED, *((sid, r.value) for r in RefusalReason))
         keys = state.StudyKeys(sid)
         raw = self.redis.hgetall(keys.closed(round_no))
+        stored = raw.get(b"model") or self._solve(entry_id, sid, round_no, raw)
+        if stored is None:
+            return
+        message = ModelMessage.model_validate_json(stored)
+        self.publish(message)
+        # The study's keys in one transaction (one hash slot); the stream's acknowledgement after
+        # it: a crash in between redelivers the entry, whose round is then found published.
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.closed(round_no))
+            pipe.hset(keys.published, str(round_no), message.published_ms)
+            pipe.execute()
+        self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
+        self.published += 1
+        metrics.MODELS_PUBLISHED.labels(sid).inc()
+        if message.constraint_active:
+            metrics.MODELS_CONSTRAINED.labels(sid).inc()
+        metrics.ROUND_TO_MODEL_SECONDS.observe(
+            max(0.0, (message.published_ms - message.round_closed_ms) / 1000))
+        log.info("study %s round %d: model published (‖w‖=%.4g)", sid, round_no,
+                 float(np.linalg.norm(message.weights)))
+
+    def _solve(self, entry_id: bytes, sid: str, round_no: int, raw: dict) -> bytes | None:
+        """The round's model JSON, solved and stored in the closed round; None when there is
+        nothing to publish now (the round already published, refused or deferred)."""
+        keys = state.StudyKeys(sid)
         if not raw:
             log.info("study %s round %d already published", sid, round_no)
             self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
-            return
+            return None
         try:
             found = state.load_study(self.redis, sid, self.trusted)
         except (SignatureError, MalformedValue) as exc:
             metrics.STUDIES_REFUSED.labels("trainer").inc()
             self._refuse(entry_id, sid, round_no, exc, RefusalReason.UNTRUSTED_STUDY)
-            return
+            return None
         if found is None:
             raise UnknownStudy(f"closed round for unknown study {sid}")
         study = found[0]
@@ -214,30 +250,21 @@ class Trainer:
                                            int(raw[b"closed_ms"]))
         except RoundPending as exc:
             self._defer(sid, round_no, exc)
-            return
+            return None
         except RoundRefused as exc:
             self._refuse(entry_id, sid, round_no, exc, exc.reason)
-            return
+            return None
         except ValueError as exc:
             self._refuse(entry_id, sid, round_no, exc, RefusalReason.UNSOLVABLE)
-            return
+            return None
         metrics.SOLVE_SECONDS.observe(solve_s)
-        self.publish(message)
-        # The study's keys in one transaction (one hash slot); the stream's acknowledgement after
-        # it: a crash in between redelivers the entry, whose round is then found published.
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.closed(round_no))
-            pipe.hset(keys.published, str(round_no), message.published_ms)
-            pipe.execute()
-        self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
-        self.published += 1
-        metrics.MODELS_PUBLISHED.labels(sid).inc()
-        if message.constraint_active:
-            metrics.MODELS_CONSTRAINED.labels(sid).inc()
-        metrics.ROUND_TO_MODEL_SECONDS.observe(
-            max(0.0, (message.published_ms - message.round_closed_ms) / 1000))
-        log.info("study %s round %d: model published (‖w‖=%.4g, solve %.2f ms)", sid, round_no,
-                 float(np.linalg.norm(message.weights)), solve_s * 1000)
+        log.info("study %s round %d: solved in %.2f ms", sid, round_no, solve_s * 1000)
+        stored = self.redis.eval(_STORE_MODEL_LUA, 1, keys.closed(round_no),
+                                 message.model_dump_json())
+        if stored is None:  # another trainer published it since the round was read
+            log.info("study %s round %d already published", sid, round_no)
+            self.redis.xack(state.ROUNDS_STREAM, self.settings.group, entry_id)
+        return stored
 
 
 def cmd_run(args) -> int:

@@ -16,11 +16,14 @@ AUDIT_DESCRIPTION = (
     "(docs/privacy.md).")
 
 
-def add_commands(sub: argparse._SubParsersAction, words: list[str] | None = None) -> None:
+def add_commands(sub: argparse._SubParsersAction, words: list[str] | None = None, *,
+                 two_server_soak: bool = False) -> None:
     """Register `bench`, `soak` and `audit` (bench/ is installed with ipdp).
 
     A command's flags come from its bench module, which imports what the benchmark runs: only
-    the command ``words`` names gets them (``None``: every command)."""
+    the command ``words`` names gets them (``None``: every command). ``two_server_soak``: the
+    command line has `--two-server`, so `soak` takes bench.two_server_soak's flags, not
+    bench.soak's."""
 
     def wanted(*path: str) -> bool:
         return words is None or words[:len(path)] == list(path)
@@ -57,8 +60,16 @@ def add_commands(sub: argparse._SubParsersAction, words: list[str] | None = None
         "two-server", help="Two-server mode: the device's cost, bytes on the wire, the leader's "
         "fold, the helper's rate, end to end, and accuracy against one-server.")
     flags(p, "two_server", "run", "bench", "two-server", docstring_is_description=True)
-    p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times; check invariants.")
-    flags(p, "soak", "run", "soak")
+    p = sub.add_parser("soak", help="SIGKILL the aggregator hundreds of times (--two-server: "
+                       "the aggregator, the helper, both Redis and the trainer); check "
+                       "invariants.")
+    p.add_argument("--two-server", dest="two_server", action="store_true",
+                   help="Run the two-server soak (bench/two_server_soak.py) instead, with its "
+                   "own flags (`ipdp soak --two-server --help`).")
+    if two_server_soak:
+        flags(p, "two_server_soak", "run", "soak", docstring_is_description=True)
+    else:
+        flags(p, "soak", "run", "soak")
     p = sub.add_parser(
         "audit", help="Empirical privacy audit: a lower bound on ε from the deployed mechanism.",
         description=AUDIT_DESCRIPTION)

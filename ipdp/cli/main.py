@@ -92,7 +92,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     models.add_commands(sub)
     dead_letters.add_commands(sub)
     demo.add_commands(sub)
-    bench.add_commands(sub, words)
+    bench.add_commands(sub, words, two_server_soak=argv is not None and "--two-server" in argv)
     return parser
 
 

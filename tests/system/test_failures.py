@@ -36,7 +36,7 @@ from ipdp.wire import RECORD_ID_BYTES
 from tests.aggregator.test_hostile_input import honest, make_folder
 from tests.pipeline import GROUP_JOIN_TIMEOUT_S, contribute, create, total_stats, wait_for
 from tests.proc_services import REPO, service_env, start, stop
-from trainer.service import Trainer
+from trainer.service import _STORE_MODEL_LUA, Trainer
 from trainer.settings import TrainerSettings
 from trainer.solver import solve_constrained
 
@@ -274,7 +274,8 @@ def test_trainer_killed_around_publishing_still_publishes_the_round_once_per_key
     assert _run_trainer(runtime, topics, tmp_path) == 0
     raw = _raw_models(kafka_settings, topics)
     assert len(raw) == published_before_ack + 1
-    assert {key for key, _ in raw} == {model_key(study.study_id, 1)}
+    assert set(raw) == {raw[0]}  # a repeat is the stored model again, byte for byte
+    assert raw[0][0] == model_key(study.study_id, 1)
     sub = ModelSubscriber(kafka_settings, topics, study_id=study.study_id)
     (model,) = list(sub)
     assert sub.duplicates_dropped == published_before_ack
@@ -284,6 +285,20 @@ def test_trainer_killed_around_publishing_still_publishes_the_round_once_per_key
     assert not r.exists(state.StudyKeys(study.study_id).closed(1))
     assert r.xpending(state.ROUNDS_STREAM, group)["pending"] == 0
     assert r.hexists(state.StudyKeys(study.study_id).published, "1")
+
+
+def test_the_first_model_stored_for_a_round_is_kept_and_none_is_stored_once_it_is_gone(
+        redis_settings):
+    r = redis_client(redis_settings)
+    closed = state.StudyKeys("store-model").closed(1)
+    r.delete(closed)
+    # Another trainer published the round and deleted it: nothing is stored, no hash made.
+    assert r.eval(_STORE_MODEL_LUA, 1, closed, "late") is None
+    assert not r.exists(closed)
+    r.hset(closed, mapping={"count": 3, "closed_ms": 1})
+    assert r.eval(_STORE_MODEL_LUA, 1, closed, "first") == b"first"
+    assert r.eval(_STORE_MODEL_LUA, 1, closed, "second") == b"first"  # two trainers agree
+    r.delete(closed)
 
 
 # --------------------------------------------------------------------------- backend outages
