@@ -71,8 +71,16 @@ TOKEN = "two-server-soak-token"
 DRAIN_TIMEOUT_S = 180.0
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} < 1: the soak needs at least one kill, and "
+                                         "records to kill it over")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kills", type=int, default=20, help="SIGKILLs, in turn of the aggregator, "
+    p.add_argument("--kills", type=_at_least_one, default=20, help="SIGKILLs, in turn of the aggregator, "
                    "the helper, the leader's Redis, the helper's Redis and the trainer "
                    "(default 20)")
     p.add_argument("--n", type=int, default=200, help="records per round (default 200)")
@@ -139,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from ipdp.cli.common import UsageError, format_validation_error
+
+    try:  # the study's parameters, checked before any server starts
+        Study(study_id="soak-two", d=args.d, n=args.n, epsilon=1.0, delta=0.01)
+    except ValidationError as exc:
+        raise UsageError(format_validation_error(exc)) from None
     signal.signal(signal.SIGTERM, lambda s, _f: (_ for _ in ()).throw(SystemExit(128 + s)))
     work = Path(args.dir or tempfile.mkdtemp(prefix="ipdp-two-server-soak-"))
     work.mkdir(parents=True, exist_ok=True)
