@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gateway.test_process import _running
+
 # A parent that forks a multiprocessing child and dies before the child asks to stop with it:
 # the child must still stop (the parent it compares with is the one that started it, not the
 # process that adopted it), although it inherited a SIGTERM handler that ignores the signal, as
@@ -35,14 +37,6 @@ _ORPHAN = textwrap.dedent("""
             f.write(str(worker.pid))
         os._exit(0)
 """)
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
