@@ -161,3 +161,13 @@ def test_a_tiny_range_gets_at_most_62_fraction_bits():
     fp = FixedPoint(d=1, n=1, fraction_bits=fraction_bits_for(1, -20), clamp_log2=-20)
     values, clamped = encode(np.array([2.0**-11]), np.array([2.0**-30]), fp)
     assert clamped == 0 and values.view(np.int64).tolist() == [2**40, 2**32]
+
+
+def test_sums_given_as_python_integers_combine_in_the_ring_and_a_short_sum_is_refused():
+    """The two servers' sums combine mod 2⁶⁴ whatever integer form they arrive in (small ones
+    read as int64 by numpy, large ones as uint64), and decoding names the length a sum needs."""
+    fp = _fp(d=2)
+    total = combine([3, 1, 0, 5, 2], [2**64 - 1, 2**64 - 1, 7, 2**64 - 5, 2**63])
+    assert total.dtype == np.uint64 and total.tolist() == [2, 0, 7, 0, 2**63 + 2]
+    with pytest.raises(ValueError, match=r"a sum must have 5 entries at d=2, got \(4,\)"):
+        decode(np.zeros(4, dtype=np.uint64), fp)
