@@ -15,6 +15,8 @@ from ipdp.grid_noise import (
     POISSON_MEAN_MAX,
     central_log_excess,
     dither,
+    dither_density_slack,
+    dither_loss_slack,
     log_bessel_ratio_bounds,
     log_pmf_ratio_excess,
     log_pmf_ratio_gaussian,
@@ -227,8 +229,51 @@ def test_a_system_generator_is_seeded_with_256_bits_from_the_kernel(monkeypatch)
     np.testing.assert_array_equal(drawn, expected)
 
 
-@pytest.mark.parametrize(("probability", "x"), [(0.5, 0.01), (0.9, 1.0), (1e-3, 1e-4)])
-def test_the_tail_point_is_the_least_even_below_one_grid_step(probability, x):
-    """At small variances the point lies below 1: the search starts from 0, not from a step."""
+@pytest.mark.parametrize(("probability", "x"), [(0.5, 0.01), (0.9, 1.0), (1e-3, 1e-4),
+                                                (1e-9, 1.0)])
+def test_the_tail_point_is_the_least_at_small_variances(probability, x):
+    """At small variances the point may lie below 1 (the search starts from 0, not from a
+    step), or far beyond the Gaussian guess (the Poisson tail is heavier): the bracket widens."""
     point = skellam_tail_point(probability, x)
     assert skellam_tail(point, x) <= probability < skellam_tail(point * (1 - 1e-6), x)
+
+
+@pytest.mark.parametrize(("x", "radius", "shift", "d", "slack"), [
+    # Far from the mode's variances the cubic term wins: K = 10.5, K³/(6x³) = 192.9375.
+    (1.0, 10.0, 1.0, 2, 2 * 20.25 / 2 + (math.sqrt(2) + 2) * 10.5**3 / 6),
+    # At a large variance the half step wins: 1/(2x) = 0.005 against 1.5³/(6·10⁶).
+    (100.0, 1.0, 1.0, 1, 2.25 / 200 + 2 * 0.005),
+])
+def test_the_dither_loss_slack_is_step_12s_eta_l(x, radius, shift, d, slack):
+    """η_L = d(2r + ¼)/(2x) + (√d·shift + d)·max(1/(2x), K³/(6x³)), K = r + ½ (docs/privacy.md,
+    Step 12), at hand-computed points on both sides of the max."""
+    assert dither_loss_slack(x, radius, shift, d) == pytest.approx(slack, rel=1e-12)
+
+
+@pytest.mark.parametrize(("x", "radius", "d", "quartic"), [
+    (1.0, 10.0, 3, 10.5**4 / 24),  # the quartic term dominates
+    (1e4, 2.0, 1, 2.5**4 / 24e12),
+])
+def test_the_dither_density_slack_is_step_12s_eta_0(x, radius, d, quartic):
+    """η₀ = d·(ℓ₀ + (r + ¾)/(2x) + K⁴/(24x³)), K = r + ½ (docs/privacy.md, Step 12)."""
+    slack = d * (central_log_excess(x) + (radius + 0.75) / (2 * x) + quartic)
+    assert dither_density_slack(x, radius, d) == pytest.approx(slack, rel=1e-12)
+
+
+def test_the_chernoff_tail_is_one_at_and_below_zero_and_the_bound_below_one_step():
+    assert skellam_tail(0.0, 2.0) == skellam_tail(-3.0, 2.0) == 1.0
+    for t, x in ((0.5, 0.01), (0.25, 1.0), (1.0, 0.1)):
+        with mpmath.workdps(60):
+            u = mpmath.mpf(t) / x
+            exact = float(mpmath.exp(-(t * mpmath.asinh(u) - x * (mpmath.sqrt(1 + u * u) - 1))))
+        assert skellam_tail(t, x) == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.mark.parametrize("x", [0.5, 3.0, 1e4])
+def test_the_central_excess_is_step_11s_bound_at_its_theta0(x):
+    """ℓ₀ = log((1 − θ₀²/12)^{−½} + √(2πx)·e^{−x(1 − cos θ₀)}), θ₀ = min(π, √(2(40 + log√(2πx))/x))
+    (docs/privacy.md, Step 11, "the mode"): at x = 0.5 and 3 θ₀ is π and the far part counts."""
+    root = math.sqrt(2 * math.pi * x)
+    theta0 = min(math.pi, math.sqrt(2 * (40 + math.log(root)) / x))
+    bound = math.log((1 - theta0**2 / 12) ** -0.5 + root * math.exp(-x * (1 - math.cos(theta0))))
+    assert central_log_excess(x) == pytest.approx(bound, rel=1e-9)
