@@ -243,6 +243,8 @@ def test_the_tail_point_is_the_least_at_small_variances(probability, x):
     (1.0, 10.0, 1.0, 2, 2 * 20.25 / 2 + (math.sqrt(2) + 2) * 10.5**3 / 6),
     # At a large variance the half step wins: 1/(2x) = 0.005 against 1.5³/(6·10⁶).
     (100.0, 1.0, 1.0, 1, 2.25 / 200 + 2 * 0.005),
+    # The cubic term at x ≠ 1: K = 20.5, K³/(6·2³).
+    (2.0, 20.0, 1.0, 1, 40.25 / 4 + 2 * 20.5**3 / 48),
 ])
 def test_the_dither_loss_slack_is_step_12s_eta_l(x, radius, shift, d, slack):
     """η_L = d(2r + ¼)/(2x) + (√d·shift + d)·max(1/(2x), K³/(6x³)), K = r + ½ (docs/privacy.md,
@@ -269,10 +271,11 @@ def test_the_chernoff_tail_is_one_at_and_below_zero_and_the_bound_below_one_step
         assert skellam_tail(t, x) == pytest.approx(exact, rel=1e-12)
 
 
-@pytest.mark.parametrize("x", [0.5, 3.0, 1e4])
+@pytest.mark.parametrize("x", [0.5, 3.0, 10.0, 1e4])
 def test_the_central_excess_is_step_11s_bound_at_its_theta0(x):
     """ℓ₀ = log((1 − θ₀²/12)^{−½} + √(2πx)·e^{−x(1 − cos θ₀)}), θ₀ = min(π, √(2(40 + log√(2πx))/x))
-    (docs/privacy.md, Step 11, "the mode"): at x = 0.5 and 3 θ₀ is π and the far part counts."""
+    (docs/privacy.md, Step 11, "the mode"): at x = 0.5 and 3 θ₀ is π and the far part counts; at
+    x = 10 θ₀ is below π and the far part still moves ℓ₀ by 10⁻⁸."""
     root = math.sqrt(2 * math.pi * x)
     theta0 = min(math.pi, math.sqrt(2 * (40 + math.log(root)) / x))
     bound = math.log((1 - theta0**2 / 12) ** -0.5 + root * math.exp(-x * (1 - math.cos(theta0))))
