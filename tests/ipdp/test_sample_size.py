@@ -179,3 +179,16 @@ def test_a_large_study_is_told_the_least_n_below_its_own_and_an_unreachable_marg
     assert bought(n, 1.0) <= size.tolerance < bought(int(n / 1.02), 1.0)
     unreachable = sample_size(n=2_000, epsilon=1.0, margin=1e-7, **PARAMS)
     assert unreachable.advised_n is None and not unreachable.enough
+
+
+def test_a_studys_advice_uses_its_mode_its_ridge_and_the_margin_and_spread_asked():
+    for study in (Study(study_id="paper", d=14, n=20_000, epsilon=1.0, delta=0.01, mode="paper"),
+                  Study(study_id="ridge", d=14, n=20_000, epsilon=1.0, delta=0.01,
+                        delta_in=50.0)):
+        size = for_study(study, margin=0.2, target_sd=0.5)
+        assert size.margin == 0.2 and size.target_sd == 0.5 and size.tolerance == 0.1
+        assert size == sample_size(mode=study.mode, epsilon=1.0, delta=0.01, n=20_000, d=14,
+                                   lam=study.lam, p_bound=study.p_bound, eta=study.eta,
+                                   delta_in=study.resolved_delta_in, margin=0.2, target_sd=0.5)
+        assert size.bought != for_study(study.model_copy(
+            update={"mode": "rigorous", "delta_in": None})).bought
