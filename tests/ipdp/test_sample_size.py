@@ -45,6 +45,8 @@ def test_the_advised_n_is_the_least_n_whose_promise_meets_the_margin(epsilon, lo
                        **PARAMS)
     n = size.advised_n
     assert n is not None
+    assert size.loss == loss and size.n == 2_000
+    assert size.bought == pytest.approx(bought(2_000, epsilon, loss), rel=1e-12)
     # Met at the n it names, not 2 % below it (it is found to within 1 %).
     assert bought(n, epsilon, loss) <= size.tolerance
     assert bought(int(n / 1.02), epsilon, loss) > size.tolerance
@@ -192,3 +194,18 @@ def test_a_studys_advice_uses_its_mode_its_ridge_and_the_margin_and_spread_asked
                                    delta_in=study.resolved_delta_in, margin=0.2, target_sd=0.5)
         assert size.bought != for_study(study.model_copy(
             update={"mode": "rigorous", "delta_in": None})).bought
+
+
+@pytest.mark.parametrize("setting", [{"mode": "paper", "delta_in": 5.0}, {"delta_in": 50.0}])
+def test_the_promise_and_the_advised_n_are_those_of_the_studys_own_calibration(setting):
+    """A paper-mode study, or one with its own ridge Δ_in, is promised what its own calibration
+    gives, at its n and at the n advised."""
+    params = {**PARAMS, **setting}
+
+    def promised(n: int) -> float:
+        return math.sqrt(MODEL_SPREAD * excess_bound(calibrate(n=n, epsilon=1.0, **params)))
+
+    size = sample_size(n=20_000, epsilon=1.0, **params)
+    assert size.bought == pytest.approx(promised(20_000), rel=1e-12)
+    assert promised(size.advised_n) <= size.tolerance < promised(int(size.advised_n / 1.02))
+    assert size.bought != sample_size(n=20_000, epsilon=1.0, **PARAMS).bought
