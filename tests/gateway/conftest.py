@@ -3,7 +3,8 @@ thread) on the session's broker; tests/gateway/test_process.py runs `ipdp gatewa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -37,3 +38,20 @@ def running_gateway(kafka: KafkaSettings, topics: TopicSettings, ready: bool = T
 def gateway_url(kafka_settings, topics) -> Iterator[str]:
     with running_gateway(kafka_settings, topics) as url:
         yield url
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[..., socket.socket]]:
+    """``connect(url, source="127.0.0.1")`` opens a raw TCP connection to a server's base URL
+    from the address ``source``; every connection the test opened is closed after it."""
+    opened: list[socket.socket] = []
+
+    def open_connection(url: str, source: str = "127.0.0.1") -> socket.socket:
+        host, port = url.removeprefix("http://").split(":")
+        opened.append(socket.create_connection((host, int(port)), timeout=10,
+                                               source_address=(source, 0)))
+        return opened[-1]
+
+    yield open_connection
+    for sock in opened:
+        sock.close()

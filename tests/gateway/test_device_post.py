@@ -10,7 +10,7 @@ import pytest
 from ipdp.wire import split_container
 from tests.gateway.conftest import running_gateway
 from tests.gateway.test_gateway import D, known, records
-from tests.gateway.test_limits import connect, read_until_closed
+from tests.gateway.test_limits import read_until_closed
 from tests.pipeline import create, read_records
 
 
@@ -44,7 +44,7 @@ def answers(raw: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def test_pipelined_device_posts_are_answered_in_order_and_close_is_honoured(device,
+def test_pipelined_device_posts_are_answered_in_order_and_close_is_honoured(device, connect,
                                                                             kafka_settings,
                                                                             topics):
     url, study = device
@@ -62,7 +62,8 @@ def test_pipelined_device_posts_are_answered_in_order_and_close_is_honoured(devi
     assert sorted(r for m in messages for r in split_container(m.value)) == sorted(good)
 
 
-def test_a_chunked_or_continued_post_gets_the_same_answers(device, kafka_settings, topics):
+def test_a_chunked_or_continued_post_gets_the_same_answers(device, connect, kafka_settings,
+                                                           topics):
     url, study = device
     chunked_record, continued_record = records(study, 2, seed=23)
     chunked = post(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunked_record), chunked_record),
@@ -83,7 +84,8 @@ def test_a_chunked_or_continued_post_gets_the_same_answers(device, kafka_setting
         [chunked_record, continued_record])
 
 
-def test_the_records_route_is_matched_as_starlette_would_and_only_post_is_allowed(device):
+def test_the_records_route_is_matched_as_starlette_would_and_only_post_is_allowed(device,
+                                                                                  connect):
     from gateway.app import records_study
 
     assert records_study("/studies/s-1/records") == "s-1"
@@ -100,7 +102,7 @@ def test_the_records_route_is_matched_as_starlette_would_and_only_post_is_allowe
 
 @pytest.mark.parametrize("refusal", ["rate_limited", "too_large", "unknown_study"])
 def test_a_client_refused_on_its_head_never_gets_100_continue_nor_sends_its_body(
-        refusal, kafka_settings, redis_settings, topics):
+        refusal, connect, kafka_settings, redis_settings, topics):
     """Admission (the request limit, the study, the declared size) is decided on the head: a
     refused ``Expect: 100-continue`` client is answered at once and never asked for its body."""
     study = create(kafka_settings, redis_settings, topics, study_id="door", d=D, n=1000,
@@ -126,11 +128,10 @@ def test_a_client_refused_on_its_head_never_gets_100_continue_nor_sends_its_body
         status = {"rate_limited": 429, "too_large": 413, "unknown_study": 404}[refusal]
         assert reply.startswith(b"HTTP/1.1 %d" % status), reply
         assert refusal.encode() in reply
-        sock.close()
 
 
 @pytest.mark.parametrize("hosts", [[], [b""], [b"a", b"b"]])
-def test_an_http_1_1_request_without_exactly_one_host_is_refused_400(device, hosts):
+def test_an_http_1_1_request_without_exactly_one_host_is_refused_400(device, connect, hosts):
     url, _ = device
     sock = connect(url)
     head = b"".join(b"Host: %s\r\n" % h for h in hosts)

@@ -27,12 +27,6 @@ from tests.gateway.test_gateway import D, known, records
 from tests.pipeline import create, read_records
 
 
-def connect(url: str, source: str = "127.0.0.1") -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
-    return sock
-
-
 def read_until_closed(sock: socket.socket, timeout_s: float = 10) -> bytes:
     """Everything the server sends until it closes the connection (or the time is up)."""
     sock.settimeout(timeout_s)
@@ -74,7 +68,7 @@ def limited(kafka_settings, redis_settings, topics):
         yield url
 
 
-def test_a_head_above_the_limit_is_refused_whether_sent_at_once_or_in_pieces(limited):
+def test_a_head_above_the_limit_is_refused_whether_sent_at_once_or_in_pieces(limited, connect):
     at_once = connect(limited)
     at_once.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
     assert status_and_error(read_until_closed(at_once))[0] == 431
@@ -93,7 +87,7 @@ def test_a_head_above_the_limit_is_refused_whether_sent_at_once_or_in_pieces(lim
     assert status_and_error(read_until_closed(small))[0] == 200
 
 
-def test_responses_with_and_without_a_body_arrive_whole_on_one_connection(limited):
+def test_responses_with_and_without_a_body_arrive_whole_on_one_connection(limited, connect):
     """The protocol holds a response's head for the body's first write: a HEAD answer (no body)
     still gets its head, and the next requests on the connection their whole answers."""
     # A record as a device sends it (created now, perturbed), so the gateway's checks admit it.
@@ -115,14 +109,14 @@ def test_responses_with_and_without_a_body_arrive_whole_on_one_connection(limite
     assert answers[2].endswith(b'{"accepted":1}')
 
 
-def test_a_silent_connection_is_closed_after_the_head_timeout(limited):
+def test_a_silent_connection_is_closed_after_the_head_timeout(limited, connect):
     silent = connect(limited)
     t0 = time.monotonic()
     assert read_until_closed(silent) == b""
     assert time.monotonic() - t0 < 5
 
 
-def test_an_idle_keep_alive_connection_is_closed(limited):
+def test_an_idle_keep_alive_connection_is_closed(limited, connect):
     sock = connect(limited)
     sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     sock.settimeout(10)

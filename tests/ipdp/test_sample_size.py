@@ -45,6 +45,8 @@ def test_the_advised_n_is_the_least_n_whose_promise_meets_the_margin(epsilon, lo
                        **PARAMS)
     n = size.advised_n
     assert n is not None
+    assert size.loss == loss and size.n == 2_000
+    assert size.bought == pytest.approx(bought(2_000, epsilon, loss), rel=1e-12)
     # Met at the n it names, not 2 % below it (it is found to within 1 %).
     assert bought(n, epsilon, loss) <= size.tolerance
     assert bought(int(n / 1.02), epsilon, loss) > size.tolerance
@@ -121,9 +123,89 @@ def test_a_study_below_the_advised_n_is_not_enough_and_one_at_it_is():
 
 
 def test_a_margin_outside_zero_to_one_or_a_spread_for_a_classifier_is_refused():
-    with pytest.raises(CalibrationError, match="margin"):
-        sample_size(n=2_000, epsilon=1.0, margin=1.0, **PARAMS)
-    with pytest.raises(CalibrationError, match="target_sd"):
+    for margin in (0.0, 1.0):
+        with pytest.raises(CalibrationError, match=rf"^margin={margin} must lie in \(0, 1\)$"):
+            sample_size(n=2_000, epsilon=1.0, margin=margin, **PARAMS)
+    with pytest.raises(CalibrationError, match="^target_sd is the spread of a numeric target: "
+                                               "a logistic study's promise is in accuracy$"):
         sample_size(n=2_000, epsilon=1.0, loss="logistic", target_sd=1.0, **PARAMS)
-    with pytest.raises(CalibrationError, match="target_sd"):
-        sample_size(n=2_000, epsilon=1.0, target_sd=0.0, **PARAMS)
+    for spread in (0.0, math.inf, math.nan):
+        with pytest.raises(CalibrationError,
+                           match=rf"^target_sd={spread} must be a finite number > 0$"):
+            sample_size(n=2_000, epsilon=1.0, target_sd=spread, **PARAMS)
+
+
+def test_the_eta_advice_says_how_eta_compares_with_the_schema_rule_in_whole_sentences():
+    why = ("√d = 2, the least η that leaves unconstrained every linear model whose predictions "
+           "stay within rent's range over the features' ranges")
+    advice = {eta: eta_advice(Study(study_id="rents", schema=RENTS, n=5_000, epsilon=1.0,
+                                    delta=1e-5, **({} if eta is None else {"eta": eta})))
+              for eta in (None, 2.0 * (1 + 1e-12), 1.0, 3.0)}
+    assert advice[None] == advice[2.0 * (1 + 1e-12)] == f"{why} (a schema study's default)"
+    assert advice[1.0] == (f"1, below {why}: a model that needs more is shrunk (leave --eta out "
+                           "for √d)")
+    assert advice[3.0] == f"3, above {why}: a larger η costs noise (leave --eta out for √d)"
+    loans = Study(study_id="loans", loss="logistic", n=5_000, epsilon=1.0, delta=1e-5,
+                  schema={"features": RENTS["features"],
+                          "target": {"name": "late", "classes": ["no", "yes"]}})
+    assert eta_advice(loans) == ("1: a classifier predicts with the sign of xᵀw, and a binding "
+                                 "‖w‖ ≤ η acts on w as a ridge, not a cap on its predictions")
+
+
+@pytest.mark.parametrize(("n", "bound"), [
+    # ρ/n = 0.2 ≤ λ: the worst curvature ρ/n is inside, weight 1/(4nρ) = 1/80.
+    (10, (2 * (1 + 1) + 4) / 80 + 1.25 * 3 / 100),
+    # ρ/n = 2 > λ: the worst curvature is λ itself, weight λ/(nλ + ρ)² = 1/9.
+    (1, (2 * (1 + 1) + 4) / 9 + 1.25 * 3),
+])
+def test_the_excess_bound_is_the_module_formula_at_both_kinds_of_worst_curvature(n, bound):
+    """B = w·(d(σ_b² + σ_u²Y²) + ρ²η²) + (5/4)(d + 1)σ_u²η²/n², w = max over s ∈ (0, λ] of
+    s/(ns + ρ)², at σ_u² = Δ_in = σ_b² = λ = P = η = 1 (ρ = 2, Y = 1) and d = 2."""
+    cal = calibrate(n=2_000, epsilon=1.0, **PARAMS).model_copy(update={
+        "n": n, "d": 2, "sigma_u2": 1.0, "delta_in": 1.0, "sigma_b2": 1.0, "lam": 1.0,
+        "p_bound": 1.0, "eta": 1.0})
+    assert excess_bound(cal) == pytest.approx(bound, rel=1e-12)
+    assert excess_bound(cal.model_copy(update={"sigma_u2": 0.0, "delta_in": 0.0})) == math.inf
+
+
+def test_without_a_schema_the_target_is_y_within_plus_or_minus_p_over_root_lambda():
+    size = sample_size(n=2_000, epsilon=1.0, **{**PARAMS, "lam": 4.0})
+    assert size.target_name == "y" and size.target_unit == 1.0
+    assert size.target_range == (-0.5, 0.5) and size.target_sd == 0.5
+
+
+def test_a_large_study_is_told_the_least_n_below_its_own_and_an_unreachable_margin_no_n():
+    size = sample_size(n=10**6, epsilon=1.0, margin=0.9, **PARAMS)
+    n = size.advised_n
+    assert size.enough and n < 10**6
+    assert bought(n, 1.0) <= size.tolerance < bought(int(n / 1.02), 1.0)
+    unreachable = sample_size(n=2_000, epsilon=1.0, margin=1e-7, **PARAMS)
+    assert unreachable.advised_n is None and not unreachable.enough
+
+
+def test_a_studys_advice_uses_its_mode_its_ridge_and_the_margin_and_spread_asked():
+    for study in (Study(study_id="paper", d=14, n=20_000, epsilon=1.0, delta=0.01, mode="paper"),
+                  Study(study_id="ridge", d=14, n=20_000, epsilon=1.0, delta=0.01,
+                        delta_in=50.0)):
+        size = for_study(study, margin=0.2, target_sd=0.5)
+        assert size.margin == 0.2 and size.target_sd == 0.5 and size.tolerance == 0.1
+        assert size == sample_size(mode=study.mode, epsilon=1.0, delta=0.01, n=20_000, d=14,
+                                   lam=study.lam, p_bound=study.p_bound, eta=study.eta,
+                                   delta_in=study.resolved_delta_in, margin=0.2, target_sd=0.5)
+        assert size.bought != for_study(study.model_copy(
+            update={"mode": "rigorous", "delta_in": None})).bought
+
+
+@pytest.mark.parametrize("setting", [{"mode": "paper", "delta_in": 5.0}, {"delta_in": 50.0}])
+def test_the_promise_and_the_advised_n_are_those_of_the_studys_own_calibration(setting):
+    """A paper-mode study, or one with its own ridge Δ_in, is promised what its own calibration
+    gives, at its n and at the n advised."""
+    params = {**PARAMS, **setting}
+
+    def promised(n: int) -> float:
+        return math.sqrt(MODEL_SPREAD * excess_bound(calibrate(n=n, epsilon=1.0, **params)))
+
+    size = sample_size(n=20_000, epsilon=1.0, **params)
+    assert size.bought == pytest.approx(promised(20_000), rel=1e-12)
+    assert promised(size.advised_n) <= size.tolerance < promised(int(size.advised_n / 1.02))
+    assert size.bought != sample_size(n=20_000, epsilon=1.0, **PARAMS).bought

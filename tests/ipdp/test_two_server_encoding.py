@@ -126,14 +126,28 @@ def test_entries_beyond_the_range_are_clamped_and_counted():
     np.testing.assert_array_equal(values.view(np.int64)[0] / 2.0**10,
                                   [1.0, 307 / 1024, 10 / 1024, -1.0, 0.5])
     assert clamped == 2
+    # An entry exactly at the range's end is within it: kept, and not counted.
+    values, clamped = encode(np.array([[1.0, 0.0]]), np.array([[-1.0, 0.0]]), fp)
+    assert clamped == 0 and values.view(np.int64)[0].tolist() == [1024, 0, 0, -1024, 0]
 
 
 def test_non_finite_or_misshapen_statistics_are_refused():
     fp = _fp()
-    with pytest.raises(ValueError, match="finite"):
+    with pytest.raises(ValueError, match="^q̃ and p̂ must be finite$"):
         encode(np.array([np.nan, 0.0, 0.0]), np.zeros(3), fp)
     with pytest.raises(ValueError, match="shape"):
         encode(np.zeros(2), np.zeros(3), fp)
+    with pytest.raises(ValueError, match="shape"):  # both alike, but not of the study's d
+        encode(np.zeros(4), np.zeros(4), fp)
+
+
+def test_integer_statistics_beyond_the_range_are_clamped_not_wrapped():
+    """q̃q̃ᵀ is formed in double precision even from integers (2³²·2³² would wrap to 0 in int64),
+    and a linear term too large for any integer type is clamped like any other."""
+    fp = FixedPoint(d=2, n=4, fraction_bits=10, clamp_log2=3)
+    values, clamped = encode(np.array([2**32, 0]), np.array([2**70, 0]), fp)
+    assert clamped == 2
+    assert values.view(np.int64).tolist() == [fp.limit, 0, 0, fp.limit, 0]
 
 
 def test_the_shared_test_vectors_are_what_the_implementation_produces():
@@ -161,3 +175,18 @@ def test_a_tiny_range_gets_at_most_62_fraction_bits():
     fp = FixedPoint(d=1, n=1, fraction_bits=fraction_bits_for(1, -20), clamp_log2=-20)
     values, clamped = encode(np.array([2.0**-11]), np.array([2.0**-30]), fp)
     assert clamped == 0 and values.view(np.int64).tolist() == [2**40, 2**32]
+
+
+def test_ring_elements_given_as_python_integers_split_and_combine_mod_2_64():
+    """Shares and sums combine mod 2⁶⁴ whatever integer form they arrive in (numpy reads small
+    Python integers as int64, large ones as uint64), and decoding names the length a sum needs."""
+    fp = _fp(d=2)
+    small, large = [3, 1, 0, 5, 2], [2**64 - 1, 2**64 - 1, 7, 2**64 - 5, 2**63]
+    for leader, helper in [(small, large), (large, small)]:
+        total = combine(leader, helper)
+        assert total.dtype == np.uint64 and total.tolist() == [2, 0, 7, 0, 2**63 + 2]
+    rng = np.random.default_rng(5)
+    leader, helper = split(small, rng.bytes)
+    assert leader.dtype == np.uint64 and combine(leader, helper).tolist() == small
+    with pytest.raises(ValueError, match=r"a sum must have 5 entries at d=2, got \(4,\)"):
+        decode(np.zeros(4, dtype=np.uint64), fp)

@@ -58,12 +58,19 @@ CASES = [
 
 
 class Lines:
-    """Every line a stream printed, read by a thread; `wait_for` a line's beginning."""
+    """Every line a stream printed, read by a thread; `wait_for` a line's beginning; `close`
+    once every process that could write to it is gone."""
 
     def __init__(self, stream) -> None:
         self.lines: list[str] = []
         self._changed = threading.Condition()
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+        self._stream = stream
+        self._reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._reader.start()
+
+    def close(self) -> None:
+        self._reader.join(timeout=EXIT_GUARD_S)  # the stream's end: its writers are gone
+        self._stream.close()
 
     def _read(self, stream) -> None:
         for line in stream:
@@ -123,7 +130,10 @@ def test_a_signal_stops_every_child_and_removes_the_runtime_directory(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    time.sleep(0.5)  # the readers see the last lines
+    left = processes_with(marker)
+    kill_processes_with(marker)
+    out.close()
+    err.close()
     stderr = err.text()
     assert "Traceback" not in stderr, stderr[-3000:]
     # `up` and `demo --web` end with 0 after a signal, a stopped demo with 130; a second
@@ -131,7 +141,5 @@ def test_a_signal_stops_every_child_and_removes_the_runtime_directory(
     # to the system's), ends the process by that signal.
     expected = (0, 130, -signal.SIGINT) if signals == "SIGINT twice" else (0, 130)
     assert status in expected, (status, stderr[-3000:])
-    left = processes_with(marker)
-    kill_processes_with(marker)
     assert left == {}, "processes left behind"
     assert list(tmp.iterdir()) == [], "the runtime directory was left behind"

@@ -73,6 +73,8 @@ def test_the_tutorial_contributor_and_consumer_run_against_the_real_runtime(
         finally:
             consumer.terminate()
             consumer.wait(timeout=30)
+            reader.join(timeout=30)  # the pipe's end: the consumer is gone
+            consumer.stdout.close()
     first = next(ln for ln in seen if ln.startswith("study tutorial round 1:"))
     assert "n=200" in first
     assert re.search(r"central \(ε, δ\) = \(1\.0, 0\.01\), mode rigorous", "".join(seen))
