@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from scipy.stats import chisquare
 
 from aggregator.batch import Message
 from aggregator.fold import Folder
@@ -36,6 +37,7 @@ from ipdp.wire import RejectReason, encode_record
 from producer.contributor import Contributor
 from tests.helper.conftest import TOKEN, helper_key_file, owner, running_helper  # noqa: F401
 from tests.helper.devices import fixed_point_of, make_records
+from tests.helper.test_helper import _nibbles
 from tests.pipeline import read_records, wait_for
 
 N = 100
@@ -192,6 +194,21 @@ def test_a_two_server_study_through_kafka_and_the_aggregator_folds_equal_rounds_
     assert [int(x) for x in r.hmget(state.StudyKeys(study.study_id).open, "round", "count")] \
         == [3, 50]
     assert r.xlen(state.ROUNDS_STREAM) == 2
+
+    # The leader's store holds no plain record and no plain partial sum: every key of the study
+    # read back, its round sums (two closed, one open holding 50) pass a chi-square test of
+    # uniform nibbles, which the same rounds' plain sums fail, and no value holds the plain
+    # encoding of a record.
+    keys = state.StudyKeys(study.study_id)
+    stored = b"".join(r.dump(k) or b"" for k in r.scan_iter(f"ipdp:{{{study.study_id}}}*"))
+    plain = combine(sent.leader, opened)
+    assert not any(row.tobytes() in stored for row in plain)
+    sums = b"".join(r.hget(k, "sum") for k in (keys.closed(1), keys.closed(2), keys.open))
+    assert chisquare(_nibbles(sums)).pvalue > 1e-4
+    # Plain sums of three groups of the same sizes (any grouping is as far from uniform).
+    plain_sums = b"".join(fold(plain[part]).astype("<u8").tobytes()
+                          for part in (slice(0, N), slice(N, 2 * N), slice(2 * N, None)))
+    assert chisquare(_nibbles(plain_sums)).pvalue < 1e-12
 
 
 def test_a_record_the_helper_refuses_is_excluded_on_both_sides_and_dead_lettered(
