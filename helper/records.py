@@ -34,31 +34,33 @@ from ipdp.wire import (
     STUDY_HASH_BYTES,
     VERSION_BYTE,
     RecordWindow,
+    RejectReason,
 )
 
 
 class HelperRefusal(enum.StrEnum):
-    """Why the helper refuses one record of a job (the names the aggregator's dead letters use
-    where both have the reason)."""
+    """Why the helper refuses one record of a job: the aggregator's word
+    (ipdp.wire.RejectReason) wherever both have the reason, so a dead letter and the helper's
+    answer name it alike; the two the leader never decides on its own are the helper's."""
 
-    UNDECODABLE = "undecodable"
-    UNSUPPORTED_VERSION = "unsupported_version"
-    WRONG_DIMENSION = "wrong_dimension"
-    STUDY_MISMATCH = "study_mismatch"
-    CLOSED_STUDY = "closed_study"
+    UNDECODABLE = RejectReason.UNDECODABLE.value
+    UNSUPPORTED_VERSION = RejectReason.UNSUPPORTED_VERSION.value
+    WRONG_DIMENSION = RejectReason.WRONG_DIMENSION.value
+    STUDY_MISMATCH = RejectReason.STUDY_MISMATCH.value
+    CLOSED_STUDY = RejectReason.CLOSED_STUDY.value
     UNEXPECTED_PROOF = "unexpected_proof"
-    STALE = "stale"
-    FUTURE = "future"
-    DUPLICATE_RECORD = "duplicate_record"
-    REPLAYED = "replayed"
+    STALE = RejectReason.STALE.value
+    FUTURE = RejectReason.FUTURE.value
+    DUPLICATE_RECORD = RejectReason.DUPLICATE_RECORD.value
+    REPLAYED = RejectReason.REPLAYED.value
     BAD_SEAL = "bad_seal"
-    CREDENTIAL_MISSING = "credential_missing"
-    CREDENTIAL_INVALID = "credential_invalid"
-    CREDENTIAL_UNTRUSTED = "credential_untrusted"
-    CREDENTIAL_EXPIRED = "credential_expired"
-    CREDENTIAL_WRONG_STUDY = "credential_wrong_study"
-    CREDENTIAL_BAD_SLOT = "credential_bad_slot"
-    CREDENTIAL_REUSED = "credential_reused"
+    CREDENTIAL_MISSING = RejectReason.CREDENTIAL_MISSING.value
+    CREDENTIAL_INVALID = RejectReason.CREDENTIAL_INVALID.value
+    CREDENTIAL_UNTRUSTED = RejectReason.CREDENTIAL_UNTRUSTED.value
+    CREDENTIAL_EXPIRED = RejectReason.CREDENTIAL_EXPIRED.value
+    CREDENTIAL_WRONG_STUDY = RejectReason.CREDENTIAL_WRONG_STUDY.value
+    CREDENTIAL_BAD_SLOT = RejectReason.CREDENTIAL_BAD_SLOT.value
+    CREDENTIAL_REUSED = RejectReason.CREDENTIAL_REUSED.value
 
 
 @dataclass(frozen=True)
