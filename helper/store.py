@@ -67,6 +67,12 @@ def round_key(study_id: str, round_no: int) -> str:
     return f"{_PREFIX}:{{{study_id}}}:round:{round_no}"
 
 
+def _held(pipe, key: str, ids: list[bytes]) -> list[bool]:
+    """Per id, whether the sorted set ``key`` (the committed ids, or the used credential
+    slots) holds it: one ZMSCORE, read under the caller's WATCH."""
+    return [score is not None for score in pipe.zmscore(key, ids)]
+
+
 class JobConflict(Exception):
     """A request that contradicts what the helper stored: ``reason`` names it, for a 409."""
 
@@ -133,15 +139,15 @@ class HelperStore:
                     refusals = list(checked.refusals)
                     candidates = [i for i, reason in enumerate(refusals) if reason is None]
                     if candidates and checked.expires_ms is not None:
-                        scores = pipe.zmscore(slots, [checked.ids[i] for i in candidates])
-                        for i, score in zip(candidates, scores, strict=True):
-                            if score is not None:
+                        used = _held(pipe, slots, [checked.ids[i] for i in candidates])
+                        for i, hit in zip(candidates, used, strict=True):
+                            if hit:
                                 refusals[i] = HelperRefusal.CREDENTIAL_REUSED
                         candidates = [i for i in candidates if refusals[i] is None]
                     if candidates:
-                        scores = pipe.zmscore(seen, [checked.ids[i] for i in candidates])
-                        for i, score in zip(candidates, scores, strict=True):
-                            if score is not None:
+                        committed = _held(pipe, seen, [checked.ids[i] for i in candidates])
+                        for i, hit in zip(candidates, committed, strict=True):
+                            if hit:
                                 refusals[i] = HelperRefusal.REPLAYED
                     accepted = [i for i, reason in enumerate(refusals) if reason is None]
                     answer = {
@@ -214,14 +220,14 @@ class HelperStore:
                     expires = (np.frombuffer(job[b"expires"], dtype="<i8")
                                if b"expires" in job else None)
                     if expires is not None:
-                        used = [i for i, score in zip(order, pipe.zmscore(slots, order),
-                                                      strict=True) if score is not None]
+                        used = [i for i, hit in zip(order, _held(pipe, slots, order),
+                                                    strict=True) if hit]
                         if used:
                             raise JobConflict("credential_reused", f"{len(used)} credential "
                                               f"slot(s) of job {job_id!r} were committed in "
                                               f"another job, {used[0].hex()} first")
-                    committed = [i for i, score in zip(order, pipe.zmscore(seen, order),
-                                                       strict=True) if score is not None]
+                    committed = [i for i, hit in zip(order, _held(pipe, seen, order),
+                                                     strict=True) if hit]
                     if committed:
                         raise JobConflict("already_committed", f"{len(committed)} record(s) of "
                                           f"job {job_id!r} were committed in another job, "
