@@ -50,7 +50,9 @@ def redis_client(s: RedisSettings) -> redis.Redis:
         if s.url.startswith("rediss://"):
             kw["ssl"] = True
         return redis.RedisCluster(**kw)
-    return redis.Redis(connection_pool=pool)
+    # The client owns its pool: closing it, or dropping the last reference to it, closes its
+    # connections rather than leaving their sockets to the garbage collector.
+    return redis.Redis.from_pool(pool)
 
 
 def _without_password(url: str) -> str:

@@ -16,8 +16,11 @@ from scipy import stats
 from ipdp.losses import SystemNoise, clip, encode, perturb
 from ipdp.study import Study
 from ipdp.wire import decode_batch
-from producer import contributor, loadgen
+from producer import contributor
 from producer.contributor import Contributor
+from producer.datasets import synthetic
+from producer.loadgen import run_loadgen
+from tests.pipeline import read_records
 
 STD = 0.7
 Z_MAX = 6.0
@@ -43,17 +46,45 @@ def passes(checks: dict[str, float]) -> bool:
             and checks["shape_p"] > 1e-9)
 
 
-def test_the_sdk_draws_from_the_csprng_and_the_simulator_from_pcg64():
+def test_the_sdk_draws_from_the_csprng_and_each_device_step_names_its_noise_source():
     study = Study(study_id="noise", d=3, n=2_000, epsilon=1.0, delta=0.01)
     assert isinstance(Contributor(study, producer=None, topic="unused").noise, SystemNoise)
     assert inspect.signature(Contributor.connect).parameters["noise"].default is None
     # One device step, the noise source a parameter the caller must name.
     assert inspect.signature(contributor.perturb_records).parameters["noise"].default is \
         inspect.Parameter.empty
-    assert "default_rng" in inspect.getsource(loadgen.run_loadgen_batches)
     # No state to seed: two sources (or two calls) never repeat.
     a, b = SystemNoise().normal(0, 1, 64), SystemNoise().normal(0, 1, 64)
     assert not np.array_equal(a, b)
+
+
+def test_the_simulator_repeats_its_noise_for_a_seed_and_draws_fresh_noise_without_one(
+        kafka_settings, topics):
+    """Simulated devices are reproducible from the seed of their generator, so that a run can be
+    replayed, and the load generator seeds it from the OS when none is given, so that two runs
+    of the same rows never send the same noise."""
+    rows = synthetic(50, 3, "squared", seed=0)
+    runs = {"seed-7": 7, "seed-7-again": 7, "seed-8": 8, "unseeded": None,
+            "unseeded-again": None}
+    hashes = {}
+    for study_id, seed in runs.items():
+        study = Study(study_id=study_id, d=3, n=2_000, epsilon=1.0, delta=0.01)
+        hashes[study.hash] = study_id
+        rng = None if seed is None else np.random.default_rng(seed)
+        assert run_loadgen(study, kafka_settings, topics, rows.x, rows.y, progress=False,
+                           rng=rng).sent == 50
+    values = [m.value for m in read_records(kafka_settings, topics.records, 50 * len(runs))]
+    (batch,), rejects = decode_batch(values)
+    assert not rejects and len(batch) == 50 * len(runs)
+    # Each run's q̃ entries sorted per coordinate: an order the partitions they went through
+    # cannot change.
+    noisy = {hashes[h]: np.sort(batch.q[[bytes(r) == h for r in batch.study_hash]], axis=0)
+             for h in hashes}
+    assert all(len(rows_of_run) == 50 for rows_of_run in noisy.values())
+    np.testing.assert_array_equal(noisy["seed-7"], noisy["seed-7-again"])
+    assert not np.any(noisy["seed-7"] == noisy["seed-8"])
+    assert not np.any(noisy["unseeded"] == noisy["unseeded-again"])
+    assert not np.any(noisy["unseeded"] == noisy["seed-7"])
 
 
 def test_system_noise_is_gaussian_with_the_asked_std():

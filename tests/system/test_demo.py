@@ -98,26 +98,27 @@ def test_demo_web_serves_the_page_and_a_study_signed_by_the_key_in_its_url(tmp_p
         proc = subprocess.Popen([sys.executable, "-m", "ipdp.cli", "demo", "--web"],
                                 stdout=subprocess.PIPE, stderr=stderr, text=True,
                                 start_new_session=True)
-    try:
-        page = proc.stdout.readline().strip()
-        assert page, (tmp_path / "stderr").read_text()[-3000:]
-        parts = urlsplit(page)
-        assert parts.path == "/web/demo/"
-        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        origin = f"{parts.scheme}://{parts.netloc}"
-        with urllib.request.urlopen(page, timeout=10) as resp:
-            assert resp.headers["content-type"].startswith("text/html")
-            assert b"Contribute one example" in resp.read()
-        with urllib.request.urlopen(f"{origin}/studies/{query['study']}", timeout=10) as resp:
-            study, status = parse_study_message(resp.read(), parse_trusted_keys(query["key"]))
-        assert (study.study_id, study.n, study.d, status) == \
-            (query["study"], 200, 3, StudyStatus.OPEN)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with proc:  # its exit closes the read end of the demo's stdout, then waits
+        try:
+            page = proc.stdout.readline().strip()
+            assert page, (tmp_path / "stderr").read_text()[-3000:]
+            parts = urlsplit(page)
+            assert parts.path == "/web/demo/"
+            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            origin = f"{parts.scheme}://{parts.netloc}"
+            with urllib.request.urlopen(page, timeout=10) as resp:
+                assert resp.headers["content-type"].startswith("text/html")
+                assert b"Contribute one example" in resp.read()
+            with urllib.request.urlopen(f"{origin}/studies/{query['study']}", timeout=10) as resp:
+                study, status = parse_study_message(resp.read(), parse_trusted_keys(query["key"]))
+            assert (study.study_id, study.n, study.d, status) == \
+                (query["study"], 200, 3, StudyStatus.OPEN)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 @pytest.mark.integration
