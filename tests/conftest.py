@@ -39,23 +39,34 @@ SERVER_FIXTURES = frozenset(
 )
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--gc-after-each-test", action="store_true",
-                     help="collect garbage at the end of each test, before its fixtures are torn "
-                     "down, so that what a test left to the collector fails that test "
-                     "(docs/testing.md)")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    if item.config.getoption("gc_after_each_test"):
-        gc.collect()
+#: Where a leaked resource is reported as a warning instead of failing the test (pyproject.toml
+#: makes it an error everywhere else): the gateway's producer process leaves its subprocess
+#: transport to the garbage collector and the gateway's server tests hold raw sockets, and the
+#: system tests run with Kafka stopped, when kafka-python leaves each failed connection's socket
+#: to the garbage collector. A ResourceWarning names no module to filter by, so the relaxation
+#: is by test directory, and collect_leaks collects these tests' garbage before the next test.
+LEAKS_ARE_WARNINGS = ("tests/gateway/", "tests/system/")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
     for item in items:
         if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        if item.path.relative_to(root).as_posix().startswith(LEAKS_ARE_WARNINGS):
+            item.add_marker(pytest.mark.filterwarnings("default::ResourceWarning"))
+            item.add_marker(pytest.mark.filterwarnings(
+                "default::pytest.PytestUnraisableExceptionWarning"))
+
+
+@pytest.fixture(autouse=True)
+def collect_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test of LEAKS_ARE_WARNINGS, collect its garbage while its warnings are warnings,
+    so that what it leaked is not collected, and failed, in a later test."""
+    yield
+    if request.node.path.relative_to(request.config.rootpath).as_posix().startswith(
+            LEAKS_ARE_WARNINGS):
+        gc.collect()
 
 
 def _require_binaries(broker: bool = True) -> None:
