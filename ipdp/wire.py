@@ -331,8 +331,9 @@ def is_record_size(size: int) -> bool:
     shares, rest = divmod(size - _TWO_SERVER_FIXED_BYTES, 16)
     if shares < 2 or rest:
         return False
-    root = math.isqrt(9 + 8 * shares)  # L = d(d+3)/2 ⟺ d = (√(9 + 8L) − 3)/2
-    return root * root == 9 + 8 * shares and (root - 3) % 2 == 0
+    # L = d(d+3)/2 ⟺ d = (√(9 + 8L) − 3)/2; 9 + 8L is odd, so a whole root is odd and d whole.
+    root = math.isqrt(9 + 8 * shares)
+    return root * root == 9 + 8 * shares
 
 
 def encode_container(records: Sequence[bytes]) -> bytes:
@@ -410,7 +411,6 @@ def decode_batch(
             rejects: list[tuple[int, MalformedRecord]] = []
             batch = _parse_group(None, np.arange(len(values), dtype=np.int64),
                                  (length - HEADER_SIZE) // 16, rejects, joined=joined)
-            rejects.sort(key=operator.itemgetter(0))
             return ([batch] if len(batch) else []), rejects
     bufs = [v if type(v) is bytes else _as_byte_buffer(v) for v in values]
     lengths = np.array([-1 if b is None else len(b) for b in bufs], dtype=np.int64)
@@ -477,7 +477,8 @@ def _parse_group(
     bufs: list | None, idx: np.ndarray, d: int, rejects: list[tuple[int, MalformedRecord]],
     joined: bytes | None = None,
 ) -> RecordBatch:
-    """Parse values of one valid length with one frombuffer; append bad rows to ``rejects``.
+    """Parse values of one valid length with one frombuffer; append bad rows to ``rejects`` in
+    the order of ``idx``.
 
     The records are read as rows of little-endian 64-bit words (48 + 16·d is a multiple of 8):
     word 0 holds version, reserved bytes and d, so one comparison checks all three; q̃ and p̃ are

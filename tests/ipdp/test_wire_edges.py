@@ -287,3 +287,11 @@ def test_memoryviews_of_wider_items_decode_by_their_bytes():
     assert got_rejects == [] and [b.d for b in got] == [5]
     for name in ("index", "record_id", "created_ms", "q", "p"):
         assert np.array_equal(getattr(got[0], name), getattr(want[0], name)), name
+
+
+def test_rejects_of_values_of_one_length_come_in_input_order():
+    values = [record(3, s) for s in range(5)]
+    values[1] = b"\x07" + values[1][1:]  # version: the first check
+    values[3] = values[3][:-8] + struct.pack("<d", float("nan"))  # non-finite: the last
+    assert [(i, e.reason) for i, e in decode_batch(values)[1]] == [
+        (1, RejectReason.UNSUPPORTED_VERSION), (3, RejectReason.NON_FINITE)]
