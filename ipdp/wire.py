@@ -268,8 +268,7 @@ def encode_batch(
     ms = np.asarray(created_ms)
     if ms.shape != (k,) or not np.can_cast(ms.dtype, np.int64):
         raise ValueError(f"created_ms must be integers of shape ({k},), got {ms.dtype} {ms.shape}")
-    qa = np.asarray(q, dtype=np.float64)
-    pa = np.asarray(p, dtype=np.float64)
+    qa, pa = _as_real(q, "q"), _as_real(p, "p")
     if qa.ndim != 2 or qa.shape[0] != k or qa.shape[1] < 1 or pa.shape != qa.shape:
         raise ValueError(f"q and p must both have shape ({k}, d >= 1), got {qa.shape}, {pa.shape}")
     d = qa.shape[1]
@@ -292,8 +291,7 @@ def encode_record(study_hash: bytes, record_id: bytes, created_ms: int, q, p) ->
     ms = operator.index(created_ms)
     if not _I64_MIN <= ms <= _I64_MAX:
         raise ValueError(f"created_ms {ms} does not fit in a signed 64-bit integer")
-    qa = np.asarray(q, dtype=np.float64)
-    pa = np.asarray(p, dtype=np.float64)
+    qa, pa = _as_real(q, "q"), _as_real(p, "p")
     if qa.ndim != 1 or pa.shape != qa.shape:
         raise ValueError(f"q and p must be 1-D of the same length, got {qa.shape}, {pa.shape}")
     return encode_batch(
@@ -586,6 +584,15 @@ def _as_byte_buffer(value) -> bytes | bytearray | memoryview | None:
     if view.format == "B" and view.ndim == 1 and view.c_contiguous:
         return view
     return view.tobytes()
+
+
+def _as_real(values, name: str) -> np.ndarray:
+    """Return ``values`` as float64, or raise TypeError for complex values (numpy would keep
+    only their real part)."""
+    array = np.asarray(values)
+    if array.dtype.kind == "c":
+        raise TypeError(f"{name} must be real, got {array.dtype}")
+    return array.astype(np.float64, copy=False)
 
 
 def _as_id(value: bytes, name: str) -> bytes:

@@ -196,14 +196,23 @@ def test_integer_and_list_inputs_encode_as_their_float64_values():
 
 
 @pytest.mark.parametrize("which", ["q", "p"])
-def test_complex_values_are_refused_not_cut_to_their_real_part(which):
+@pytest.mark.parametrize("container", [list, np.asarray])
+def test_complex_values_are_refused_not_cut_to_their_real_part(which, container):
     values = {"q": [1.0, 2.0], "p": [3.0, 4.0]}
     values[which] = [1.0 + 2.0j, 0.0]
-    with pytest.raises(TypeError):
-        encode_record(SH, bytes(16), 0, values["q"], values["p"])
-    rows = {name: [v] for name, v in values.items()}
-    with pytest.raises(TypeError):
-        encode_batch(SH, np.zeros((1, 16), np.uint8), [0], rows["q"], rows["p"])
+    message = exactly(f"{which} must be real, got complex128")
+    with pytest.raises(TypeError, match=message):
+        encode_record(SH, bytes(16), 0, container(values["q"]), container(values["p"]))
+    with pytest.raises(TypeError, match=message):
+        encode_batch(SH, np.zeros((1, 16), np.uint8), [0], container([values["q"]]),
+                     container([values["p"]]))
+
+
+def test_float32_and_object_values_encode_as_their_float64_values():
+    q32 = np.array([0.1, -3.5], np.float32)
+    big = [2**70, -(2**64)]  # past int64: numpy holds them as Python ints (an object array)
+    assert encode_record(SH, bytes(16), 0, q32, big) == encode_record(
+        SH, bytes(16), 0, q32.astype(np.float64), [float(v) for v in big])
 
 
 # --- the study header ----------------------------------------------------------------------
