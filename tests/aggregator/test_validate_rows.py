@@ -241,6 +241,23 @@ def test_valid_rows_carry_the_study_and_the_rows_decoded_columns_in_row_order():
     assert np.allclose(one.p, 0.2)
 
 
+def test_studies_of_other_dimensions_interleaved_pass_each_in_row_order():
+    other = Study(study_id="other", d=2, n=1000, epsilon=1.0, delta=0.01)
+    mine, theirs = records(3), records(3, study=other)
+    wrong_d = encode_batch(STUDY.hash, np.zeros((1, 16), np.uint8), np.array([NOW_MS]),
+                           np.full((1, 2), 0.1), np.full((1, 2), 0.2))
+    values = [theirs[0], mine[0], wrong_d[0], mine[1], theirs[1], theirs[2], mine[2]]
+    refused, valid = check(validator(), polled(values),
+                           {STUDY.hash: STUDY, other.hash: other})
+    assert refusals(refused) == [
+        (12, None, "wrong_dimension", "record has d=2, study checks has d=3")]
+    by_study = {v.study.study_id: v for v in valid}
+    assert by_study["checks"].row.tolist() == [1, 3, 6]
+    assert by_study["checks"].record_id.tolist() == np.arange(48).reshape(3, 16).tolist()
+    assert by_study["other"].row.tolist() == [0, 4, 5]
+    assert by_study["other"].q.shape == (3, 2)
+
+
 def test_norms_are_checked_when_the_decoder_gave_none():
     """A RecordBatch without the decoder's squared norms is checked on norms computed from its
     q̃ and p̃ (ipdp.wire.squared_norms)."""
