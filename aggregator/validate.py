@@ -158,7 +158,7 @@ class Validator:
         ``registered`` says which ``study`` headers of unmatched rows name a registered study
         (:meth:`unmatched_headers`). Rows are in (partition, offset, index) order."""
         refused: list[RefusedRows] = []
-        passed: dict[bytes, list] = {}  # by study hash: one id may name two (a deleted one)
+        passed: dict[bytes, ValidRows] = {}  # by study hash: one id may name two (a deleted one)
         for batch in decoded.batches:
             keys = batch.study_hash.view("V16").ravel()
             if (batch.study_hash == batch.study_hash[0]).all():  # one study: skip the sort
@@ -181,10 +181,13 @@ class Validator:
                     if found.require_credentials and len(part):
                         part = self.credentials.admit(found, part, rows, now_ms, refused)
                     if len(part):
-                        passed.setdefault(bytes(key), [found]).append(part)
+                        # A study has one d and the decoder makes one batch per d, so a study's
+                        # rows pass in this batch only, in row order as decode_batch keeps them.
+                        passed[bytes(key)] = ValidRows(found, part.index, part.record_id,
+                                                       part.q, part.p)
         return (Refused.join([Refused.of_each(rows, decoded.undecoded)]
                              + [Refused.of(rows, *group) for group in refused]).in_order(),
-                [_valid_rows(study, parts) for study, *parts in passed.values()])
+                list(passed.values()))
 
     @staticmethod
     def unmatched_headers(rows: Polled, decoded: Decoded,
@@ -239,17 +242,3 @@ class Validator:
             ok &= ~bad
         return rows if ok.all() else rows.take(ok)
 
-
-def _valid_rows(study: Study, parts: list[RecordBatch]) -> ValidRows:
-    """One study's passing rows of every dimension batch, in row order."""
-    b = parts[0]
-    row, rid, q, p = b.index, b.record_id, b.q, b.p
-    if len(parts) > 1:
-        row = np.concatenate([b.index for b in parts])
-        rid = np.concatenate([b.record_id for b in parts])
-        q = np.concatenate([b.q for b in parts])
-        p = np.concatenate([b.p for b in parts])
-    if len(row) > 1 and not bool((np.diff(row) > 0).all()):
-        order = np.argsort(row, kind="stable")
-        row, rid, q, p = row[order], rid[order], q[order], p[order]
-    return ValidRows(study, row, rid, q, p)

@@ -268,8 +268,7 @@ def encode_batch(
     ms = np.asarray(created_ms)
     if ms.shape != (k,) or not np.can_cast(ms.dtype, np.int64):
         raise ValueError(f"created_ms must be integers of shape ({k},), got {ms.dtype} {ms.shape}")
-    qa = np.asarray(q, dtype=np.float64)
-    pa = np.asarray(p, dtype=np.float64)
+    qa, pa = _as_real(q, "q"), _as_real(p, "p")
     if qa.ndim != 2 or qa.shape[0] != k or qa.shape[1] < 1 or pa.shape != qa.shape:
         raise ValueError(f"q and p must both have shape ({k}, d >= 1), got {qa.shape}, {pa.shape}")
     d = qa.shape[1]
@@ -292,8 +291,7 @@ def encode_record(study_hash: bytes, record_id: bytes, created_ms: int, q, p) ->
     ms = operator.index(created_ms)
     if not _I64_MIN <= ms <= _I64_MAX:
         raise ValueError(f"created_ms {ms} does not fit in a signed 64-bit integer")
-    qa = np.asarray(q, dtype=np.float64)
-    pa = np.asarray(p, dtype=np.float64)
+    qa, pa = _as_real(q, "q"), _as_real(p, "p")
     if qa.ndim != 1 or pa.shape != qa.shape:
         raise ValueError(f"q and p must be 1-D of the same length, got {qa.shape}, {pa.shape}")
     return encode_batch(
@@ -331,8 +329,9 @@ def is_record_size(size: int) -> bool:
     shares, rest = divmod(size - _TWO_SERVER_FIXED_BYTES, 16)
     if shares < 2 or rest:
         return False
-    root = math.isqrt(9 + 8 * shares)  # L = d(d+3)/2 ⟺ d = (√(9 + 8L) − 3)/2
-    return root * root == 9 + 8 * shares and (root - 3) % 2 == 0
+    # L = d(d+3)/2 ⟺ d = (√(9 + 8L) − 3)/2; 9 + 8L is odd, so a whole root is odd and d whole.
+    root = math.isqrt(9 + 8 * shares)
+    return root * root == 9 + 8 * shares
 
 
 def encode_container(records: Sequence[bytes]) -> bytes:
@@ -410,7 +409,6 @@ def decode_batch(
             rejects: list[tuple[int, MalformedRecord]] = []
             batch = _parse_group(None, np.arange(len(values), dtype=np.int64),
                                  (length - HEADER_SIZE) // 16, rejects, joined=joined)
-            rejects.sort(key=operator.itemgetter(0))
             return ([batch] if len(batch) else []), rejects
     bufs = [v if type(v) is bytes else _as_byte_buffer(v) for v in values]
     lengths = np.array([-1 if b is None else len(b) for b in bufs], dtype=np.int64)
@@ -477,7 +475,8 @@ def _parse_group(
     bufs: list | None, idx: np.ndarray, d: int, rejects: list[tuple[int, MalformedRecord]],
     joined: bytes | None = None,
 ) -> RecordBatch:
-    """Parse values of one valid length with one frombuffer; append bad rows to ``rejects``.
+    """Parse values of one valid length with one frombuffer; append bad rows to ``rejects`` in
+    the order of ``idx``.
 
     The records are read as rows of little-endian 64-bit words (48 + 16·d is a multiple of 8):
     word 0 holds version, reserved bytes and d, so one comparison checks all three; q̃ and p̃ are
@@ -585,6 +584,15 @@ def _as_byte_buffer(value) -> bytes | bytearray | memoryview | None:
     if view.format == "B" and view.ndim == 1 and view.c_contiguous:
         return view
     return view.tobytes()
+
+
+def _as_real(values, name: str) -> np.ndarray:
+    """Return ``values`` as float64, or raise TypeError for complex values (numpy would keep
+    only their real part)."""
+    array = np.asarray(values)
+    if array.dtype.kind == "c":
+        raise TypeError(f"{name} must be real, got {array.dtype}")
+    return array.astype(np.float64, copy=False)
 
 
 def _as_id(value: bytes, name: str) -> bytes:

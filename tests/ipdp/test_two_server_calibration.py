@@ -242,3 +242,33 @@ def test_the_clamp_probabilities_hold_for_honest_records_at_the_worst_clean_norm
     exact = 1 - (1 - 2 * skellam.sf(math.floor(k), cal.poisson_mean, cal.poisson_mean)) ** d
     assert rate_p <= tau_s and exact <= tau_s
     assert rate_p < 5 * exact + 10 / m  # the simulated device draws the law the bound is for
+
+
+def test_the_comparison_table_prints_each_calibration_and_names_each_refusal(capsys):
+    # `python -m ipdp.two_server` (docs/privacy.md quotes its rows): one row per (ε, d, n) that
+    # calibrates, with the figures of that calibration, and one line per refused one.
+    assert two_server.main(["--epsilon", "1", "0.5", "--n", "2", "512", "--d", "14"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split(" | ")[0] == "| ε" and out[1] == "|" + "---|" * 12
+    rows = [line.strip("| ").split(" | ") for line in out[2:] if line.startswith("| ")]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("1", "14", "512"), ("0.5", "14", "512")]
+    for row, epsilon in zip(rows, (1.0, 0.5), strict=True):
+        cal = calibrate_two_server(epsilon=epsilon, delta=0.01, n=512, d=14)
+        one = cal.one_server
+        assert row[3:] == [
+            f"{one.sigma_b2:.6g}", f"{cal.sigma_b2:.6g}",
+            f"{100 * (cal.sigma_b2 / one.sigma_b2 - 1):+.4f} %",
+            str(cal.encoding.fraction_bits), str(cal.linear_bits), f"{cal.poisson_mean:.3g}",
+            f"2^{cal.encoding.clamp_log2}", f"{cal.epsilon_split['rounding']:.2g}",
+            f"{cal.epsilon_split['grid']:.2g}"]
+        assert cal.sigma_b2 > one.sigma_b2
+    refused = [line for line in out if "refused" in line]
+    assert len(refused) == 2 and refused[0].startswith("ε=1, d=14, n=2: refused: n=2 is too small")
+    assert refused[1].startswith("ε=0.5, d=14, n=2: refused:")
+
+
+def test_the_comparison_table_fails_when_nothing_calibrates(capsys):
+    assert two_server.main(["--n", "2", "3", "--d", "14"]) == 2
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert out.count("refused") == 2 and [line for line in lines if line.startswith("|")] == lines[:2]
