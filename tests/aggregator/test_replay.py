@@ -382,3 +382,14 @@ def test_the_remembered_runs_merge_like_a_binary_counter():
         mine.add(rng.integers(0, 2**63, size=size, dtype=np.uint64))
         lengths.append([len(run) for run in mine.runs])
     assert lengths == [[4], [6], [6, 2], [9], [9, 1], [18]]
+
+
+def test_the_replay_script_refuses_an_unknown_mode_and_appends_nothing(redis_settings):
+    import redis
+
+    r, keys, rng = redis_client(redis_settings), new_study_keys(), np.random.default_rng(38)
+    script = replay_ids()._lua
+    with pytest.raises(redis.ResponseError, match="unknown mode"):
+        r.execute_command("EVAL", script, 3, keys.replay, keys.replay_bucket(T0_MS), keys.seen,
+                          T0_MS, record_ids(rng, 2)[:, :8].tobytes(), 0, "ADD")
+    assert not r.exists(keys.replay) and not r.exists(keys.replay_bucket(T0_MS))
