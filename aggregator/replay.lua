@@ -65,6 +65,11 @@ if mode == 'read' then
   end
   return out
 end
+-- The mode is the call's last argument: anything but the two named is a caller's error,
+-- never an append.
+if mode ~= 'add' then
+  return redis.error_reply('replay.lua: unknown mode ' .. tostring(mode))
+end
 if #ARGV[2] > 0 then
   redis.call('RPUSH', KEYS[2], ARGV[2])
   -- Every add writes the index, so a fold that read it under WATCH sees any concurrent add.

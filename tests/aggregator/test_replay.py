@@ -232,3 +232,164 @@ def test_a_bucket_spans_a_24th_of_the_window_and_at_least_a_second(window_s, buc
     replay = ReplayIds(None, replay_window_s=window_s, max_future_skew_s=60)
     assert (replay.bucket_ms, replay.window_ms, replay.skew_ms) == (bucket_ms, window_s * 1000,
                                                                    60_000)
+
+
+# ReplayIds on its own, against the real Redis: what each process remembers must agree with what
+# Redis holds, and a read must ship only what was appended since this process last looked.
+# Window 10 s and skew 2 s: buckets of a second, dropped once 13 s past their end.
+SMALL_WINDOW_S, SMALL_SKEW_S = 10, 2
+T0_MS = 9_000_000_000
+
+
+class RecordingClient:
+    """A real Redis client that keeps each script reply, to see what a read shipped."""
+
+    def __init__(self, r) -> None:
+        self.r, self.replies = r, []
+
+    def execute_command(self, *args):
+        reply = self.r.execute_command(*args)
+        self.replies.append(reply)
+        return reply
+
+
+def replay_ids():
+    from aggregator.replay import ReplayIds
+
+    return ReplayIds(None, replay_window_s=SMALL_WINDOW_S, max_future_skew_s=SMALL_SKEW_S)
+
+
+def record_ids(rng, k: int) -> np.ndarray:
+    return rng.integers(0, 256, size=(k, 16), dtype=np.uint8)
+
+
+def new_study_keys() -> state.StudyKeys:
+    return state.StudyKeys(f"replay-ids-{uuid.uuid4().hex[:8]}")
+
+
+def test_a_read_ships_only_the_blobs_appended_since_this_process_last_read(redis_settings):
+    r, keys, rng = redis_client(redis_settings), new_study_keys(), np.random.default_rng(31)
+    reader, writer, pipe = replay_ids(), replay_ids(), RecordingClient(r)
+    b0, b1, b2, b3, fresh = (record_ids(rng, k) for k in (40, 3, 2, 5, 6))
+    writer.add(r, keys, b0, T0_MS)
+    assert reader.seen(pipe, keys, np.concatenate([b0, fresh])).tolist() == [True] * 40 + [
+        False] * 6
+    writer.add(r, keys, b1, T0_MS)
+    assert reader.seen(pipe, keys, b1).all()
+    _, _, start, blobs = pipe.replies[-1]
+    assert (start, blobs) == (1, [b1[:, :8].tobytes()])
+    # Two folds between reads: both blobs arrive, and only they.
+    writer.add(r, keys, b2, T0_MS)
+    writer.add(r, keys, b3, T0_MS)
+    everything = np.concatenate([b0, b1, b2, b3, fresh])
+    assert reader.seen(pipe, keys, everything).tolist() == [True] * 50 + [False] * 6
+    _, _, start, blobs = pipe.replies[-1]
+    assert (start, blobs) == (2, [b2[:, :8].tobytes(), b3[:, :8].tobytes()])
+    # What was shipped is merged into the runs already held, not rebuilt from every bucket.
+    assert [len(run) for run in reader._studies[keys.study_id].runs] == [40, 10]
+    # The next read, with nothing appended, ships nothing.
+    assert reader.seen(pipe, keys, everything).tolist() == [True] * 50 + [False] * 6
+    assert pipe.replies[-1][2:] == [4, []]
+
+
+def test_a_bucket_that_no_longer_holds_what_a_process_read_is_read_again_whole(redis_settings):
+    """A bucket whose history Redis lost (a failover to a replica that missed writes) and that
+    another fold appended to since: the process forgets what it held of it and reads it anew."""
+    r, keys, rng = redis_client(redis_settings), new_study_keys(), np.random.default_rng(32)
+    reader, writer, pipe = replay_ids(), replay_ids(), RecordingClient(r)
+    first, lost, replacement, later, fresh = (record_ids(rng, k) for k in (4, 5, 3, 2, 6))
+    writer.add(r, keys, first, T0_MS)
+    writer.add(r, keys, lost, T0_MS + 1000)  # the second bucket
+    assert reader.seen(pipe, keys, np.concatenate([first, lost])).all()
+    second = keys.replay_bucket(T0_MS // 1000 * 1000 + 2000)
+    assert r.llen(second) == 1
+    r.delete(second)
+    r.rpush(second, replacement[:, :8].tobytes())
+    everything = np.concatenate([first, lost, replacement, fresh])
+    expected = [True] * 4 + [False] * 5 + [True] * 3 + [False] * 6
+    assert reader.seen(pipe, keys, everything).tolist() == expected
+    assert replay_ids().seen(r, keys, everything).tolist() == expected  # a new process agrees
+    assert pipe.replies[-1][4:] == [0, [replacement[:, :8].tobytes()]]
+    # Read anew, the bucket is again known blob by blob: the next read ships only the append.
+    writer.add(r, keys, later, T0_MS + 1000)
+    assert reader.seen(pipe, keys, later).all()
+    assert pipe.replies[-1][4:] == [1, [later[:, :8].tobytes()]]
+
+
+def test_a_bucket_another_process_dropped_is_forgotten_and_the_next_one_still_read(
+        redis_settings):
+    r, keys, rng = redis_client(redis_settings), new_study_keys(), np.random.default_rng(33)
+    reader = replay_ids()
+    old, kept, appended = (record_ids(rng, k) for k in (4, 3, 2))
+    # Processes that have not read the study yet append to it (and drop nothing).
+    replay_ids().add(r, keys, old, T0_MS)
+    assert reader.seen(r, keys, old).all()
+    t1 = T0_MS + 20_000  # the first bucket is past window + skew + a span
+    replay_ids().add(r, keys, kept, t1)
+    assert reader.seen(r, keys, kept).all()
+    dropper = replay_ids()
+    dropper.seen(r, keys, kept)
+    dropper.add(r, keys, appended, t1)  # drops the first bucket, appends to the second
+    assert len(r.hkeys(keys.replay)) == 1
+    everything = np.concatenate([old, kept, appended])
+    expected = [False] * 4 + [True] * 5
+    assert reader.seen(r, keys, everything).tolist() == expected
+    assert replay_ids().seen(r, keys, everything).tolist() == expected
+
+
+def test_new_blobs_of_two_known_buckets_read_at_once_are_all_remembered(redis_settings):
+    r, keys, rng = redis_client(redis_settings), new_study_keys(), np.random.default_rng(34)
+    reader, writer = replay_ids(), replay_ids()
+    a, b, c, d = (record_ids(rng, k) for k in (3, 4, 5, 6))
+    writer.add(r, keys, a, T0_MS)
+    writer.add(r, keys, b, T0_MS + 1000)
+    assert reader.seen(r, keys, np.concatenate([a, b])).all()
+    writer.add(r, keys, c, T0_MS)
+    writer.add(r, keys, d, T0_MS + 1000)
+    assert reader.seen(r, keys, np.concatenate([a, b, c, d])).all()
+
+
+def test_a_bucket_read_in_many_small_pieces_remembers_every_id(redis_settings):
+    """More reads than a bucket keeps separate pieces of: they are joined, and every id stays."""
+    r, keys, rng = redis_client(redis_settings), new_study_keys(), np.random.default_rng(35)
+    reader, writer = replay_ids(), replay_ids()
+    pieces = [record_ids(rng, 2) for _ in range(70)]
+    for piece in pieces:
+        writer.add(r, keys, piece, T0_MS)
+        assert reader.seen(r, keys, piece).all()
+    fresh = record_ids(rng, 5)
+    assert reader.seen(r, keys, np.concatenate([*pieces, fresh])).tolist() == [True] * 140 + [
+        False] * 5
+    assert replay_ids().seen(r, keys, np.concatenate(pieces)).all()
+
+
+def test_ids_of_the_earlier_sorted_set_and_of_the_buckets_are_both_found(redis_settings):
+    r, keys, rng = redis_client(redis_settings), new_study_keys(), np.random.default_rng(36)
+    legacy, bucketed, fresh = (record_ids(rng, k) for k in (3, 4, 5))
+    r.zadd(keys.seen, {row.tobytes(): T0_MS for row in legacy})
+    replay_ids().add(r, keys, bucketed, T0_MS)
+    assert replay_ids().seen(r, keys, np.concatenate([legacy, bucketed, fresh])).tolist() == (
+        [True] * 7 + [False] * 5)
+
+
+def test_the_remembered_runs_merge_like_a_binary_counter():
+    """The last run is merged into the new one while it is at most twice its size."""
+    from aggregator.replay import _StudyIds
+
+    mine, lengths = _StudyIds(), []
+    rng = np.random.default_rng(37)
+    for size in (4, 2, 2, 1, 1, 8):
+        mine.add(rng.integers(0, 2**63, size=size, dtype=np.uint64))
+        lengths.append([len(run) for run in mine.runs])
+    assert lengths == [[4], [6], [6, 2], [9], [9, 1], [18]]
+
+
+def test_the_replay_script_refuses_an_unknown_mode_and_appends_nothing(redis_settings):
+    import redis
+
+    r, keys, rng = redis_client(redis_settings), new_study_keys(), np.random.default_rng(38)
+    script = replay_ids()._lua
+    with pytest.raises(redis.ResponseError, match="unknown mode"):
+        r.execute_command("EVAL", script, 3, keys.replay, keys.replay_bucket(T0_MS), keys.seen,
+                          T0_MS, record_ids(rng, 2)[:, :8].tobytes(), 0, "ADD")
+    assert not r.exists(keys.replay) and not r.exists(keys.replay_bucket(T0_MS))
