@@ -304,3 +304,36 @@ def test_rejects_of_values_of_one_length_come_in_input_order():
     values[3] = values[3][:-8] + struct.pack("<d", float("nan"))  # non-finite: the last
     assert [(i, e.reason) for i, e in decode_batch(values)[1]] == [
         (1, RejectReason.UNSUPPORTED_VERSION), (3, RejectReason.NON_FINITE)]
+
+
+# --- details of a record's own faults, and values that are not flat byte buffers --------------
+
+
+@pytest.mark.parametrize(("offset", "shown"), [(1, "010000"), (2, "000100"), (3, "000001")])
+def test_a_reserved_byte_set_is_named_in_the_order_it_was_sent(offset, shown):
+    # The detail shows the three reserved bytes as sent (little-endian, six hex digits), so an
+    # operator reading a dead letter sees which byte a device set.
+    buf = bytearray(record(2))
+    buf[offset] = 1
+    _, rejects = decode_batch([bytes(buf)])
+    assert triples(rejects) == [(0, RejectReason.UNDECODABLE,
+                                 f"reserved bytes {shown} are not zero")]
+
+
+def test_a_non_finite_value_is_refused_with_its_detail():
+    buf = bytearray(record(2))
+    struct.pack_into("<d", buf, len(buf) - 8, float("nan"))
+    _, rejects = decode_batch([bytes(buf)])
+    assert triples(rejects) == [(0, RejectReason.NON_FINITE, "q̃ or p̃ holds NaN or Inf")]
+
+
+def test_a_value_that_is_a_two_dimensional_byte_array_decodes_as_its_bytes():
+    # A consumer may hand over any bytes-like value: a 2-D uint8 array counts by its bytes,
+    # not by its rows.
+    values = [record(3, seed) for seed in range(3)]
+    shaped = [np.frombuffer(v, np.uint8).reshape(-1, 8) for v in values]
+    expected, none = decode_batch(values)
+    got, rejects = decode_batch(shaped)
+    assert none == [] and rejects == [] and len(got) == len(expected) == 1
+    assert got[0].record_id.tobytes() == expected[0].record_id.tobytes()
+    assert np.array_equal(got[0].q, expected[0].q) and np.array_equal(got[0].p, expected[0].p)
