@@ -344,3 +344,26 @@ def test_without_credential_keys_a_credentialed_study_folds_nothing():
     assert valid == []
     assert [(r.message.offset, r.reason.value) for r in refused] == [
         (10, "credential_untrusted"), (11, "credential_missing"), (12, "credential_untrusted")]
+
+
+def test_the_study_headers_to_look_up_are_those_of_rows_whose_hash_names_no_study():
+    # The fold looks these names up before validating: only rows whose hash is unknown count,
+    # and a row without a study header names nothing.
+    other = Study(study_id="other", d=D, n=500, epsilon=1.0, delta=0.01)
+    values = records(2) + records(2, study=other)
+    heads = [study_headers("lost-a"), None, study_headers("known"), study_headers("known-too")]
+    rows, _ = split_containers(polled(values, heads), MAX_BYTES)
+    v = validator()
+    decoded = v.decode(rows)
+    assert v.unmatched_headers(rows, decoded, {STUDY.hash: None, other.hash: other}) == {"lost-a"}
+    assert v.unmatched_headers(rows, decoded, {STUDY.hash: STUDY, other.hash: other}) == set()
+    assert v.unmatched_headers(rows, decoded, {STUDY.hash: None, other.hash: None}) == \
+        {"lost-a", "known", "known-too"}
+
+
+def test_a_poll_of_only_wrong_dimension_records_passes_nothing():
+    wrong_d = encode_batch(STUDY.hash, np.zeros((2, 16), np.uint8), np.array([NOW_MS] * 2),
+                           np.full((2, 2), 0.1), np.full((2, 2), 0.2))
+    refused, valid = check(validator(), polled(wrong_d), {STUDY.hash: STUDY})
+    assert valid == []
+    assert [r[2] for r in refusals(refused)] == ["wrong_dimension"] * 2
