@@ -367,3 +367,9 @@ def test_a_poll_of_only_wrong_dimension_records_passes_nothing():
     refused, valid = check(validator(), polled(wrong_d), {STUDY.hash: STUDY})
     assert valid == []
     assert [r[2] for r in refusals(refused)] == ["wrong_dimension"] * 2
+
+
+def test_a_poll_of_only_empty_values_holds_no_container():
+    poll = polled([b"", b""])
+    rows, refused = split_containers(poll, MAX_BYTES)
+    assert rows is poll and len(refused) == 0
