@@ -73,6 +73,15 @@ def _held(pipe, key: str, ids: list[bytes]) -> list[bool]:
     return [score is not None for score in pipe.zmscore(key, ids)]
 
 
+def _refuse_held(pipe, key: str, ids: list[bytes], reason: str, what: str, job_id: str) -> None:
+    """Raise JobConflict ``reason`` if the sorted set ``key`` already holds any of a commit's
+    ``ids``: another job committed them (``what`` names them in the detail)."""
+    held = [i for i, hit in zip(ids, _held(pipe, key, ids), strict=True) if hit]
+    if held:
+        raise JobConflict(reason, f"{len(held)} {what} of job {job_id!r} were committed in "
+                          f"another job, {held[0].hex()} first")
+
+
 class JobConflict(Exception):
     """A request that contradicts what the helper stored: ``reason`` names it, for a 409."""
 
@@ -220,18 +229,9 @@ class HelperStore:
                     expires = (np.frombuffer(job[b"expires"], dtype="<i8")
                                if b"expires" in job else None)
                     if expires is not None:
-                        used = [i for i, hit in zip(order, _held(pipe, slots, order),
-                                                    strict=True) if hit]
-                        if used:
-                            raise JobConflict("credential_reused", f"{len(used)} credential "
-                                              f"slot(s) of job {job_id!r} were committed in "
-                                              f"another job, {used[0].hex()} first")
-                    committed = [i for i, hit in zip(order, _held(pipe, seen, order),
-                                                     strict=True) if hit]
-                    if committed:
-                        raise JobConflict("already_committed", f"{len(committed)} record(s) of "
-                                          f"job {job_id!r} were committed in another job, "
-                                          f"{committed[0].hex()} first")
+                        _refuse_held(pipe, slots, order, "credential_reused",
+                                     "credential slot(s)", job_id)
+                    _refuse_held(pipe, seen, order, "already_committed", "record(s)", job_id)
                     created = np.frombuffer(job[b"created"], dtype="<i8")
                     updates = {}
                     for (round_no, round_ids), rkey in zip(rounds, keys, strict=True):
