@@ -226,6 +226,31 @@ def test_the_safe_distance_is_the_definitions_on_random_instances():
     assert seen == {True, False}, "instances both with and without a safe distance"
 
 
+def test_the_safe_distance_is_the_definitions_on_any_log_volumes_at_any_t():
+    """The suffix minimum equals the minimum over g ≥ 1 for every sequence L and every t, as
+    the docstring derives: on log volumes that fall by steps of every size (so the least g lies
+    anywhere in the suffix), and on sequences that also rise, where a suffix taken from too
+    early a depth would hold terms of g ≤ 0 (real volumes never rise, and on them such terms
+    never reach the threshold). Each t from 1 to ⌊m/2⌋/2 + 1 meets no k to test, a first k that
+    fails, a later one that fails, or every tested k holding (which needs t < ⌊m/2⌋ − t)."""
+    rng = np.random.default_rng(39)
+    outcomes = set()
+    for rising in [False, True] * 400:
+        top = int(rng.integers(4, 60))
+        scale = rng.uniform(0.05, 5.0)
+        steps = rng.normal(0.0, scale, size=top) if rising else rng.exponential(scale, size=top)
+        log_v = -np.cumsum(steps)
+        t = int(rng.integers(1, top // 2 + 2))
+        epsilon, delta = float(rng.uniform(0.05, 5.0)), float(rng.uniform(1e-6, 0.2))
+        got = tukey.safe_distance(log_v, epsilon, delta, t)
+        assert got == brute_safe_distance(log_v, epsilon, delta, t), (log_v, epsilon, delta, t)
+        last = min(t - 2, top - t - 2)  # the largest k whose condition is defined
+        outcomes.add((rising, "no k" if last < 0 else "first fails" if got == -1
+                      else "all hold" if got == last else "a later k fails"))
+    assert outcomes == {(rising, outcome) for rising in (False, True)
+                        for outcome in ("no k", "first fails", "a later k fails", "all hold")}
+
+
 def test_a_point_drawn_at_the_deepest_depth_of_an_even_number_of_models_has_that_depth():
     models = np.array([[i, -3.0 * i] for i in range(1, 9)], dtype=float)
     coords = tukey.sorted_coordinates(models)
