@@ -171,11 +171,13 @@ def sample_size(*, mode: str, epsilon: float, delta: float, n: int, d: int, lam:
 
 
 def _least_n(ratio, target: float, n: int, at_n: float) -> int | None:
-    """The least m (to N_SEARCH_PRECISION) with ratio(m) ≤ target, the ratio falling with m.
+    """The least m ≥ 2 (to N_SEARCH_PRECISION) with ratio(m) ≤ target, the ratio falling with
+    m, at_n being ratio(n); None when not even ratio(N_SEARCH_MAX) is.
 
-    Bracketed by factors of 4 from n, then narrowed by regula falsi on log ratio against log m
-    (the ratio is close to a power of m, so a few calibrations suffice), each step kept within
-    the inner 80 % of the bracket so that it always shrinks; every m it names passes.
+    Bracketed by factors of 4 from n (up to N_SEARCH_MAX), then narrowed by regula falsi on
+    log ratio against log m (the ratio is close to a power of m, so a few calibrations
+    suffice), each step kept within the inner 80 % of the bracket so that it always shrinks;
+    every m it names passes.
     """
     log_target = math.log(target) if target > 0.0 else -math.inf
 
@@ -189,14 +191,16 @@ def _least_n(ratio, target: float, n: int, at_n: float) -> int | None:
         while bad >= 2 and (r_bad := log_ratio(bad)) <= log_target:
             good, r_good, bad = bad, r_bad, bad // 4
         if bad < 2:
-            return good
+            # No study has fewer than 2 records: 1 stands for a count that fails, and the
+            # search below narrows the bracket down to 2 like any other.
+            bad, r_bad = 1, math.inf
     else:
         bad, r_bad = n, math.log(at_n)
-        good = 4 * n
+        good = min(4 * n, N_SEARCH_MAX)
         while (r_good := log_ratio(good)) > log_target:
-            if good > N_SEARCH_MAX:
+            if good == N_SEARCH_MAX:
                 return None
-            bad, r_bad, good = good, r_good, 4 * good
+            bad, r_bad, good = good, r_good, min(4 * good, N_SEARCH_MAX)
     while good - bad > max(1, N_SEARCH_PRECISION * bad):
         lo, hi = math.log(bad), math.log(good)
         if math.isfinite(r_bad) and math.isfinite(r_good) and r_bad > r_good:

@@ -12,6 +12,8 @@ from ipdp.calibration import CalibrationError, calibrate
 from ipdp.sample_size import (
     LOGISTIC_ACCURACY_PER_EXCESS,
     MODEL_SPREAD,
+    N_SEARCH_MAX,
+    _least_n,
     eta_advice,
     excess_bound,
     for_study,
@@ -209,3 +211,33 @@ def test_the_promise_and_the_advised_n_are_those_of_the_studys_own_calibration(s
     assert size.bought == pytest.approx(promised(20_000), rel=1e-12)
     assert promised(size.advised_n) <= size.tolerance < promised(int(size.advised_n / 1.02))
     assert size.bought != sample_size(n=20_000, epsilon=1.0, **PARAMS).bought
+
+
+def counted(ratio):
+    """ratio, and the list of the m it is asked for."""
+    asked = []
+
+    def asking(m: int) -> float:
+        asked.append(m)
+        return ratio(m)
+    return asking, asked
+
+
+def test_below_a_hundred_records_the_search_names_exactly_the_least_n_from_any_study_n():
+    """The precision is one record under 100: for every least n from 2 to 64 (the ratio M/m,
+    exactly 1 at M), from every study n from 2 to 299 (enough or not, the least at n itself, at
+    n/4ᵏ, at 4ᵏn or below the first bracket), the search names M, asking for each m once and
+    never for n, whose ratio it is given."""
+    for least in range(2, 65):
+        for n in range(2, 300):
+            ratio, asked = counted(lambda m, least=least: least / m)
+            assert _least_n(ratio, 1.0, n, least / n) == least, (least, n)
+            assert n not in asked and len(set(asked)) == len(asked), (least, n, asked)
+
+
+@pytest.mark.parametrize("n", [10**6, 2**38, 2**39])
+def test_the_search_names_n_up_to_its_cap_and_none_past_it(n):
+    """From n's whose brackets 4ᵏn pass the cap and n's whose brackets meet it exactly."""
+    assert _least_n(lambda m: N_SEARCH_MAX / m, 1.0, n, N_SEARCH_MAX / n) == N_SEARCH_MAX
+    past = N_SEARCH_MAX + 1
+    assert _least_n(lambda m: past / m, 1.0, n, past / n) is None
