@@ -235,6 +235,44 @@ def test_below_a_hundred_records_the_search_names_exactly_the_least_n_from_any_s
             assert n not in asked and len(set(asked)) == len(asked), (least, n, asked)
 
 
+def test_above_a_hundred_records_the_search_names_an_n_that_meets_it_within_one_percent():
+    """Ratios (M/m)^a, the least n ⌈M⌉, from study n's far on either side."""
+    rng = np.random.default_rng(39)
+    for _ in range(300):
+        least, power = float(rng.uniform(100.0, 1e9)), float(rng.uniform(0.5, 2.5))
+        n = max(int(least * 10.0 ** rng.uniform(-3.0, 3.0)), 2)
+        got = _least_n(lambda m, least=least, power=power: (least / m) ** power, 1.0, n,
+                       (least / n) ** power)
+        assert math.ceil(least) <= got <= 1.01 * math.ceil(least), (least, power, n, got)
+
+
+def test_a_ratio_that_is_a_power_of_m_is_found_in_at_most_five_of_its_values():
+    """Each value is a calibration, slow: from a study n within a factor 4 of the least, on
+    either side, regula falsi on log ratio against log m needs at most five."""
+    rng = np.random.default_rng(40)
+    for enough in [True, False] * 150:
+        least, power = float(rng.uniform(200.0, 1e7)), float(rng.uniform(0.5, 2.5))
+        n = int(least * rng.uniform(1.0, 4.0) ** (1 if enough else -1))
+        ratio, asked = counted(lambda m, least=least, power=power: (least / m) ** power)
+        got = _least_n(ratio, 1.0, n, (least / n) ** power)
+        assert math.ceil(least) <= got <= 1.01 * math.ceil(least), (least, power, n, got)
+        assert len(asked) <= 5, (least, power, n, asked)
+
+
+def test_a_target_or_a_ratio_of_zero_is_met_like_any_other():
+    """A ratio that reaches 0 (whose log is −∞) at 50 records and is 1 at 40: a target of 0
+    asks for 50, a target of 1 for 40, from a study n whose ratio is still positive or already
+    0; a target below 1 is not met by a ratio between it and 1."""
+    def ratio(m: int) -> float:
+        return max(0.0, 50.0 - m) / 10.0
+
+    assert _least_n(ratio, 0.0, 10, ratio(10)) == 50
+    assert _least_n(ratio, 0.0, 200, 0.0) == 50
+    assert _least_n(ratio, 1.0, 10, ratio(10)) == 40
+    assert _least_n(ratio, 1.0, 200, 0.0) == 40
+    assert _least_n(ratio, 0.5, 10, ratio(10)) == 45
+
+
 @pytest.mark.parametrize("n", [10**6, 2**38, 2**39])
 def test_the_search_names_n_up_to_its_cap_and_none_past_it(n):
     """From n's whose brackets 4ᵏn pass the cap and n's whose brackets meet it exactly."""
