@@ -246,17 +246,42 @@ def test_above_a_hundred_records_the_search_names_an_n_that_meets_it_within_one_
         assert math.ceil(least) <= got <= 1.01 * math.ceil(least), (least, power, n, got)
 
 
-def test_a_ratio_that_is_a_power_of_m_is_found_in_at_most_five_of_its_values():
-    """Each value is a calibration, slow: from a study n within a factor 4 of the least, on
-    either side, regula falsi on log ratio against log m needs at most five."""
-    rng = np.random.default_rng(40)
-    for enough in [True, False] * 150:
-        least, power = float(rng.uniform(200.0, 1e7)), float(rng.uniform(0.5, 2.5))
+def falling_ratio(kind: str, least: float, rng: np.random.Generator):
+    """A ratio falling with m that meets a target of 1 from ⌈least⌉ on."""
+    power = float(rng.uniform(0.5, 2.5))
+    if kind == "a power of m":
+        return lambda m: (least / m) ** power
+    if kind == "infinite below the least":  # no calibration exists there
+        return lambda m: math.inf if m < least else 0.5 * (least / m) ** power
+    if kind == "0 from the least on":
+        return lambda m: 0.0 if m >= least else 2.0 * (least / m) ** power
+    if kind == "exponential in m":
+        scale = least * float(rng.uniform(0.001, 1.0))
+        return lambda m: math.exp(min((least - m) / scale, 700.0))
+    pole = least * float(rng.uniform(0.2, 0.999))  # with a pole below the least
+    return lambda m: math.inf if m <= pole else ((least - pole) / (m - pole)) ** power
+
+
+@pytest.mark.parametrize(("kind", "most"), [
+    ("a power of m", 5), ("infinite below the least", 9), ("0 from the least on", 9),
+    ("exponential in m", 12), ("with a pole below the least", 20),
+])
+def test_the_search_needs_few_of_the_ratios_values(kind, most):
+    """Each value is a calibration, slow. From a study n within a factor 4 of the least, on
+    either side, at targets from 0.1 to 10: regula falsi on log ratio against log m meets a
+    power of m in at most 5 values; with no slope to follow, bisection needs at most
+    1 + ⌈log₂(log 4 / log 1.01)⌉ = 9; a ratio exponential in m, or with a pole just below the
+    least, needs a few more, each step kept within the inner 80 % of the bracket."""
+    rng = np.random.default_rng(41)
+    for enough in [True, False] * 100:
+        least, target = float(rng.uniform(200.0, 1e7)), float(10.0 ** rng.uniform(-1.0, 1.0))
+        unit = falling_ratio(kind, least, rng)
+        ratio, asked = counted(lambda m, unit=unit, target=target: target * unit(m))
         n = int(least * rng.uniform(1.0, 4.0) ** (1 if enough else -1))
-        ratio, asked = counted(lambda m, least=least, power=power: (least / m) ** power)
-        got = _least_n(ratio, 1.0, n, (least / n) ** power)
-        assert math.ceil(least) <= got <= 1.01 * math.ceil(least), (least, power, n, got)
-        assert len(asked) <= 5, (least, power, n, asked)
+        got = _least_n(ratio, target, n, target * unit(n))
+        assert got is not None and math.ceil(least) <= got <= 1.01 * math.ceil(least), \
+            (least, target, n, got)
+        assert len(asked) <= most, (least, target, n, asked)
 
 
 def test_a_target_or_a_ratio_of_zero_is_met_like_any_other():
