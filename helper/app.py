@@ -26,6 +26,8 @@ import hmac
 import re
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated
 
 import redis
@@ -312,7 +314,14 @@ def create_app(settings: HelperSettings, store: HelperStore, key: HelperKey,
         Route("/studies/{study_id}/rounds/{round:int}", helper.round_share, methods=["GET"]),
         Route("/metrics", helper.metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={redis.RedisError: _redis_unavailable})
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        store.r.close()  # the app owns its store's Redis connections for its lifetime
+
+    app = Starlette(routes=routes, exception_handlers={redis.RedisError: _redis_unavailable},
+                    lifespan=lifespan)
 
     async def require_token(scope, receive, send):
         if scope["type"] != "http":
