@@ -39,34 +39,18 @@ SERVER_FIXTURES = frozenset(
 )
 
 
-#: Where a leaked resource is reported as a warning instead of failing the test (pyproject.toml
-#: makes it an error everywhere else): the gateway's producer process leaves its subprocess
-#: transport to the garbage collector and the gateway's server tests hold raw sockets, and the
-#: system tests run with Kafka stopped, when kafka-python leaves each failed connection's socket
-#: to the garbage collector. A ResourceWarning names no module to filter by, so the relaxation
-#: is by test directory, and collect_leaks collects these tests' garbage before the next test.
-LEAKS_ARE_WARNINGS = ("tests/gateway/", "tests/system/")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = config.rootpath
     for item in items:
         if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-        if item.path.relative_to(root).as_posix().startswith(LEAKS_ARE_WARNINGS):
-            item.add_marker(pytest.mark.filterwarnings("default::ResourceWarning"))
-            item.add_marker(pytest.mark.filterwarnings(
-                "default::pytest.PytestUnraisableExceptionWarning"))
 
 
 @pytest.fixture(autouse=True)
-def collect_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a test of LEAKS_ARE_WARNINGS, collect its garbage while its warnings are warnings,
-    so that what it leaked is not collected, and failed, in a later test."""
+def collect_leaks() -> Iterator[None]:
+    """After each test, collect its garbage, so that a file, socket or transport it left open
+    fails that test (a ResourceWarning is an error) and not a later one."""
     yield
-    if request.node.path.relative_to(request.config.rootpath).as_posix().startswith(
-            LEAKS_ARE_WARNINGS):
-        gc.collect()
+    gc.collect()
 
 
 def _require_binaries(broker: bool = True) -> None:
