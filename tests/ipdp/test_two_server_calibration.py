@@ -244,6 +244,20 @@ def test_the_clamp_probabilities_hold_for_honest_records_at_the_worst_clean_norm
     assert rate_p < 5 * exact + 10 / m  # the simulated device draws the law the bound is for
 
 
+TABLE_HEADER = ("| ε | d | n | σ_b² one-server | σ_b² two-server | difference | f | f_b | μ | B "
+                "| ε rounding | ε grid |")
+
+
+def _table_figures(cal: TwoServerCalibration) -> list[str]:
+    """The figures `python -m ipdp.two_server` prints for a calibration after its ε, d and n."""
+    one = cal.one_server
+    return [f"{one.sigma_b2:.6g}", f"{cal.sigma_b2:.6g}",
+            f"{100 * (cal.sigma_b2 / one.sigma_b2 - 1):+.4f} %",
+            str(cal.encoding.fraction_bits), str(cal.linear_bits), f"{cal.poisson_mean:.3g}",
+            f"2^{cal.encoding.clamp_log2}", f"{cal.epsilon_split['rounding']:.2g}",
+            f"{cal.epsilon_split['grid']:.2g}"]
+
+
 def test_the_comparison_table_prints_each_calibration_and_names_each_refusal(capsys):
     # `python -m ipdp.two_server` (docs/privacy.md quotes its rows): one row per (ε, d, n) that
     # calibrates, with the figures of that calibration, and one line per refused one.
@@ -254,14 +268,8 @@ def test_the_comparison_table_prints_each_calibration_and_names_each_refusal(cap
     assert [(r[0], r[1], r[2]) for r in rows] == [("1", "14", "512"), ("0.5", "14", "512")]
     for row, epsilon in zip(rows, (1.0, 0.5), strict=True):
         cal = calibrate_two_server(epsilon=epsilon, delta=0.01, n=512, d=14)
-        one = cal.one_server
-        assert row[3:] == [
-            f"{one.sigma_b2:.6g}", f"{cal.sigma_b2:.6g}",
-            f"{100 * (cal.sigma_b2 / one.sigma_b2 - 1):+.4f} %",
-            str(cal.encoding.fraction_bits), str(cal.linear_bits), f"{cal.poisson_mean:.3g}",
-            f"2^{cal.encoding.clamp_log2}", f"{cal.epsilon_split['rounding']:.2g}",
-            f"{cal.epsilon_split['grid']:.2g}"]
-        assert cal.sigma_b2 > one.sigma_b2
+        assert row[3:] == _table_figures(cal)
+        assert cal.sigma_b2 > cal.one_server.sigma_b2
     refused = [line for line in out if "refused" in line]
     assert len(refused) == 2 and refused[0].startswith("ε=1, d=14, n=2: refused: n=2 is too small")
     assert refused[1].startswith("ε=0.5, d=14, n=2: refused:")
@@ -272,3 +280,43 @@ def test_the_comparison_table_fails_when_nothing_calibrates(capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert out.count("refused") == 2 and [line for line in lines if line.startswith("|")] == lines[:2]
+
+
+def test_the_comparison_table_by_default_is_epsilon_1_delta_0_01_d_14_at_three_sizes(capsys):
+    # The defaults docs/privacy.md's table starts from: ε = 1, δ = 0.01, d = 14 and
+    # n ∈ {512, 10,000, 2²¹}, the header with its twelve column names, and no refusal.
+    assert two_server.main([]) == 0
+    out = capsys.readouterr().out
+    rows = []
+    for n in (512, 10_000, 2**21):
+        cal = calibrate_two_server(epsilon=1.0, delta=0.01, n=n, d=14)
+        rows.append("| " + " | ".join(["1", "14", f"{n:,}", *_table_figures(cal)]) + " |")
+    assert out == "\n".join([TABLE_HEADER, "|" + "---|" * 12, *rows]) + "\n\n"
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    assert TABLE_HEADER in docs.splitlines()
+
+
+def test_the_comparison_table_reads_delta_as_a_number(capsys):
+    assert two_server.main(["--delta", "0.05", "--n", "512"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    cal = calibrate_two_server(epsilon=1.0, delta=0.05, n=512, d=14)
+    assert out[2] == "| " + " | ".join(["1", "14", "512", *_table_figures(cal)]) + " |"
+
+
+def test_the_comparison_tables_help_names_the_command_and_what_it_prints(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        two_server.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m ipdp.two_server [-h] ")
+    # argparse wraps the description to the terminal's width, at spaces and after hyphens.
+    description = "``python -m ipdp.two_server``: the two-server calibration next to the one-server one."
+    assert "".join(description.split()) in "".join(out.split())
+
+
+def test_the_comparison_table_refuses_an_abbreviated_option(capsys):
+    # `--eps` is not read as `--epsilon`: an option is spelt out, as docs/privacy.md spells it.
+    with pytest.raises(SystemExit) as exit_:
+        two_server.main(["--eps", "1", "--n", "512"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --eps" in capsys.readouterr().err
