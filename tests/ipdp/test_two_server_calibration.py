@@ -14,6 +14,8 @@ from scipy.stats import skellam
 
 from ipdp import grid_noise, two_server
 from ipdp.calibration import (
+    CalibrationError,
+    calibrate,
     eigenvalue_bound,
     linear_term_delta,
     noisy_norm_interval,
@@ -242,6 +244,98 @@ def test_the_clamp_probabilities_hold_for_honest_records_at_the_worst_clean_norm
     exact = 1 - (1 - 2 * skellam.sf(math.floor(k), cal.poisson_mean, cal.poisson_mean)) ** d
     assert rate_p <= tau_s and exact <= tau_s
     assert rate_p < 5 * exact + 10 / m  # the simulated device draws the law the bound is for
+
+
+SMALL = {"epsilon": 2.0, "delta": 0.01, "n": 512, "d": 2}
+"""A cheap calibration (CONFIGS[5]) for the tests that steer Step 12's search."""
+
+
+def _one_server_delta_k(**params) -> float:
+    one = calibrate(mode="rigorous", lam=1.0, p_bound=1.0, eta=1.0, delta_in=None, **params)
+    return one.delta_split["delta_k"]
+
+
+def test_a_linear_bound_just_past_a_power_of_two_gets_the_next_range():
+    # At P = 4.02226 the clamp bounds at the one-server σ_b put B_p just below 2³, so the range
+    # starts at 2³; at the two-server σ_b (larger by 0.02 %) B_p passes 8 while B_q ≈ 2.5 still
+    # fits, and the range must grow to 2⁴ for both.
+    cal = calibrate_two_server(**SMALL, p_bound=4.02226)
+    bound_p = two_server.clamp_bounds(one=cal.one_server, linear_bits=cal.linear_bits,
+                                      poisson_mean=cal.poisson_mean)[2]
+    assert 2.0**3 < bound_p < 2.0**3 * (1 + 1e-5) and cal.record_bound < 2.0**2
+    assert cal.encoding.clamp_log2 == 4
+    assert_every_inequality_of_the_two_server_proof(cal)
+
+
+def test_records_whose_sum_cannot_fit_in_64_bits_are_refused():
+    # n = 2³⁰ records with entries up to B = 2³⁴ (P = 10¹⁰) need n·B = 2⁶⁴ > 2⁶³ − 1 even at f = 0.
+    with pytest.raises(CalibrationError) as refused:
+        calibrate_two_server(epsilon=1.0, delta=0.01, n=2**30, d=1, p_bound=1e10)
+    assert str(refused.value) == "n=1073741824 records with entries up to 2^34 do not fit in 64 bits"
+
+
+def test_a_rounding_that_takes_all_of_epsilon_is_refused_at_step_10(monkeypatch):
+    # ε₁ = ε leaves ε₂ = 0 for the linear term: refused for the rounding, by name, before any
+    # σ_b is tried (real parameters reach ε₁ = ε only by a floating-point coincidence).
+    tried = []
+    monkeypatch.setattr(two_server, "rounded_log_det_epsilon", lambda *args: SMALL["epsilon"])
+    monkeypatch.setattr(two_server, "dithered_linear_term", lambda **kw: tried.append(kw))
+    with pytest.raises(CalibrationError) as refused:
+        calibrate_two_server(**SMALL)
+    assert re.fullmatch(r"the rounding of q̃q̃ᵀ at f=\d+ \(n=512\) leaves no ε for the linear "
+                        r"term: ε₁ = 2 ≥ ε \(Step 10\)", str(refused.value))
+    assert tried == []
+
+
+def test_a_linear_term_that_spends_exactly_delta_k_is_admitted(monkeypatch):
+    # Step 14 needs linear + box ≤ δ_K: equality is enough. Step 12's δ is made exactly
+    # δ_K − box at every σ_b, so the search keeps the first σ_b it tries, the one-server one.
+    delta_k = _one_server_delta_k(**SMALL)
+    real_term = two_server.dithered_linear_term
+
+    def spends_delta_k(**kw):
+        term = real_term(**kw)
+        assert term.box_delta == BOX_SHARE * delta_k
+        spent = delta_k - term.box_delta
+        while spent + term.box_delta > delta_k:
+            spent = math.nextafter(spent, 0.0)
+        assert spent + term.box_delta == delta_k
+        return term.model_copy(update={"linear_delta": spent})
+
+    monkeypatch.setattr(two_server, "dithered_linear_term", spends_delta_k)
+    cal = calibrate_two_server(**SMALL)
+    assert cal.delta_split["linear"] + cal.delta_split["box"] == delta_k
+    assert cal.sigma_b2 == pytest.approx(cal.one_server.sigma_b2, rel=1e-12)
+
+
+def _linear_term_from(threshold: float, monkeypatch) -> list[float]:
+    """Make Step 12 hold only from σ_b ≥ threshold·(one-server σ_b) on; returns the σ_b tried."""
+    sigma_one = math.sqrt(calibrate(mode="rigorous", lam=1.0, p_bound=1.0, eta=1.0,
+                                    delta_in=None, **SMALL).sigma_b2)
+    real_term = two_server.dithered_linear_term
+    tried = []
+
+    def holds_from_threshold(**kw):
+        tried.append(kw["sigma_b"] / sigma_one)
+        return real_term(**kw) if kw["sigma_b"] >= threshold * sigma_one else None
+
+    monkeypatch.setattr(two_server, "dithered_linear_term", holds_from_threshold)
+    return tried
+
+
+def test_sigma_b_is_searched_up_to_a_million_times_the_one_server_sigma_b(monkeypatch):
+    tried = _linear_term_from(9e5, monkeypatch)
+    cal = calibrate_two_server(**SMALL)
+    assert math.sqrt(cal.sigma_b2 / cal.one_server.sigma_b2) == pytest.approx(9e5, rel=2e-9)
+    assert max(tried) <= 1e6
+
+
+def test_no_sigma_b_up_to_a_million_times_the_one_server_one_is_refused_by_name(monkeypatch):
+    tried = _linear_term_from(1.01e6, monkeypatch)
+    with pytest.raises(CalibrationError) as refused:
+        calibrate_two_server(**SMALL)
+    assert str(refused.value) == "no σ_b meets Step 12 at these parameters"
+    assert 1e6 / 1.01 < max(tried) <= 1e6
 
 
 TABLE_HEADER = ("| ε | d | n | σ_b² one-server | σ_b² two-server | difference | f | f_b | μ | B "
