@@ -256,14 +256,14 @@ def _one_server_delta_k(**params) -> float:
 
 
 def test_a_linear_bound_just_past_a_power_of_two_gets_the_next_range():
-    # At P = 4.02226 the clamp bounds at the one-server σ_b put B_p just below 2³, so the range
-    # starts at 2³; at the two-server σ_b (larger by 0.02 %) B_p passes 8 while B_q ≈ 2.5 still
-    # fits, and the range must grow to 2⁴ for both.
-    cal = calibrate_two_server(**SMALL, p_bound=4.02226)
+    # At λ = 0.01, P = 0.280451 the clamp bounds at the one-server σ_b put B_p 1.5·10⁻⁶ below
+    # 2⁻¹, so the range starts at 2⁻¹; at the two-server σ_b (larger by 0.02 %) B_p passes 2⁻¹
+    # while B_q ≈ 0.06 still fits, and the range must grow to the next power of two, 2⁰.
+    cal = calibrate_two_server(**SMALL, lam=0.01, p_bound=0.280451)
     bound_p = two_server.clamp_bounds(one=cal.one_server, linear_bits=cal.linear_bits,
                                       poisson_mean=cal.poisson_mean)[2]
-    assert 2.0**3 < bound_p < 2.0**3 * (1 + 1e-5) and cal.record_bound < 2.0**2
-    assert cal.encoding.clamp_log2 == 4
+    assert 0.5 < bound_p < 0.5 * (1 + 1e-5) and cal.record_bound < 0.25
+    assert cal.encoding.clamp_log2 == 0
     assert_every_inequality_of_the_two_server_proof(cal)
 
 
