@@ -247,17 +247,17 @@ def test_the_clamp_probabilities_hold_for_honest_records_at_the_worst_clean_norm
 
 
 SMALL = {"epsilon": 2.0, "delta": 0.01, "n": 512, "d": 2}
-"""A cheap calibration (CONFIGS[5]) for the tests that steer Step 12's search."""
+"""Cheap parameters (CONFIGS[5]) for the tests that steer the calibration's searches."""
 
 
-def _one_server_delta_k(**params) -> float:
-    one = calibrate(mode="rigorous", lam=1.0, p_bound=1.0, eta=1.0, delta_in=None, **params)
-    return one.delta_split["delta_k"]
+def _one_server_at_small():
+    """The one-server calibration calibrate_two_server starts from at SMALL."""
+    return calibrate(mode="rigorous", lam=1.0, p_bound=1.0, eta=1.0, delta_in=None, **SMALL)
 
 
 def test_a_linear_bound_just_past_a_power_of_two_gets_the_next_range():
     # At λ = 0.01, P = 0.280451 the clamp bounds at the one-server σ_b put B_p 1.5·10⁻⁶ below
-    # 2⁻¹, so the range starts at 2⁻¹; at the two-server σ_b (larger by 0.02 %) B_p passes 2⁻¹
+    # 2⁻¹, so the range starts at 2⁻¹; at the two-server σ_b (slightly larger) B_p passes 2⁻¹
     # while B_q ≈ 0.06 still fits, and the range must grow to the next power of two, 2⁰.
     cal = calibrate_two_server(**SMALL, lam=0.01, p_bound=0.280451)
     bound_p = two_server.clamp_bounds(one=cal.one_server, linear_bits=cal.linear_bits,
@@ -290,7 +290,7 @@ def test_a_rounding_that_takes_all_of_epsilon_is_refused_at_step_10(monkeypatch)
 def test_a_linear_term_that_spends_exactly_delta_k_is_admitted(monkeypatch):
     # Step 14 needs linear + box ≤ δ_K: equality is enough. Step 12's δ is made exactly
     # δ_K − box at every σ_b, so the search keeps the first σ_b it tries, the one-server one.
-    delta_k = _one_server_delta_k(**SMALL)
+    delta_k = _one_server_at_small().delta_split["delta_k"]
     real_term = two_server.dithered_linear_term
 
     def spends_delta_k(**kw):
@@ -310,8 +310,7 @@ def test_a_linear_term_that_spends_exactly_delta_k_is_admitted(monkeypatch):
 
 def _linear_term_from(threshold: float, monkeypatch) -> list[float]:
     """Make Step 12 hold only from σ_b ≥ threshold·(one-server σ_b) on; returns the σ_b tried."""
-    sigma_one = math.sqrt(calibrate(mode="rigorous", lam=1.0, p_bound=1.0, eta=1.0,
-                                    delta_in=None, **SMALL).sigma_b2)
+    sigma_one = math.sqrt(_one_server_at_small().sigma_b2)
     real_term = two_server.dithered_linear_term
     tried = []
 
