@@ -14,6 +14,8 @@ from scipy.stats import skellam
 
 from ipdp import grid_noise, two_server
 from ipdp.calibration import (
+    CalibrationError,
+    calibrate,
     eigenvalue_bound,
     linear_term_delta,
     noisy_norm_interval,
@@ -244,6 +246,111 @@ def test_the_clamp_probabilities_hold_for_honest_records_at_the_worst_clean_norm
     assert rate_p < 5 * exact + 10 / m  # the simulated device draws the law the bound is for
 
 
+SMALL = {"epsilon": 2.0, "delta": 0.01, "n": 512, "d": 2}
+"""Cheap parameters (CONFIGS[5]) for the tests that steer the calibration's searches."""
+
+
+def _one_server_at_small():
+    """The one-server calibration calibrate_two_server starts from at SMALL."""
+    return calibrate(mode="rigorous", lam=1.0, p_bound=1.0, eta=1.0, delta_in=None, **SMALL)
+
+
+def test_a_linear_bound_just_past_a_power_of_two_gets_the_next_range():
+    # At λ = 0.01, P = 0.280451 the clamp bounds at the one-server σ_b put B_p 1.5·10⁻⁶ below
+    # 2⁻¹, so the range starts at 2⁻¹; at the two-server σ_b (slightly larger) B_p passes 2⁻¹
+    # while B_q ≈ 0.06 still fits, and the range must grow to the next power of two, 2⁰.
+    cal = calibrate_two_server(**SMALL, lam=0.01, p_bound=0.280451)
+    bound_p = two_server.clamp_bounds(one=cal.one_server, linear_bits=cal.linear_bits,
+                                      poisson_mean=cal.poisson_mean)[2]
+    assert 0.5 < bound_p < 0.5 * (1 + 1e-5) and cal.record_bound < 0.25
+    assert cal.encoding.clamp_log2 == 0
+    assert_every_inequality_of_the_two_server_proof(cal)
+
+
+def test_records_whose_sum_cannot_fit_in_64_bits_are_refused():
+    # n = 2³⁰ records with entries up to B = 2³⁴ (P = 10¹⁰) need n·B = 2⁶⁴ > 2⁶³ − 1 even at f = 0.
+    with pytest.raises(CalibrationError) as refused:
+        calibrate_two_server(epsilon=1.0, delta=0.01, n=2**30, d=1, p_bound=1e10)
+    assert str(refused.value) == "n=1073741824 records with entries up to 2^34 do not fit in 64 bits"
+
+
+def test_a_rounding_that_takes_all_of_epsilon_is_refused_at_step_10(monkeypatch):
+    # ε₁ = ε leaves ε₂ = 0 for the linear term: refused for the rounding, by name, before any
+    # σ_b is tried (real parameters reach ε₁ = ε only by a floating-point coincidence).
+    tried = []
+    monkeypatch.setattr(two_server, "rounded_log_det_epsilon", lambda *args: SMALL["epsilon"])
+    monkeypatch.setattr(two_server, "dithered_linear_term", lambda **kw: tried.append(kw))
+    with pytest.raises(CalibrationError) as refused:
+        calibrate_two_server(**SMALL)
+    assert re.fullmatch(r"the rounding of q̃q̃ᵀ at f=\d+ \(n=512\) leaves no ε for the linear "
+                        r"term: ε₁ = 2 ≥ ε \(Step 10\)", str(refused.value))
+    assert tried == []
+
+
+def test_a_linear_term_that_spends_exactly_delta_k_is_admitted(monkeypatch):
+    # Step 14 needs linear + box ≤ δ_K: equality is enough. Step 12's δ is made exactly
+    # δ_K − box at every σ_b, so the search keeps the first σ_b it tries, the one-server one.
+    delta_k = _one_server_at_small().delta_split["delta_k"]
+    real_term = two_server.dithered_linear_term
+
+    def spends_delta_k(**kw):
+        term = real_term(**kw)
+        assert term.box_delta == BOX_SHARE * delta_k
+        spent = delta_k - term.box_delta
+        while spent + term.box_delta > delta_k:
+            spent = math.nextafter(spent, 0.0)
+        assert spent + term.box_delta == delta_k
+        return term.model_copy(update={"linear_delta": spent})
+
+    monkeypatch.setattr(two_server, "dithered_linear_term", spends_delta_k)
+    cal = calibrate_two_server(**SMALL)
+    assert cal.delta_split["linear"] + cal.delta_split["box"] == delta_k
+    assert cal.sigma_b2 == pytest.approx(cal.one_server.sigma_b2, rel=1e-12)
+
+
+def _linear_term_from(threshold: float, monkeypatch) -> list[float]:
+    """Make Step 12 hold only from σ_b ≥ threshold·(one-server σ_b) on; returns the σ_b tried."""
+    sigma_one = math.sqrt(_one_server_at_small().sigma_b2)
+    real_term = two_server.dithered_linear_term
+    tried = []
+
+    def holds_from_threshold(**kw):
+        tried.append(kw["sigma_b"] / sigma_one)
+        return real_term(**kw) if kw["sigma_b"] >= threshold * sigma_one else None
+
+    monkeypatch.setattr(two_server, "dithered_linear_term", holds_from_threshold)
+    return tried
+
+
+def test_sigma_b_is_searched_up_to_a_million_times_the_one_server_sigma_b(monkeypatch):
+    tried = _linear_term_from(9e5, monkeypatch)
+    cal = calibrate_two_server(**SMALL)
+    assert math.sqrt(cal.sigma_b2 / cal.one_server.sigma_b2) == pytest.approx(9e5, rel=2e-9)
+    assert max(tried) <= 1e6
+
+
+def test_no_sigma_b_up_to_a_million_times_the_one_server_one_is_refused_by_name(monkeypatch):
+    tried = _linear_term_from(1.01e6, monkeypatch)
+    with pytest.raises(CalibrationError) as refused:
+        calibrate_two_server(**SMALL)
+    assert str(refused.value) == "no σ_b meets Step 12 at these parameters"
+    assert 1e6 / 1.01 < max(tried) <= 1e6
+
+
+TABLE_HEADER = ("| ε | d | n | σ_b² one-server | σ_b² two-server | difference | f | f_b | μ | B "
+                "| ε rounding | ε grid |")
+
+
+def _table_figures(cal: TwoServerCalibration) -> list[str]:
+    """The figures `python -m ipdp.two_server` prints for a calibration after its ε, d and n."""
+    one = cal.one_server
+    return [f"{one.sigma_b2:.6g}", f"{cal.sigma_b2:.6g}",
+            f"{100 * (cal.sigma_b2 / one.sigma_b2 - 1):+.4f} %",
+            str(cal.encoding.fraction_bits), str(cal.linear_bits), f"{cal.poisson_mean:.3g}",
+            f"2^{cal.encoding.clamp_log2}", f"{cal.epsilon_split['rounding']:.2g}",
+            f"{cal.epsilon_split['grid']:.2g}"]
+
+
 def test_the_comparison_table_prints_each_calibration_and_names_each_refusal(capsys):
     # `python -m ipdp.two_server` (docs/privacy.md quotes its rows): one row per (ε, d, n) that
     # calibrates, with the figures of that calibration, and one line per refused one.
@@ -254,14 +361,8 @@ def test_the_comparison_table_prints_each_calibration_and_names_each_refusal(cap
     assert [(r[0], r[1], r[2]) for r in rows] == [("1", "14", "512"), ("0.5", "14", "512")]
     for row, epsilon in zip(rows, (1.0, 0.5), strict=True):
         cal = calibrate_two_server(epsilon=epsilon, delta=0.01, n=512, d=14)
-        one = cal.one_server
-        assert row[3:] == [
-            f"{one.sigma_b2:.6g}", f"{cal.sigma_b2:.6g}",
-            f"{100 * (cal.sigma_b2 / one.sigma_b2 - 1):+.4f} %",
-            str(cal.encoding.fraction_bits), str(cal.linear_bits), f"{cal.poisson_mean:.3g}",
-            f"2^{cal.encoding.clamp_log2}", f"{cal.epsilon_split['rounding']:.2g}",
-            f"{cal.epsilon_split['grid']:.2g}"]
-        assert cal.sigma_b2 > one.sigma_b2
+        assert row[3:] == _table_figures(cal)
+        assert cal.sigma_b2 > cal.one_server.sigma_b2
     refused = [line for line in out if "refused" in line]
     assert len(refused) == 2 and refused[0].startswith("ε=1, d=14, n=2: refused: n=2 is too small")
     assert refused[1].startswith("ε=0.5, d=14, n=2: refused:")
@@ -272,3 +373,43 @@ def test_the_comparison_table_fails_when_nothing_calibrates(capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert out.count("refused") == 2 and [line for line in lines if line.startswith("|")] == lines[:2]
+
+
+def test_the_comparison_table_by_default_is_epsilon_1_delta_0_01_d_14_at_three_sizes(capsys):
+    # The defaults docs/privacy.md's table starts from: ε = 1, δ = 0.01, d = 14 and
+    # n ∈ {512, 10,000, 2²¹}, the header with its twelve column names, and no refusal.
+    assert two_server.main([]) == 0
+    out = capsys.readouterr().out
+    rows = []
+    for n in (512, 10_000, 2**21):
+        cal = calibrate_two_server(epsilon=1.0, delta=0.01, n=n, d=14)
+        rows.append("| " + " | ".join(["1", "14", f"{n:,}", *_table_figures(cal)]) + " |")
+    assert out == "\n".join([TABLE_HEADER, "|" + "---|" * 12, *rows]) + "\n\n"
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    assert TABLE_HEADER in docs.splitlines()
+
+
+def test_the_comparison_table_reads_delta_as_a_number(capsys):
+    assert two_server.main(["--delta", "0.05", "--n", "512"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    cal = calibrate_two_server(epsilon=1.0, delta=0.05, n=512, d=14)
+    assert out[2] == "| " + " | ".join(["1", "14", "512", *_table_figures(cal)]) + " |"
+
+
+def test_the_comparison_tables_help_names_the_command_and_what_it_prints(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        two_server.main(["--help"])
+    assert exit_.value.code == 0
+    # argparse wraps usage and description to the terminal's width, at spaces and after hyphens.
+    out = "".join(capsys.readouterr().out.split())
+    assert out.startswith("usage:python-mipdp.two_server[-h]")
+    description = "``python -m ipdp.two_server``: the two-server calibration next to the one-server one."
+    assert "".join(description.split()) in out
+
+
+def test_the_comparison_table_refuses_an_abbreviated_option(capsys):
+    # `--eps` is not read as `--epsilon`: an option is spelt out, as docs/privacy.md spells it.
+    with pytest.raises(SystemExit) as exit_:
+        two_server.main(["--eps", "1", "--n", "512"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --eps" in capsys.readouterr().err
