@@ -3,12 +3,12 @@
 
     python scripts/mutation.py                       # every module of [tool.mutmut] only_mutate
     python scripts/mutation.py producer/retry.py     # only these
-    python scripts/mutation.py --survivors ipdp/losses.py   # only its last run's survivors
+    python scripts/mutation.py --survivors ipdp/losses.py   # its last survivors and timeouts
 
 For each module it runs ``mutmut run`` on that module's mutants (mutmut runs, per mutant, only
 the tests of ``pytest_add_cli_args_test_selection`` that called the mutated function), then
-reads every mutant's status from ``mutmut results``, and prints the kill rate per module and
-every survivor with its change (``mutmut show``). The table is also written as markdown and
+reads every mutant's status from ``mutmut results``, and prints the kill rate per module, how
+many of its caught mutants only timed out, and every survivor with its change (``mutmut show``). The table is also written as markdown and
 JSON (``--markdown``, ``--json``; under mutants/ by default), with the modules of earlier runs
 kept from the JSON file, each with the command its numbers come from. Survivors docs/testing.md names as
 equivalent (its "Equivalent mutants" table) are counted apart: the kill rate is
@@ -42,7 +42,8 @@ CAUGHT = {"killed", "timeout", "caught by type check"}
 class ModuleResult:
     module: str
     mutants: int = 0
-    killed: int = 0
+    killed: int = 0  # a test failed, or it timed out (``timeouts`` of them)
+    timeouts: int | None = 0  # None: not recorded for the run the row comes from
     equivalent: int = 0
     wall_s: float = 0.0
     cpu_s: float = 0.0
@@ -94,9 +95,12 @@ def run_module(module: str, workers: int, equivalent: set[str],
                survivors_only: bool = False) -> ModuleResult:
     prefix = mutant_prefix(module)
     names = [prefix + "*"]
-    if survivors_only:  # mutmut keeps every mutant's last status: only the rest run again
+    if survivors_only:
+        # mutmut keeps every mutant's last status: the survivors run again, and so do the
+        # timeouts, which a loaded machine can cause without a fault being found.
         names = [name for name, status in statuses().items()
-                 if name.startswith(prefix) and status not in CAUGHT and name not in equivalent]
+                 if name.startswith(prefix) and name not in equivalent
+                 and (status not in CAUGHT or status == "timeout")]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     if names:
@@ -113,6 +117,7 @@ def run_module(module: str, workers: int, equivalent: set[str],
         result.mutants += 1
         if status in CAUGHT:
             result.killed += 1
+            result.timeouts += status == "timeout"
         elif name in equivalent:
             result.equivalent += 1
         else:
@@ -124,10 +129,12 @@ def run_module(module: str, workers: int, equivalent: set[str],
 def markdown(rows: list[tuple[ModuleResult, str]]) -> str:
     """The kill-rate table, each module with the command its numbers come from, then every
     survivor."""
-    header = "| module | mutants | killed | equivalent | survived | kill rate | wall | CPU | command |"
-    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    header = ("| module | mutants | killed | of which timed out | equivalent | survived | "
+              "kill rate | wall | CPU | command |")
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r, command in rows:
-        lines.append(f"| `{r.module}` | {r.mutants} | {r.killed} | {r.equivalent} | "
+        timeouts = "–" if r.timeouts is None else r.timeouts
+        lines.append(f"| `{r.module}` | {r.mutants} | {r.killed} | {timeouts} | {r.equivalent} | "
                      f"{len(r.survivors)} | {100 * r.kill_rate:.1f} % | {r.wall_s:.0f} s | "
                      f"{r.cpu_s:.0f} s | `{command}` |")
     survivors = [(name, status, r.changes.get(name, ""))
@@ -144,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="*", help="paths from [tool.mutmut] only_mutate")
     parser.add_argument("--workers", type=int, default=1, help="mutmut's --max-children")
     parser.add_argument("--survivors", action="store_true",
-                        help="run again only the mutants the last run did not kill (after "
-                             "adding tests); the time is then that of this run")
+                        help="run again only the mutants the last run did not kill by a failing "
+                             "test, its survivors and its timeouts (after adding tests); the "
+                             "time is then that of this run")
     parser.add_argument("--markdown", type=Path, default=REPO / "mutants" / "mutation.md")
     parser.add_argument("--json", type=Path, default=REPO / "mutants" / "mutation.json")
     args = parser.parse_args(argv)
@@ -165,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_module(module, args.workers, equivalent, args.survivors))
         r = results[-1]
         print(f"{module}: {r.killed}/{r.mutants - r.equivalent} killed "
-              f"({100 * r.kill_rate:.1f} %), {r.equivalent} equivalent, "
+              f"({100 * r.kill_rate:.1f} %; {r.timeouts} of them timed out), "
+              f"{r.equivalent} equivalent, "
               f"{r.wall_s:.0f} s", flush=True)
         # Written after each module, so an interrupted run leaves the modules it finished.
         write(results, command.strip(), args.markdown, args.json)
@@ -182,6 +191,7 @@ def write(results: list[ModuleResult], command: str, md_path: Path, json_path: P
         for row in json.loads(json_path.read_text(encoding="utf-8")):
             row.pop("kill_rate", None)
             earlier = row.pop("command", "make mutation")
+            row.setdefault("timeouts", None)
             latest[row["module"]] = (ModuleResult(**row), earlier)
     latest |= {r.module: (r, command) for r in results}
     order = configured_modules()
