@@ -538,7 +538,7 @@ async def _memory_flood(pair: Pair) -> tuple[tuple[int, int], int, int]:
         except (ConnectionError, ssl.SSLError):
             pass
         finally:
-            writer.close()
+            writer.transport.abort()
 
     held = await asyncio.gather(*(stalled() for _ in range(STALLED)))
     try:
@@ -546,7 +546,11 @@ async def _memory_flood(pair: Pair) -> tuple[tuple[int, int], int, int]:
         peak = rss_bytes(pair.gateway_pid), rss_bytes(pair.edge.proc.pid)
     finally:
         for writer in held:
-            writer.close()
+            writer.transport.abort()
+        # A TLS stream's close() waits on the peer's close_notify, which the loop's end can cut
+        # short and leave the socket to the garbage collector; abort() closes it at once, once
+        # the loop runs the callbacks it scheduled.
+        await asyncio.sleep(0)
     return peak, sent["body"], sent["trailers"]
 
 
