@@ -8,9 +8,10 @@
 For each module it runs ``mutmut run`` on that module's mutants (mutmut runs, per mutant, only
 the tests of ``pytest_add_cli_args_test_selection`` that called the mutated function), then
 reads every mutant's status from ``mutmut results``, and prints the kill rate per module, how
-many of its caught mutants only timed out, and every survivor with its change (``mutmut show``). The table is also written as markdown and
-JSON (``--markdown``, ``--json``; under mutants/ by default), with the modules of earlier runs
-kept from the JSON file, each with the command its numbers come from. Survivors docs/testing.md names as
+many of its caught mutants only timed out, and every survivor with its change (``mutmut
+show``). The table is also written as markdown and JSON (``--markdown``, ``--json``; under
+mutants/ by default), with the modules of earlier runs kept from the JSON file, each with the
+command its numbers come from. Survivors docs/testing.md names as
 equivalent (its "Equivalent mutants" table) are counted apart: the kill rate is
 killed / (mutants − equivalent).
 
