@@ -3,6 +3,7 @@ checked against their noise at large n."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -32,12 +33,14 @@ from bench.baselines import (
     adassp_ridge,
     analytic_gaussian_mu,
     diffprivlib_linear,
+    diffprivlib_logistic,
     gamma_sphere,
     gaussian_output_sigma,
     gram_sensitivity,
     kang2020_descent,
     kang2020_sigma,
     laplace_output_scale,
+    linear_sensitivity,
     objpert_gauss,
     objpert_tight_sigma,
     opendp_ssp_sigma,
@@ -45,6 +48,7 @@ from bench.baselines import (
     pfw_score_width,
     pfw_step_epsilon,
     private_frank_wolfe,
+    project_ball,
     project_l1_ball,
     solve_l1_ball,
     solve_trust_region,
@@ -52,8 +56,9 @@ from bench.baselines import (
     symmetric_normal,
     zcdp_rho,
 )
-from ipdp.calibration import calibrate, linear_term_delta
+from ipdp.calibration import calibrate, gaussian_log_delta, linear_term_delta
 from ipdp.losses import clip, encode, perturb
+from trainer.solver import solve_constrained
 
 LINEAR, LOGISTIC, LINEAR_SIMPLEX, LOGISTIC_SIMPLEX = TASKS
 D = 14
@@ -239,6 +244,40 @@ def test_output_perturbation_gauss_matches_the_analytic_gaussian_mechanism_by_ha
     assert sigma < 0.4 * math.sqrt(2 * math.log(1.25 / 0.01))  # classical (Dwork & Roth): 1.243
 
 
+@pytest.mark.parametrize(("eps", "delta"), [(8.0, 0.05), (1e-3, 1e-6)])
+def test_analytic_gaussian_mu_is_exact_where_the_bracket_must_grow_or_shrink(eps, delta):
+    """μ* = 2.86 > 2 lies above the first bracket [10⁻³, 1], μ* = 4.1·10⁻⁴ below it."""
+    mu = analytic_gaussian_mu(eps, delta)
+    assert not 1e-3 <= mu <= 1.0
+    assert mu == pytest.approx(brentq(lambda m: delta_of(m, eps) - delta, 1e-6, 50.0,
+                                      xtol=1e-18, rtol=1e-15), rel=1e-11)
+    assert delta_of(mu, eps) == pytest.approx(delta, rel=1e-7)
+    assert gaussian_log_delta(mu, eps) <= math.log(delta)
+
+
+def _delta_met_exactly_at(mu0: float, eps: float) -> float:
+    """A δ whose log is exactly gaussian_log_delta(μ₀, ε), the quantity μ* is defined by."""
+    target = gaussian_log_delta(mu0, eps)
+    delta = math.exp(target)
+    for _ in range(20):
+        if math.log(delta) == target:
+            return delta
+        delta = float(np.nextafter(delta, 0.0 if math.log(delta) > target else 1.0))
+    raise AssertionError("no float δ has this log")
+
+
+@pytest.mark.parametrize(("mu0", "eps"), [(1.0, 1.0), (1e-3, 1e-4), (math.sqrt(1e-3), 1e-2)])
+def test_analytic_gaussian_mu_is_the_largest_mu_even_where_delta_is_met_with_equality(mu0, eps):
+    """μ* = max{μ : δ(ε; μ) ≤ δ}, so at a δ that μ₀ meets exactly, μ* ≥ μ₀. The three μ₀ are
+    where the search compares δ(ε; μ) with δ: the top and bottom of its first bracket and the
+    first midpoint of the bisection."""
+    delta = _delta_met_exactly_at(mu0, eps)
+    mu = analytic_gaussian_mu(eps, delta)
+    assert mu >= mu0
+    assert gaussian_log_delta(mu, eps) <= math.log(delta)
+    assert mu == pytest.approx(mu0, rel=1e-12)
+
+
 def test_gram_sensitivity_is_root_two_lambda_for_replace_one():
     def upper(m):
         return m[np.triu_indices(len(m))]
@@ -263,6 +302,13 @@ def test_ssp_noise_matches_the_gaussian_mechanism_by_hand():
     assert ssp.sigma_gram == pytest.approx(math.sqrt(2) / mu, rel=1e-9)  # 5.1011
     assert ssp.sigma_lin == pytest.approx(2.0 / mu, rel=1e-9)  # 7.2141
     assert delta_of(2.0 / ssp.sigma_lin, 0.5) == pytest.approx(0.005, rel=1e-6)
+
+
+def test_linear_sensitivity_is_the_largest_distance_of_two_vectors_in_the_p_ball():
+    # ‖p − p′‖ over ‖p‖, ‖p′‖ ≤ P is largest at p′ = −p on the sphere: 2P, here P = 0.3.
+    p = np.array([0.18, -0.24])
+    assert np.linalg.norm(p) == pytest.approx(0.3)
+    assert linear_sensitivity(0.3) == pytest.approx(np.linalg.norm(p - (-p))) == pytest.approx(0.6)
 
 
 def test_adassp_matches_wang_algorithm_2_by_hand():
@@ -299,6 +345,9 @@ def test_pfw_budget_matches_zcdp_by_hand():
     assert pfw_step_epsilon(epsilon=1.0, delta=0.01, steps=64) == pytest.approx(0.0783326, rel=1e-6)
     b = 1 / math.sqrt(D)
     assert pfw_score_width(coord_bound=b, eta=1.0) == pytest.approx(4 * b * (b + 1))
+    # η = 2, b = 1/4: each ∂ⱼJ moves by at most 2b²η + 2b = 3/4, a vertex's score by η·3/4 = 1.5,
+    # and the 2d scores ±η·∂ⱼJ span 2·1.5 = 3.
+    assert pfw_score_width(coord_bound=0.25, eta=2.0) == pytest.approx(3.0)
 
 
 def test_pfw_score_change_stays_within_the_width():
@@ -317,20 +366,38 @@ def test_pfw_score_change_stays_within_the_width():
     assert max(spans) > 0.5 * width  # the bound is not loose by much
 
 
-def test_pfw_steps_follow_the_exponential_mechanism():
-    """One step from w = 0: vertex frequencies match exp(−β⟨∇J, v⟩) normalised."""
+@pytest.mark.parametrize("eta", [1.0, 0.5])
+def test_pfw_steps_follow_the_exponential_mechanism(eta):
+    """One step from w = 0: vertex frequencies match exp(−β⟨∇J, v⟩) normalised, v = ±η·eⱼ."""
     rng = np.random.default_rng(1)
     d, beta = 3, 2.0
     lin = np.array([0.3, -0.2, 0.05])
     h = np.eye(d)
-    util = -beta * np.concatenate([-lin, lin])  # ⟨∇J(0), ±e_j⟩ = ∓lin_j
+    util = -beta * eta * np.concatenate([-lin, lin])  # ⟨∇J(0), ±η·e_j⟩ = ∓η·lin_j
     expected = np.exp(util) / np.exp(util).sum()
     picks = np.zeros(2 * d)
     for g in rng.gumbel(size=(20_000, 1, 2 * d)):
-        w = private_frank_wolfe(h, lin, eta=1.0, beta=beta, gumbel=g)
+        w = private_frank_wolfe(h, lin, eta=eta, beta=beta, gumbel=g)
         k = int(np.argmax(np.abs(w)))
         picks[k if w[k] > 0 else k + d] += 1
     np.testing.assert_allclose(picks / picks.sum(), expected, atol=0.012)
+
+
+def test_pfw_moves_to_the_frank_wolfe_average_of_the_chosen_vertices():
+    """With μₜ = 2/(t + 2) from w = 0, after T steps w = Σₜ 2(t + 1)/(T(T + 1))·vₜ: a convex
+    combination of the vertices, so inside the L1 ball. The Gumbel draws force the vertices."""
+    d, eta = 2, 0.5
+    chosen = [0, 3, 1, 0, 2]  # +η·e₀, −η·e₁, +η·e₁, +η·e₀, −η·e₀
+    gumbel = np.zeros((len(chosen), 2 * d))
+    gumbel[np.arange(len(chosen)), chosen] = 1e6
+    vertices = np.vstack([eta * np.eye(d), -eta * np.eye(d)])[chosen]
+    t_count = len(chosen)
+    weights = 2.0 * (np.arange(t_count) + 1.0) / (t_count * (t_count + 1.0))
+    w = private_frank_wolfe(np.eye(d), np.array([0.1, -0.2]), eta=eta, beta=1.0, gumbel=gumbel)
+    np.testing.assert_allclose(w, weights @ vertices, rtol=1e-12, atol=1e-15)
+    assert weights.sum() == pytest.approx(1.0) and np.abs(w).sum() <= eta
+    first = private_frank_wolfe(np.eye(d), np.zeros(d), eta=eta, beta=1.0, gumbel=gumbel[:1])
+    np.testing.assert_array_equal(first, [eta, 0.0])  # μ₀ = 1: the first step lands on v₀
 
 
 def test_l1_ball_solver_meets_the_kkt_conditions():
@@ -347,6 +414,78 @@ def test_l1_ball_solver_meets_the_kkt_conditions():
     np.testing.assert_allclose(project_l1_ball(np.array([3.0, -1.0, 0.2]), 2.0), [2.0, 0.0, 0.0])
 
 
+def _l1_ball_minimiser_by_faces(h, lin, eta):
+    """argmin_{‖w‖₁≤η} ½wᵀhw − linᵀw for positive definite h by enumeration: the free minimiser
+    if it lies in the ball, else the best of the stationary points on every face
+    {w : wⱼ = 0 off S, sᵀw_S = η} whose signs agree with s. Exact, for small d."""
+    d = len(lin)
+    free = np.linalg.solve(h, lin)
+    if np.abs(free).sum() <= eta:
+        return free
+    best, best_value = None, np.inf
+    for k in range(1, d + 1):
+        for support in itertools.combinations(range(d), k):
+            idx = list(support)
+            for signs in itertools.product([-1.0, 1.0], repeat=k):
+                s = np.array(signs)
+                kkt = np.block([[h[np.ix_(idx, idx)], s[:, None]], [s[None, :], np.zeros((1, 1))]])
+                sol = np.linalg.solve(kkt, np.append(lin[idx], eta))
+                if np.any(sol[:k] * s < 0.0):
+                    continue
+                w = np.zeros(d)
+                w[idx] = sol[:k]
+                value = 0.5 * w @ h @ w - lin @ w
+                if value < best_value:
+                    best, best_value = w, value
+    return best
+
+
+def test_l1_ball_solver_agrees_with_an_exact_solve_on_random_problems():
+    """60 problems, d = 2…5, condition numbers from 2 to 7·10⁴, the constraint
+    binding (η at 0.1, 0.5, 0.9 of the free minimiser's L1 norm) or not (1.5): every solution
+    within 10⁻⁸ (relative) of the exact one. The worst of them is met to 2·10⁻⁹."""
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        d = int(rng.integers(2, 6))
+        a = rng.standard_normal((d + int(rng.integers(0, 8)), d)) * np.exp(rng.uniform(-2, 2, d))
+        h = a.T @ a + 1e-3 * np.eye(d)
+        lin = rng.standard_normal(d) * np.exp(rng.uniform(-3, 3))
+        eta = np.abs(np.linalg.solve(h, lin)).sum() * float(rng.choice([0.1, 0.5, 0.9, 1.5]))
+        exact = _l1_ball_minimiser_by_faces(h, lin, eta)
+        w = solve_l1_ball(h, lin, eta)
+        assert np.abs(w).sum() <= eta * (1.0 + 1e-12)
+        assert np.linalg.norm(w - exact) < 1e-8 * np.linalg.norm(exact), (h, lin, eta)
+
+
+def test_l1_ball_solver_is_as_accurate_on_a_small_ball_as_on_a_large_one():
+    """The stop test scales with η: the problem scaled by s (lin·s, η·s) has the solution w·s."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((8, 4)) * [1.0, 2.0, 3.0, 5.0]
+    h = a.T @ a
+    free = rng.standard_normal(4)
+    for scale in (1e-3, 1.0, 50.0):
+        for fraction in (0.3, 0.8):
+            lin, eta = h @ free * scale, np.abs(free).sum() * fraction * scale
+            exact = _l1_ball_minimiser_by_faces(h, lin, eta)
+            np.testing.assert_allclose(solve_l1_ball(h, lin, eta), exact, rtol=0,
+                                       atol=1e-10 * eta)
+
+
+def test_projections_leave_points_inside_alone_and_put_points_outside_on_the_boundary():
+    np.testing.assert_array_equal(project_ball(np.array([0.3, -0.4]), 1.0), [0.3, -0.4])
+    np.testing.assert_allclose(project_ball(np.array([3.0, -4.0]), 2.0), [1.2, -1.6], rtol=1e-15)
+    on_sphere = np.array([0.6, 0.8])
+    np.testing.assert_array_equal(project_ball(on_sphere, float(np.linalg.norm(on_sphere))),
+                                  on_sphere)
+    # A point whose L1 norm is exactly η, summed in an order where rounding matters, comes back
+    # as it is; one outside goes to the nearest point of the L1 sphere.
+    on_l1_sphere = np.array([1e-16, 1e-16, 1.0])
+    np.testing.assert_array_equal(project_l1_ball(on_l1_sphere, float(np.abs(on_l1_sphere).sum())),
+                                  on_l1_sphere)
+    np.testing.assert_allclose(project_l1_ball(np.array([0.5, -0.2, 0.1]), 0.4), [0.35, -0.05, 0.0],
+                               atol=1e-15)
+
+
 def test_trust_region_solver_handles_an_indefinite_matrix():
     rng = np.random.default_rng(3)
     h = symmetric_normal(rng, 5)
@@ -361,6 +500,48 @@ def test_trust_region_solver_handles_an_indefinite_matrix():
     hard = np.diag([-1.0, 1.0, 2.0])  # lin ⟂ bottom eigenvector: the hard case
     w = solve_trust_region(hard, np.array([0.0, 0.5, 0.0]), 1.0)
     assert np.linalg.norm(w) == pytest.approx(1.0) and w[1] == pytest.approx(0.25)
+
+
+def test_trust_region_solver_keeps_a_free_minimiser_inside_the_ball():
+    # Positive definite with λ_min = 1/2 < 1: the minimiser h⁻¹lin = (0.2, 0.1) is inside.
+    w = solve_trust_region(np.diag([0.5, 2.0]), np.array([0.1, 0.2]), 1.0)
+    np.testing.assert_allclose(w, [0.2, 0.1], rtol=1e-12)
+
+
+def test_trust_region_solver_refuses_a_semidefinite_matrix_with_many_minimisers():
+    """λ_min = 0 goes to the positive semi-definite solver, which refuses a minimiser that is
+    not unique (here every (w₀, 0.5) with |w₀| ≤ √0.75)."""
+    with pytest.raises(ValueError, match="not unique"):
+        solve_trust_region(np.diag([0.0, 1.0]), np.array([0.0, 0.5]), 1.0)
+
+
+@pytest.mark.parametrize("scale", [1e-8, 1.0, 1e8])
+@pytest.mark.parametrize("eta", [1.0, 2.0])
+def test_trust_region_hard_case_reaches_the_sphere_at_any_scale(scale, eta):
+    """h = s·diag(−1, 1, 2), lin = s·(0, 0.5, 0) ⟂ the bottom eigenvector: (h + sI)w = lin gives
+    w₁ = 0.25, and w₀ fills the rest of the sphere ‖w‖ = η. Scaling h and lin by s > 0 scales the
+    objective and leaves its minimiser alone."""
+    w = solve_trust_region(scale * np.diag([-1.0, 1.0, 2.0]), scale * np.array([0.0, 0.5, 0.0]),
+                           eta)
+    assert np.linalg.norm(w) == pytest.approx(eta, rel=1e-12)
+    assert w[1] == pytest.approx(0.25, rel=1e-12) and w[2] == 0.0
+    assert abs(w[0]) == pytest.approx(math.sqrt(eta**2 - 0.0625), rel=1e-12)
+
+
+def test_trust_region_solver_on_a_negative_multiple_of_the_identity():
+    # ½wᵀ(−2I)w with lin = 0: every point of the sphere is a minimiser, value −η².
+    w = solve_trust_region(-2.0 * np.eye(3), np.zeros(3), 1.5)
+    assert np.linalg.norm(w) == pytest.approx(1.5, rel=1e-12)
+    assert -(w @ w) == pytest.approx(-2.25, rel=1e-12)
+
+
+def test_symmetric_normal_has_unit_normal_entries_on_and_above_the_diagonal():
+    rng = np.random.default_rng(12)
+    draws = np.array([symmetric_normal(rng, 3) for _ in range(4000)])
+    np.testing.assert_array_equal(draws, np.swapaxes(draws, 1, 2))
+    upper = draws[:, *np.triu_indices(3)]
+    assert upper.var(axis=0) == pytest.approx(np.ones(6), abs=0.1)  # diagonal included
+    assert np.abs(np.corrcoef(upper.T) - np.eye(6)).max() < 0.06
 
 
 def test_diffprivlib_linear_noise_matches_the_functional_mechanism_by_hand():
@@ -404,6 +585,61 @@ def test_diffprivlib_never_reads_bounds_from_the_data():
 
     with pytest.raises(PrivacyLeakWarning):
         _fit_quietly(LinearRegression(fit_intercept=False), x, y)
+
+
+@pytest.fixture
+def fitted_diffprivlib_models(monkeypatch):
+    """The diffprivlib models the wrappers fit, kept for inspection: the library's own classes,
+    with fit recording the instance it was called on."""
+    import diffprivlib.models
+
+    fitted = []
+    for name in ("LinearRegression", "LogisticRegression"):
+        cls = getattr(diffprivlib.models, name)
+
+        def fit(self, *args, _cls=cls, **kwargs):
+            fitted.append(self)
+            return _cls.fit(self, *args, **kwargs)
+
+        monkeypatch.setattr(diffprivlib.models, name, type(name, (cls,), {"fit": fit}))
+    return fitted
+
+
+def test_diffprivlib_wrappers_spend_epsilon_on_their_own_accountant_with_the_public_bounds(
+        fitted_diffprivlib_models):
+    from diffprivlib.accountant import BudgetAccountant
+
+    x, y = Synthetic().sample(np.random.default_rng(0), 300)
+    b = 1 / math.sqrt(D)
+    default_before = BudgetAccountant.load_default(None).spent_budget.copy()
+    diffprivlib_linear(x, y, epsilon=0.7, coord_bound=b, y_bound=1.0, seed=0)
+    diffprivlib_logistic(x, np.where(y > 0, 1, 0), epsilon=0.3, data_norm=1.0, c=0.25, seed=0)
+    linear, logistic = fitted_diffprivlib_models
+    assert BudgetAccountant.load_default(None).spent_budget == default_before
+    assert linear.accountant.spent_budget == [(0.7, 0)]  # pure ε-DP, ε as asked
+    assert logistic.accountant.spent_budget == [(0.3, 0)]
+    assert linear.accountant is not logistic.accountant
+    np.testing.assert_array_equal(linear.bounds_X, [np.full(D, -b), np.full(D, b)])
+    np.testing.assert_array_equal(linear.bounds_y, [[-1.0], [1.0]])
+    assert logistic.C == 0.25 and logistic.data_norm == 1.0
+    for model in (linear, logistic):
+        assert not model.fit_intercept and np.all(model.intercept_ == 0.0)
+
+
+def test_diffprivlib_wrappers_are_reproducible_from_their_seed():
+    x, y = Synthetic().sample(np.random.default_rng(0), 300)
+    labels = np.where(y > 0, 1, 0)
+
+    def linear(seed):
+        return diffprivlib_linear(x, y, epsilon=1.0, coord_bound=1 / math.sqrt(D), y_bound=1.0,
+                                  seed=seed)
+
+    def logistic(seed):
+        return diffprivlib_logistic(x, labels, epsilon=1.0, data_norm=1.0, c=1.0, seed=seed)
+
+    for fit_with in (linear, logistic):
+        np.testing.assert_array_equal(fit_with(3), fit_with(3))
+        assert not np.array_equal(fit_with(3), fit_with(4))
 
 
 def _predicted_sq_deviation(method, st, task, eps, reg, w_ref):
@@ -509,3 +745,29 @@ def test_kang_baseline_is_gradient_descent_on_records_with_noisy_features_and_cl
     got = fit("Kang2020 c=1e3 (unproven)", st, task, 1.0, ridge, noise)
     np.testing.assert_allclose(got, expected, rtol=1e-8, atol=1e-10)
     assert source.d == D and "Kang2020 c=1e3 (unproven)" not in task.central  # no proof
+
+
+def test_kang2020_sigma_is_the_papers_formula():
+    """σ² = c·G²·T·log(1/δ)/(n(n−1)·√Δ·ε²) at values where every factor matters."""
+    c, g, steps, delta, n, ridge, eps = 3.0, 1.7, 7, 0.02, 11, 0.3, 0.6
+    by_hand = 3.0 * 2.89 * 7 * math.log(50.0) / (11 * 10 * math.sqrt(0.3) * 0.36)
+    sigma = kang2020_sigma(c=c, lipschitz=g, steps=steps, delta=delta, n=n,
+                           strong_convexity=ridge, epsilon=eps)
+    assert sigma**2 == pytest.approx(by_hand, rel=1e-12)
+    assert sigma == pytest.approx(3.3085017, rel=1e-7)
+
+
+def test_kang2020_descent_converges_to_the_minimiser_on_the_ball():
+    """Many projected gradient steps reach argmin over ‖w‖ ≤ η of (1/n)(½wᵀhw − linᵀw) +
+    (Δ/2)‖w‖², for a problem whose free minimiser lies outside the ball (‖·‖ = 0.6 > η = 0.3)
+    and one whose lies inside (η = 2)."""
+    n, ridge, steps = 10, 0.5, 300
+    h = n * np.array([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 1.5]])
+    hessian = h / n + ridge * np.eye(3)
+    free = 0.6 * np.array([0.48, -0.6, 0.64])
+    lin = n * hessian @ free
+    small, large = (kang2020_descent(h, lin, n=n, strong_convexity=ridge, eta=eta, steps=steps)
+                    for eta in (0.3, 2.0))
+    np.testing.assert_allclose(small, solve_constrained(hessian, lin / n, 0.3).w, atol=1e-12)
+    assert np.linalg.norm(small) == pytest.approx(0.3, rel=1e-12)
+    np.testing.assert_allclose(large, free, atol=1e-12)
