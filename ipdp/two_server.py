@@ -193,7 +193,7 @@ def clamp_bounds(*, one: Calibration, linear_bits: int, poisson_mean: float,
     """Step 13 (clamping and range): (H_q², B_q, B_p, τ_S).
 
     τ_q = share/(2(n+1)) per record: ‖q̃‖ ≤ H_q except with probability τ_q (noncentral χ²_d at
-    the worst clean norm, as the norm check). τ_S = share/(2(1 + e^ε)n): a device's S has
+    the worst clean norm, as the norm check; without noise, √λ and clipping's rounding). τ_S = share/(2(1 + e^ε)n): a device's S has
     |S_j| ≤ k for every j except with probability τ_S (Chernoff, union over 2d tails). A matrix
     entry stays within B_q = H_q²(1 + 2⁻⁵³) (plus h/2, checked with the encoding) and a linear
     entry within B_p = P + h_b(k + ½). ``share`` is the δ the clamp spends (default
@@ -201,10 +201,7 @@ def clamp_bounds(*, one: Calibration, linear_bits: int, poisson_mean: float,
     """
     half = (CLAMP_DELTA_SHARE * one.delta if share is None else share) / 2.0
     tau_q = half / (one.n + 1)
-    if one.noise_std_q == 0.0:
-        high = math.sqrt(one.lam) * (1.0 + 1e-9)
-    else:
-        high = noisy_norm_interval(one.noise_std_q, one.d, math.sqrt(one.lam), tau_q)[1]
+    high = noisy_norm_interval(one.noise_std_q, one.d, math.sqrt(one.lam), tau_q)[1]
     record_bound = high * high
     tau_s = half / ((1.0 + math.exp(min(one.epsilon, 700.0))) * one.n)
     k = skellam_tail_point(tau_s / (2.0 * one.d), 2.0 * poisson_mean)
