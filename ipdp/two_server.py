@@ -193,10 +193,12 @@ def clamp_bounds(*, one: Calibration, linear_bits: int, poisson_mean: float,
     """Step 13 (clamping and range): (H_q², B_q, B_p, τ_S).
 
     τ_q = share/(2(n+1)) per record: ‖q̃‖ ≤ H_q except with probability τ_q (noncentral χ²_d at
-    the worst clean norm, as the norm check; without noise, √λ and clipping's rounding). τ_S = share/(2(1 + e^ε)n): a device's S has
-    |S_j| ≤ k for every j except with probability τ_S (Chernoff, union over 2d tails). A matrix
-    entry stays within B_q = H_q²(1 + 2⁻⁵³) (plus h/2, checked with the encoding) and a linear
-    entry within B_p = P + h_b(k + ½). ``share`` is the δ the clamp spends (default
+    the worst clean norm, as the norm check; without noise, √λ and clipping's rounding).
+    τ_S = share/(2(1 + e^ε)n): a device's S has |S_j| ≤ k for every j except with probability
+    τ_S (Chernoff, union over 2d tails). A matrix entry stays within B_q = fl(H_q²) (plus h/2,
+    checked with the encoding): |q̃_jq̃_k| ≤ ‖q̃‖² ≤ H_q² and rounding to nearest is monotone, so
+    fl(q̃_jq̃_k) ≤ fl(H_q·H_q). A linear entry stays within B_p = P + h_b(k + ½). ``share`` is
+    the δ the clamp spends (default
     CLAMP_DELTA_SHARE·δ; a larger one only in tests, so that clamps can be counted).
     """
     half = (CLAMP_DELTA_SHARE * one.delta if share is None else share) / 2.0
@@ -206,8 +208,7 @@ def clamp_bounds(*, one: Calibration, linear_bits: int, poisson_mean: float,
     tau_s = half / ((1.0 + math.exp(min(one.epsilon, 700.0))) * one.n)
     k = skellam_tail_point(tau_s / (2.0 * one.d), 2.0 * poisson_mean)
     h_b = math.ldexp(1.0, -linear_bits)
-    return (record_bound, record_bound * (1.0 + FLOAT_PRODUCT_ERROR),
-            one.p_bound + h_b * (k + 0.5), tau_s)
+    return record_bound, record_bound, one.p_bound + h_b * (k + 0.5), tau_s
 
 
 def _fits(bound: float, fp: FixedPoint) -> bool:

@@ -97,9 +97,9 @@ def assert_every_inequality_of_the_two_server_proof(cal: TwoServerCalibration) -
     assert cal.record_bound == pytest.approx(high**2, rel=1e-12)
     _, bound_q, bound_p, clamp_tau_s = two_server.clamp_bounds(
         one=one, linear_bits=cal.linear_bits, poisson_mean=cal.poisson_mean)
-    # B_q holds the largest entry a record with ‖q̃‖ ≤ H_q can have, fl(H_q·H_q) (a record at
-    # H_q·e₁), and is H_q²(1 + 2⁻⁵³), not more.
-    assert high * high <= bound_q <= high**2 * (1 + 2.0**-52)
+    # B_q is the largest entry a record with ‖q̃‖ ≤ H_q can have: fl(H_q·H_q), of a record at H_q·e₁
+    # (every other entry rounds to at most that, rounding being monotone).
+    assert bound_q == high * high
     bound = 2.0**fp.clamp_log2
     assert bound_q + h / 2 <= bound
     tau_s = CLAMP_DELTA_SHARE * cal.delta / 2.0 / ((1.0 + math.exp(cal.epsilon)) * n)
