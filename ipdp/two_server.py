@@ -239,7 +239,9 @@ def calibrate_two_server(*, epsilon: float, delta: float, n: int, d: int, lam: f
     record_bound, bound_q, bound_p, _ = clamp_bounds(
         one=one, linear_bits=guess_bits,
         poisson_mean=one.sigma_b2 / (2.0 * n * math.ldexp(1.0, -guess_bits) ** 2))
-    clamp_log2 = math.ceil(math.log2(max(bound_q, bound_p) * (1.0 + 2.0**-30)))
+    # The least power of two over the bounds at the one-server σ_b; the loop below only grows it,
+    # as σ_b and with it B_p only grow from there.
+    clamp_log2 = math.ceil(math.log2(max(bound_q, bound_p)))
     while True:
         fraction_bits = fraction_bits_for(n, clamp_log2)
         if fraction_bits < 0:

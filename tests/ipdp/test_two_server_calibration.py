@@ -21,7 +21,7 @@ from ipdp.calibration import (
     noisy_norm_interval,
     noisy_smoothness,
 )
-from ipdp.fixed_point import SIGNED_MAX, FixedPoint
+from ipdp.fixed_point import SIGNED_MAX, FixedPoint, fraction_bits_for
 from ipdp.grid_noise import (
     POISSON_MEAN_MAX,
     central_log_excess,
@@ -111,6 +111,10 @@ def assert_every_inequality_of_the_two_server_proof(cal: TwoServerCalibration) -
     assert 2 * d * skellam_tail(k + 0.5, 2.0 * cal.poisson_mean) <= tau_s
     assert 2 * d * skellam_tail(min(k - 0.5, k * (1 - 2e-9)), 2.0 * cal.poisson_mean) > tau_s
     assert bound_p + h / 2 <= bound
+    # B is the least power of two that holds both: at B/2 (and its finer grid) one does not fit.
+    if fp.clamp_log2 > -62:
+        half_step = 2.0 ** -fraction_bits_for(n, fp.clamp_log2 - 1) / 2
+        assert max(bound_q, bound_p) + half_step > bound / 2
     assert fp.n == n and n * fp.limit <= SIGNED_MAX
     assert fp.fraction_bits == 62 or SIGNED_MAX < 2 * n * fp.limit  # the largest f that fits
     # Step 12's grid: numpy's precise range, the grid inside the encoding's, the variance.
@@ -388,6 +392,20 @@ def test_a_linear_bound_just_past_a_power_of_two_gets_the_next_range():
                                       poisson_mean=cal.poisson_mean)[2]
     assert 0.5 < bound_p < 0.5 * (1 + 1e-5) and cal.record_bound < 0.25
     assert cal.encoding.clamp_log2 == 0
+    assert_every_inequality_of_the_two_server_proof(cal)
+
+
+def test_an_entry_bound_just_below_a_power_of_two_keeps_that_range():
+    # σ_u = 0 (a large ridge) makes H_q² = λ(1 + 10⁻⁹)²; at λ = ½(1 − 2.7·10⁻⁹) that is
+    # B_q = ½ − 1.75·10⁻¹⁰, and B_p ≈ 0.41: both fit B = 2⁻¹, so the range is 2⁻¹, not 2⁰
+    # (and f one bit finer).
+    cal = calibrate_two_server(epsilon=1.0, delta=0.01, n=512, d=2, lam=0.5 * (1 - 2.7e-9),
+                               p_bound=0.01, delta_in=1e3)
+    _, bound_q, bound_p, _ = two_server.clamp_bounds(one=cal.one_server,
+                                                     linear_bits=cal.linear_bits,
+                                                     poisson_mean=cal.poisson_mean)
+    assert 0.5 * (1 - 2.0**-30) < bound_q < 0.5 and bound_p < 0.45
+    assert cal.encoding.clamp_log2 == -1
     assert_every_inequality_of_the_two_server_proof(cal)
 
 
