@@ -416,6 +416,25 @@ def test_records_whose_sum_cannot_fit_in_64_bits_are_refused():
     assert str(refused.value) == "n=1073741824 records with entries up to 2^34 do not fit in 64 bits"
 
 
+def test_an_epsilon_whose_clamp_tail_is_not_a_double_is_refused_at_step_13():
+    # Step 13's τ_S = 10⁻³δ/(2(1 + e^ε)n) is 10⁻³⁵⁵ at ε = 800, δ = 0.99, n = 4: its tail point
+    # cannot be found in double precision, and a clamp cost written as (1 + e^ε)·n·τ_S for any
+    # other τ_S would not be what the clamp spends. Refused by name, at ε = 705 as well.
+    for epsilon in (800.0, 705.0):
+        with pytest.raises(CalibrationError) as refused:
+            calibrate_two_server(epsilon=epsilon, delta=0.99, n=4, d=1, delta_in=1e3)
+        assert str(refused.value).startswith(
+            f"ε={epsilon:g} leaves the linear clamp's tail τ_S = ")
+        assert "below double precision's normal range (Step 13)" in str(refused.value)
+    # Below, the clamp's δ is what its τ_S costs: (1 + e^ε)·n·τ_S = 10⁻³δ/2.
+    cal = calibrate_two_server(epsilon=50.0, delta=0.99, n=4, d=1, delta_in=1e3)
+    tau_s = two_server.clamp_bounds(one=cal.one_server, linear_bits=cal.linear_bits,
+                                    poisson_mean=cal.poisson_mean)[3]
+    assert tau_s == pytest.approx(CLAMP_DELTA_SHARE * 0.99 / 2 / ((1 + math.exp(50.0)) * 4),
+                                  rel=1e-12)
+    assert cal.delta_split["clamp_p"] == pytest.approx(CLAMP_DELTA_SHARE * 0.99 / 2, rel=1e-12)
+
+
 def test_a_rounding_that_takes_all_of_epsilon_is_refused_at_step_10(monkeypatch):
     # ε₁ = ε leaves ε₂ = 0 for the linear term: refused for the rounding, by name, before any
     # σ_b is tried (real parameters reach ε₁ = ε only by a floating-point coincidence).
