@@ -448,23 +448,30 @@ def test_a_rounding_that_takes_all_of_epsilon_is_refused_at_step_10(monkeypatch)
     assert tried == []
 
 
-def test_a_rounding_refusal_names_the_f_of_the_least_range_over_the_first_bounds():
+@pytest.mark.parametrize("study", [
+    {"n": 512, "d": 2, "p_bound": 1e6},
+    # σ_b ≈ 10⁻¹¹ asks for a grid finer than 2⁻⁶², and B_p at 2⁻⁶² lies 5·10⁻¹⁹ above 2⁻³⁹
+    # (at 2⁻⁶³ as far below): the first range is 2⁻³⁸, f = 51. The ridge leaves σ_u = 0.
+    {"n": 10**15, "d": 1, "p_bound": 1.8189851446844325e-12, "delta_in": 0.1},
+], ids=["P=1e6", "sigma_b-below-the-finest-grid"])
+def test_a_rounding_refusal_names_the_f_of_the_least_range_over_the_first_bounds(study):
     # The first range tried is the least power of two over B_q and B_p (Step 13) at the
-    # one-server σ_b, on Step 9's finest linear grid with μ ≤ 2³⁰; at λ = 10⁻¹², P = 10⁶ Step 10
-    # refuses there, and names that range's f. B_q ≈ 10⁻¹² ≪ B_p.
-    kw = {"epsilon": 1.0, "delta": 0.01, "n": 512, "d": 2, "lam": 1e-12, "p_bound": 1e6}
-    one = calibrate(mode="rigorous", eta=1.0, delta_in=None, **kw)
+    # one-server σ_b, on Step 9's finest linear grid with μ ≤ 2³⁰ (f_b ≤ f ≤ 62); at λ = 10⁻¹²
+    # Step 10 refuses there, and names that range's f. B_q ≈ 10⁻¹² < B_p.
+    kw = {"epsilon": 1.0, "delta": 0.01, "lam": 1e-12, "delta_in": None, **study}
+    n, d, p_bound = kw["n"], kw["d"], kw["p_bound"]
+    one = calibrate(mode="rigorous", eta=1.0, **kw)
     sigma_b = math.sqrt(one.sigma_b2)
-    linear_bits = min(62, math.floor(math.log2(math.sqrt(2 * 512 * POISSON_MEAN_MAX) / sigma_b)))
+    linear_bits = min(62, math.floor(math.log2(math.sqrt(2 * n * POISSON_MEAN_MAX) / sigma_b)))
     h_b = 2.0**-linear_bits
-    mu = one.sigma_b2 / (2 * 512 * h_b**2)
-    tau_s = CLAMP_DELTA_SHARE * 0.01 / 2 / ((1 + math.exp(1.0)) * 512)
-    bound_p = 1e6 + h_b * (grid_noise.skellam_tail_point(tau_s / 4, 2 * mu) + 0.5)
-    fraction_bits = fraction_bits_for(512, math.ceil(math.log2(bound_p)))
+    mu = one.sigma_b2 / (2 * n * h_b**2)
+    tau_s = CLAMP_DELTA_SHARE * 0.01 / 2 / ((1 + math.exp(1.0)) * n)
+    bound_p = p_bound + h_b * (grid_noise.skellam_tail_point(tau_s / (2 * d), 2 * mu) + 0.5)
+    fraction_bits = fraction_bits_for(n, math.ceil(math.log2(bound_p)))
     with pytest.raises(CalibrationError) as refused:
         calibrate_two_server(**kw)
     assert str(refused.value).startswith(
-        f"the rounding of q̃q̃ᵀ at f={fraction_bits} (n=512) leaves no ε for the linear term")
+        f"the rounding of q̃q̃ᵀ at f={fraction_bits} (n={n}) leaves no ε for the linear term")
 
 
 def test_a_linear_term_that_spends_exactly_delta_k_is_admitted(monkeypatch):
