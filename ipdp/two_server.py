@@ -20,6 +20,7 @@ little of ε₂ and δ_K (Steps 11–12), and σ_b is the least that pays for bo
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -193,24 +194,30 @@ def clamp_bounds(*, one: Calibration, linear_bits: int, poisson_mean: float,
     """Step 13 (clamping and range): (H_q², B_q, B_p, τ_S).
 
     τ_q = share/(2(n+1)) per record: ‖q̃‖ ≤ H_q except with probability τ_q (noncentral χ²_d at
-    the worst clean norm, as the norm check). τ_S = share/(2(1 + e^ε)n): a device's S has
-    |S_j| ≤ k for every j except with probability τ_S (Chernoff, union over 2d tails). A matrix
-    entry stays within B_q = H_q²(1 + 2⁻⁵³) (plus h/2, checked with the encoding) and a linear
-    entry within B_p = P + h_b(k + ½). ``share`` is the δ the clamp spends (default
-    CLAMP_DELTA_SHARE·δ; a larger one only in tests, so that clamps can be counted).
+    the worst clean norm, as the norm check; without noise, √λ and clipping's rounding).
+    τ_S = share/(2(1 + e^ε)n): a device's S has |S_j| ≤ k for every j except with probability
+    τ_S (Chernoff, union over 2d tails). A matrix entry stays within B_q = fl(H_q²) (plus h/2,
+    checked with the encoding): |q̃_jq̃_k| ≤ ‖q̃‖² ≤ H_q² and rounding to nearest is monotone, so
+    fl(q̃_jq̃_k) ≤ fl(H_q·H_q). A linear entry stays within B_p = P + h_b(k + ½). ``share`` is
+    the δ the clamp spends (default CLAMP_DELTA_SHARE·δ; a larger one only in tests, so that
+    clamps can be counted). Raises CalibrationError when τ_S/(2d) is not a normal double.
     """
     half = (CLAMP_DELTA_SHARE * one.delta if share is None else share) / 2.0
     tau_q = half / (one.n + 1)
-    if one.noise_std_q == 0.0:
-        high = math.sqrt(one.lam) * (1.0 + 1e-9)
-    else:
-        high = noisy_norm_interval(one.noise_std_q, one.d, math.sqrt(one.lam), tau_q)[1]
+    high = noisy_norm_interval(one.noise_std_q, one.d, math.sqrt(one.lam), tau_q)[1]
     record_bound = high * high
-    tau_s = half / ((1.0 + math.exp(min(one.epsilon, 700.0))) * one.n)
+    try:
+        tau_s = half / ((1.0 + math.exp(one.epsilon)) * one.n)
+    except OverflowError:
+        tau_s = 0.0
+    if tau_s / (2.0 * one.d) < sys.float_info.min:
+        # The Chernoff tail point is found in double precision; a subnormal tail is not.
+        raise CalibrationError(
+            f"ε={one.epsilon:g} leaves the linear clamp's tail τ_S = {tau_s:.3g} per device "
+            "below double precision's normal range (Step 13); such an ε protects nothing anyway")
     k = skellam_tail_point(tau_s / (2.0 * one.d), 2.0 * poisson_mean)
     h_b = math.ldexp(1.0, -linear_bits)
-    return (record_bound, record_bound * (1.0 + FLOAT_PRODUCT_ERROR),
-            one.p_bound + h_b * (k + 0.5), tau_s)
+    return record_bound, record_bound, one.p_bound + h_b * (k + 0.5), tau_s
 
 
 def _fits(bound: float, fp: FixedPoint) -> bool:
@@ -226,7 +233,8 @@ def calibrate_two_server(*, epsilon: float, delta: float, n: int, d: int, lam: f
     Keeps the one-server σ_u, Δ_in, γ₁, γ₂, δ_K; ε₁ becomes the rounded log-det bound (Step 10)
     and σ_b the least (to 10⁻⁹ relative, rounded up) with linear + box ≤ δ_K (Step 12) at
     ε₂ = ε − ε₁. The clamp's share replaces the norm check's (Step 13). Raises
-    CalibrationError when the rounding or the grid leave no room.
+    CalibrationError when the rounding or the grid leave no room, or the clamp's tail τ_S
+    (about 10⁻³δ·e^−ε/n) is beyond double precision.
     """
     one = calibrate(mode="rigorous", epsilon=epsilon, delta=delta, n=n, d=d, lam=lam,
                     p_bound=p_bound, eta=eta, delta_in=delta_in, loss=loss)
@@ -241,7 +249,9 @@ def calibrate_two_server(*, epsilon: float, delta: float, n: int, d: int, lam: f
     record_bound, bound_q, bound_p, _ = clamp_bounds(
         one=one, linear_bits=guess_bits,
         poisson_mean=one.sigma_b2 / (2.0 * n * math.ldexp(1.0, -guess_bits) ** 2))
-    clamp_log2 = math.ceil(math.log2(max(bound_q, bound_p) * (1.0 + 2.0**-30)))
+    # The least power of two over the bounds at the one-server σ_b; the loop below only grows it,
+    # as σ_b and with it B_p only grow from there.
+    clamp_log2 = math.ceil(math.log2(max(bound_q, bound_p)))
     while True:
         fraction_bits = fraction_bits_for(n, clamp_log2)
         if fraction_bits < 0:
@@ -288,7 +298,7 @@ def calibrate_two_server(*, epsilon: float, delta: float, n: int, d: int, lam: f
         clamp_log2 += 1
     sigma_b2 = (h_b * h_b) * (2.0 * n * mu)
     clamp_q = CLAMP_DELTA_SHARE * one.delta / 2.0  # (n + 1)·τ_q
-    clamp_p = (1.0 + math.exp(min(epsilon, 700.0))) * n * tau_s
+    clamp_p = (1.0 + math.exp(epsilon)) * n * tau_s  # finite: clamp_bounds refuses a subnormal τ_S
     log_det = math.log1p(one.lambda_prime / beta_one)
     return TwoServerCalibration(
         one_server=one, epsilon=epsilon, delta=one.delta, n=n, d=d, sigma_u2=one.sigma_u2,

@@ -21,7 +21,7 @@ from ipdp.calibration import (
     noisy_norm_interval,
     noisy_smoothness,
 )
-from ipdp.fixed_point import SIGNED_MAX
+from ipdp.fixed_point import SIGNED_MAX, FixedPoint, fraction_bits_for
 from ipdp.grid_noise import (
     POISSON_MEAN_MAX,
     central_log_excess,
@@ -29,6 +29,7 @@ from ipdp.grid_noise import (
     dither_loss_slack,
     skellam_tail,
 )
+from ipdp.losses import clip_rows
 from ipdp.two_server import (
     BOX_SHARE,
     CLAMP_DELTA_SHARE,
@@ -49,6 +50,7 @@ CONFIGS = [
     {"n": 8192, "d": 2},
     {"n": 500, "d": 3, "delta_in": 0.5},
     {"n": 2**11, "d": 5, "lam": 0.25, "p_bound": 0.5, "eta": 2.0, "loss": "logistic"},
+    {"n": 512, "d": 2, "delta_in": 10.0},  # a ridge that leaves q̃ without noise: σ_u = 0
 ]
 
 
@@ -76,6 +78,8 @@ def assert_every_inequality_of_the_two_server_proof(cal: TwoServerCalibration) -
     gamma1, gamma2 = cal.delta_split["gamma_1"], cal.delta_split["gamma_2"]
     delta_k = one.delta_split["delta_k"]
     # Step 14: the budgets add up, and the clamp takes the norm check's share.
+    assert set(cal.epsilon_split) == {"log_det", "rounding", "grid", "linear"}
+    assert set(cal.delta_split) == {"linear", "box", "gamma_1", "gamma_2", "clamp_q", "clamp_p"}
     assert all(v >= 0.0 for v in cal.epsilon_split.values())
     assert sum(cal.epsilon_split.values()) == pytest.approx(cal.epsilon, rel=1e-12)
     assert (gamma1, gamma2) == (one.delta_split["gamma_1"], one.delta_split["gamma_2"])
@@ -87,16 +91,30 @@ def assert_every_inequality_of_the_two_server_proof(cal: TwoServerCalibration) -
     assert sum(cal.delta_split.values()) <= cal.delta * (1 + 1e-12)
     # Step 13: the record bound, the range and the fraction bits.
     tau_q = CLAMP_DELTA_SHARE * cal.delta / 2.0 / (n + 1)
-    if one.noise_std_q > 0.0:
-        high = noisy_norm_interval(one.noise_std_q, d, math.sqrt(lam), tau_q)[1]
-        assert cal.record_bound == pytest.approx(high**2, rel=1e-12)
+    assert cal.delta_split["clamp_q"] == pytest.approx((n + 1) * tau_q, rel=1e-12)
+    # H_q: the norm check's bound at τ_q; without noise ‖q̃‖ = ‖q‖, a few ulps above √λ at most.
+    high = noisy_norm_interval(one.noise_std_q, d, math.sqrt(lam), tau_q)[1]
+    assert cal.record_bound == pytest.approx(high**2, rel=1e-12)
+    _, bound_q, bound_p, clamp_tau_s = two_server.clamp_bounds(
+        one=one, linear_bits=cal.linear_bits, poisson_mean=cal.poisson_mean)
+    # B_q is the largest entry a record with ‖q̃‖ ≤ H_q can have: fl(H_q·H_q), of a record at H_q·e₁
+    # (every other entry rounds to at most that, rounding being monotone).
+    assert bound_q == high * high
     bound = 2.0**fp.clamp_log2
-    assert cal.record_bound * (1 + 2.0**-53) + h / 2 <= bound
+    assert bound_q + h / 2 <= bound
     tau_s = CLAMP_DELTA_SHARE * cal.delta / 2.0 / ((1.0 + math.exp(cal.epsilon)) * n)
+    assert clamp_tau_s == pytest.approx(tau_s, rel=1e-12)
     assert cal.delta_split["clamp_p"] == pytest.approx((1.0 + math.exp(cal.epsilon)) * n * tau_s)
-    k = grid_noise.skellam_tail_point(tau_s / (2 * d), 2.0 * cal.poisson_mean)
-    assert 2 * d * skellam_tail(k, 2.0 * cal.poisson_mean) <= tau_s
-    assert p_bound + h_b * (k + 0.5) + h / 2 <= bound
+    # B_p = P + h_b(k + ½) with k the least tail point of a device's S at τ_S (within half a
+    # grid unit either way: k is a real number found to 10⁻⁹).
+    k = (bound_p - p_bound) / h_b - 0.5
+    assert 2 * d * skellam_tail(k + 0.5, 2.0 * cal.poisson_mean) <= tau_s
+    assert 2 * d * skellam_tail(min(k - 0.5, k * (1 - 2e-9)), 2.0 * cal.poisson_mean) > tau_s
+    assert bound_p + h / 2 <= bound
+    # B is the least power of two that holds both: at B/2 (and its finer grid) one does not fit.
+    if fp.clamp_log2 > -62:
+        half_step = 2.0 ** -fraction_bits_for(n, fp.clamp_log2 - 1) / 2
+        assert max(bound_q, bound_p) + half_step > bound / 2
     assert fp.n == n and n * fp.limit <= SIGNED_MAX
     assert fp.fraction_bits == 62 or SIGNED_MAX < 2 * n * fp.limit  # the largest f that fits
     # Step 12's grid: numpy's precise range, the grid inside the encoding's, the variance.
@@ -116,7 +134,10 @@ def assert_every_inequality_of_the_two_server_proof(cal: TwoServerCalibration) -
     beta2 = beta - (n - 1) * e
     assert cal.beta == pytest.approx(beta2, rel=1e-12) and e < beta2
     eps1 = math.log1p(cal.lambda_prime / beta2) + d * math.log((beta2 + e) / (beta2 - e))
-    assert eps1 <= (cal.epsilon_split["log_det"] + cal.epsilon_split["rounding"]) * (1 + 1e-12)
+    assert cal.epsilon_split["log_det"] == pytest.approx(math.log1p(cal.lambda_prime / beta),
+                                                         rel=1e-12)
+    assert eps1 == pytest.approx(cal.epsilon_split["log_det"] + cal.epsilon_split["rounding"],
+                                 rel=1e-12)
     # Step 12: the box, the three slacks and the δ of the linear term.
     sigma_b = math.sqrt(cal.sigma_b2)
     p_eff = p_bound + h_b * math.sqrt(d) / 2
@@ -126,6 +147,8 @@ def assert_every_inequality_of_the_two_server_proof(cal: TwoServerCalibration) -
     radius = cal.box_radius * math.sqrt(x)
     inner = radius - shift / h_b - 0.5  # |S_c| beyond this is the only way to leave the box
     assert 2 * d * skellam_tail(inner, x) <= cal.delta_split["box"] * (1 + 1e-9)
+    # r is the least: half a grid unit less (or, far out, the tail point's 10⁻⁹) leaves the box.
+    assert 2 * d * skellam_tail(min(inner - 0.5, inner * (1 - 2e-9)), x) > cal.delta_split["box"]
     top = radius + 0.5
     eta_loss = (d * (2 * radius + 0.25) / (2 * x)
                 + (math.sqrt(d) * shift / h_b + d) * max(1 / (2 * x), top**3 / (6 * x**3)))
@@ -146,6 +169,9 @@ def assert_every_inequality_of_the_two_server_proof(cal: TwoServerCalibration) -
 def test_every_inequality_of_the_two_server_proof_holds_at_the_chosen_parameters(config):
     cal = _calibrate(config)
     assert_every_inequality_of_the_two_server_proof(cal)
+    # Step 14 keeps the one-server calibration at the same parameters: its Δ_in (given or
+    # chosen), its loss's criterion for the split, rigorous mode.
+    assert cal.one_server == calibrate(mode="rigorous", **{"delta_in": None, **REFERENCE, **config})
     # σ_b is the least Step 12 admits (to 10⁻⁹): at 0.99 σ_b the linear term's δ is too large.
     smaller = _term(cal, 0.99 * math.sqrt(cal.sigma_b2))
     assert smaller is None or (smaller.linear_delta + smaller.box_delta
@@ -195,6 +221,108 @@ def test_the_dithered_loss_is_the_gaussian_loss_plus_at_most_eta_l_on_the_box(x)
     # And the density against N(0, x·I) on the box (the change of measure of Step 12).
     log_phi = -0.5 * d * math.log(2 * math.pi * x) - (y**2).sum(axis=1) / (2 * x)
     assert np.all(log_g(y) - log_phi <= dither_density_slack(x, radius, d) + 1e-9)
+
+
+def test_the_rounding_slack_stays_a_positive_bound_where_its_grid_and_product_terms_vanish():
+    # Step 10: e = d·(h/2 + 2⁻⁵³H_q² + 2⁻¹⁰⁷⁴), the last term for products that round to a
+    # subnormal. At h = 2⁻¹⁰⁷⁴ and H_q = 0 the first two are 0 in double precision, the last not.
+    assert two_server.rounding_slack(1074, 3, 0.0) >= 3 * 2.0**-1074 > 0.0
+    assert two_server.rounding_slack(40, 14, 2.0) == pytest.approx(
+        14 * (2.0**-41 + 2.0**-53 * 2.0 + 2.0**-1074), rel=1e-15)
+
+
+def test_the_rounded_log_det_bound_is_step_10s_formula():
+    # ε₁′ = log(1 + λ′/β′) + d·log((β′ + e)/(β′ − e)), at a β′ below 1 and one above, where
+    # e/β′ and e·β′ differ; no bound when e ≥ β′.
+    for lambda_prime, beta, e, d in ((2.0, 0.5, 0.1, 3), (0.3, 40.0, 0.25, 14)):
+        expected = math.log(1 + lambda_prime / beta) + d * math.log((beta + e) / (beta - e))
+        assert two_server.rounded_log_det_epsilon(lambda_prime, beta, e, d) == pytest.approx(
+            expected, rel=1e-13)
+    assert two_server.rounded_log_det_epsilon(1.0, 0.5, 0.5, 2) == math.inf
+
+
+def _small_term_inputs() -> dict:
+    """dithered_linear_term's inputs at SMALL's calibration, but for epsilon2 and shift_rounding."""
+    cal = _calibrate({"n": 512, "d": 2, "epsilon": 2.0})
+    return {"sigma_b": math.sqrt(cal.sigma_b2), "n": cal.n, "d": cal.d,
+            "kappa": cal.lambda_prime * cal.one_server.eta, "p_bound": cal.one_server.p_bound,
+            "fraction_bits": cal.encoding.fraction_bits, "box_delta": cal.delta_split["box"]}
+
+
+def test_the_rounding_in_the_shift_costs_step_12_b_eta_xi_at_any_size():
+    # Step 12 (b): η_ξ = (2√d·rσ_b·ξ_m + 2(κ + ρ)ξ_m + ξ_m²)/(2σ_b²). The calibrated ξ_m is
+    # about 10⁻¹⁷, where ξ_m² vanishes; at ξ_m = 0.5 (and 0.1) every term counts.
+    inputs = _small_term_inputs()
+    sigma_b, d, kappa = inputs["sigma_b"], inputs["d"], inputs["kappa"]
+    for xi in (0.5, 0.1):
+        term = dithered_linear_term(epsilon2=1e3, shift_rounding=xi, **inputs)
+        h_b = math.ldexp(1.0, -term.linear_bits)
+        rho = 2 * (inputs["p_bound"] + h_b * math.sqrt(d) / 2)
+        radius = term.box_radius * math.sqrt(term.grid_variance) * h_b  # rσ_b
+        expected = ((2 * math.sqrt(d) * radius * xi + 2 * (kappa + rho) * xi + xi**2)
+                    / (2 * sigma_b**2))
+        assert term.eta_shift == pytest.approx(expected, rel=1e-12)
+
+
+def test_an_epsilon_2_that_only_pays_the_slack_leaves_no_linear_term():
+    # ε₂′ = ε₂ − η_L − η_ξ must be positive for Step 12 (e): at ε₂ = η_L + η_ξ exactly the term
+    # is refused (None), just above it is evaluated. A coarse grid (f = 0, σ_b = 3) makes the
+    # slack large and η_ξ = 0, so that the difference is exactly 0.
+    inputs = {**_small_term_inputs(), "sigma_b": 3.0, "fraction_bits": 0, "shift_rounding": 0.0}
+    slack = dithered_linear_term(epsilon2=1e3, **inputs)
+    assert slack.eta_shift == 0.0 and slack.eta_loss > 1.0
+    assert dithered_linear_term(epsilon2=slack.eta_loss, **inputs) is None
+    assert dithered_linear_term(epsilon2=math.nextafter(slack.eta_loss, math.inf), **inputs)
+
+
+def test_the_linear_terms_delta_is_at_most_1():
+    # Step 12 (e)'s bound e^{η₀}·linear_term_delta(ε₂′, …) exceeds 1 when η₀ is large (here
+    # x = 9 grid units²); δ is a probability, so the term reports 1.
+    inputs = {**_small_term_inputs(), "sigma_b": 3.0, "fraction_bits": 0, "shift_rounding": 0.0}
+    slack = dithered_linear_term(epsilon2=1e3, **inputs)
+    epsilon2 = slack.eta_loss + 0.1
+    term = dithered_linear_term(epsilon2=epsilon2, **inputs)
+    p_eff = inputs["p_bound"] + math.sqrt(inputs["d"]) / 2  # h_b = 1
+    bound = math.exp(term.eta_density) * linear_term_delta(
+        epsilon2 - term.eta_loss - term.eta_shift, inputs["sigma_b"], inputs["kappa"], p_eff)
+    assert term.linear_bits == 0 and bound > 1.0
+    assert term.linear_delta == 1.0
+
+
+def test_an_entry_bound_fits_the_range_exactly_when_it_and_half_a_step_are_within_b():
+    # Step 13: no entry is clamped when its bound plus the rounding's h/2 is at most B = 2^c:
+    # here B = 8, h = 1/4; 7.875 fits, 2⁻²⁰ more does not.
+    fp = FixedPoint(d=1, n=2, fraction_bits=2, clamp_log2=3)
+    assert two_server._fits(8.0 - 0.125, fp)
+    assert not two_server._fits(8.0 - 0.125 + 2.0**-20, fp)
+    assert two_server._fits(0.0, fp) and not two_server._fits(8.0, fp)
+
+
+def test_the_noise_free_record_bound_holds_every_clipped_row_and_little_more():
+    # σ_u = 0 (a large ridge): ‖q̃‖ = ‖q‖, and clip_rows leaves a row scaled to √λ a few ulps
+    # above it. H_q² must hold every clipped row's ‖q‖², and exceed λ by no more than 10⁻⁸.
+    cal = _calibrate(CONFIGS[-1])
+    one = cal.one_server
+    assert one.noise_std_q == 0.0
+    for lam in (one.lam, 0.37):
+        one_at = one.model_copy(update={"lam": lam})
+        record_bound = two_server.clamp_bounds(one=one_at, linear_bits=cal.linear_bits,
+                                               poisson_mean=cal.poisson_mean)[0]
+        rows = np.random.default_rng(5).normal(size=(100_000, one.d)) * 10.0
+        norms2 = np.sum(clip_rows(rows, math.sqrt(lam)) ** 2, axis=1)
+        assert np.max(norms2) <= record_bound <= lam * (1 + 1e-8)
+        assert np.max(norms2) > lam * (1 - 1e-12)  # clipping reaches √λ: the bound is needed
+
+
+def test_a_study_whose_range_leaves_no_fraction_bit_calibrates_on_the_integers():
+    # P = 10¹² puts every entry's range at B = 2⁴⁰, and n = 2²² + 1 records of that range fit in
+    # 63 bits only with f = 0 (n·2⁴⁰ ≤ 2⁶³ − 1 < n·2⁴¹): the grid h = 1 is the encoding. A ridge
+    # of 10⁹ pays for its rounding slack (e ≈ d/2 per record).
+    n = 2**22 + 1
+    assert n * 2**40 <= SIGNED_MAX < n * 2**41
+    cal = calibrate_two_server(epsilon=1.0, delta=0.01, n=n, d=1, p_bound=1e12, delta_in=1e9)
+    assert (cal.encoding.clamp_log2, cal.encoding.fraction_bits) == (40, 0)
+    assert_every_inequality_of_the_two_server_proof(cal)
 
 
 def test_a_two_server_device_draws_the_documented_noise():
@@ -267,11 +395,44 @@ def test_a_linear_bound_just_past_a_power_of_two_gets_the_next_range():
     assert_every_inequality_of_the_two_server_proof(cal)
 
 
+def test_an_entry_bound_just_below_a_power_of_two_keeps_that_range():
+    # σ_u = 0 (a large ridge) makes H_q² = λ(1 + 10⁻⁹)²; at λ = ½(1 − 2.7·10⁻⁹) that is
+    # B_q = ½ − 1.75·10⁻¹⁰, and B_p ≈ 0.41: both fit B = 2⁻¹, so the range is 2⁻¹, not 2⁰
+    # (and f one bit finer).
+    cal = calibrate_two_server(epsilon=1.0, delta=0.01, n=512, d=2, lam=0.5 * (1 - 2.7e-9),
+                               p_bound=0.01, delta_in=1e3)
+    _, bound_q, bound_p, _ = two_server.clamp_bounds(one=cal.one_server,
+                                                     linear_bits=cal.linear_bits,
+                                                     poisson_mean=cal.poisson_mean)
+    assert 0.5 * (1 - 2.0**-30) < bound_q < 0.5 and bound_p < 0.45
+    assert cal.encoding.clamp_log2 == -1
+    assert_every_inequality_of_the_two_server_proof(cal)
+
+
 def test_records_whose_sum_cannot_fit_in_64_bits_are_refused():
     # n = 2³⁰ records with entries up to B = 2³⁴ (P = 10¹⁰) need n·B = 2⁶⁴ > 2⁶³ − 1 even at f = 0.
     with pytest.raises(CalibrationError) as refused:
         calibrate_two_server(epsilon=1.0, delta=0.01, n=2**30, d=1, p_bound=1e10)
     assert str(refused.value) == "n=1073741824 records with entries up to 2^34 do not fit in 64 bits"
+
+
+def test_an_epsilon_whose_clamp_tail_is_not_a_double_is_refused_at_step_13():
+    # Step 13's τ_S = 10⁻³δ/(2(1 + e^ε)n) is 10⁻³⁵⁵ at ε = 800, δ = 0.99, n = 4: its tail point
+    # cannot be found in double precision, and a clamp cost written as (1 + e^ε)·n·τ_S for any
+    # other τ_S would not be what the clamp spends. Refused by name, at ε = 705 as well.
+    for epsilon in (800.0, 705.0):
+        with pytest.raises(CalibrationError) as refused:
+            calibrate_two_server(epsilon=epsilon, delta=0.99, n=4, d=1, delta_in=1e3)
+        assert str(refused.value).startswith(
+            f"ε={epsilon:g} leaves the linear clamp's tail τ_S = ")
+        assert "below double precision's normal range (Step 13)" in str(refused.value)
+    # Below, the clamp's δ is what its τ_S costs: (1 + e^ε)·n·τ_S = 10⁻³δ/2.
+    cal = calibrate_two_server(epsilon=50.0, delta=0.99, n=4, d=1, delta_in=1e3)
+    tau_s = two_server.clamp_bounds(one=cal.one_server, linear_bits=cal.linear_bits,
+                                    poisson_mean=cal.poisson_mean)[3]
+    assert tau_s == pytest.approx(CLAMP_DELTA_SHARE * 0.99 / 2 / ((1 + math.exp(50.0)) * 4),
+                                  rel=1e-12)
+    assert cal.delta_split["clamp_p"] == pytest.approx(CLAMP_DELTA_SHARE * 0.99 / 2, rel=1e-12)
 
 
 def test_a_rounding_that_takes_all_of_epsilon_is_refused_at_step_10(monkeypatch):
@@ -285,6 +446,32 @@ def test_a_rounding_that_takes_all_of_epsilon_is_refused_at_step_10(monkeypatch)
     assert re.fullmatch(r"the rounding of q̃q̃ᵀ at f=\d+ \(n=512\) leaves no ε for the linear "
                         r"term: ε₁ = 2 ≥ ε \(Step 10\)", str(refused.value))
     assert tried == []
+
+
+@pytest.mark.parametrize("study", [
+    {"n": 512, "d": 2, "p_bound": 1e6},
+    # σ_b ≈ 10⁻¹¹ asks for a grid finer than 2⁻⁶², and B_p at 2⁻⁶² lies 5·10⁻¹⁹ above 2⁻³⁹
+    # (at 2⁻⁶³ as far below): the first range is 2⁻³⁸, f = 51. The ridge leaves σ_u = 0.
+    {"n": 10**15, "d": 1, "p_bound": 1.8189851446844325e-12, "delta_in": 0.1},
+], ids=["P=1e6", "sigma_b-below-the-finest-grid"])
+def test_a_rounding_refusal_names_the_f_of_the_least_range_over_the_first_bounds(study):
+    # The first range tried is the least power of two over B_q and B_p (Step 13) at the
+    # one-server σ_b, on Step 9's finest linear grid with μ ≤ 2³⁰ (f_b ≤ f ≤ 62); at λ = 10⁻¹²
+    # Step 10 refuses there, and names that range's f. B_q ≈ 10⁻¹² < B_p.
+    kw = {"epsilon": 1.0, "delta": 0.01, "lam": 1e-12, "delta_in": None, **study}
+    n, d, p_bound = kw["n"], kw["d"], kw["p_bound"]
+    one = calibrate(mode="rigorous", eta=1.0, **kw)
+    sigma_b = math.sqrt(one.sigma_b2)
+    linear_bits = min(62, math.floor(math.log2(math.sqrt(2 * n * POISSON_MEAN_MAX) / sigma_b)))
+    h_b = 2.0**-linear_bits
+    mu = one.sigma_b2 / (2 * n * h_b**2)
+    tau_s = CLAMP_DELTA_SHARE * 0.01 / 2 / ((1 + math.exp(1.0)) * n)
+    bound_p = p_bound + h_b * (grid_noise.skellam_tail_point(tau_s / (2 * d), 2 * mu) + 0.5)
+    fraction_bits = fraction_bits_for(n, math.ceil(math.log2(bound_p)))
+    with pytest.raises(CalibrationError) as refused:
+        calibrate_two_server(**kw)
+    assert str(refused.value).startswith(
+        f"the rounding of q̃q̃ᵀ at f={fraction_bits} (n={n}) leaves no ε for the linear term")
 
 
 def test_a_linear_term_that_spends_exactly_delta_k_is_admitted(monkeypatch):
