@@ -19,6 +19,7 @@ The record checks (record_norm_bounds) take scipy.stats' χ² laws, imported whe
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from numbers import Integral, Real
@@ -803,11 +804,22 @@ def _finish(*, mechanism: float, **kw) -> Calibration:
     )
     check = norm_check_delta(delta)
     spent = max(delta, mechanism + check)
+    try:
+        per_record = check / ((1.0 + math.exp(epsilon)) * n)
+    except OverflowError:
+        per_record = 0.0
+    if per_record < sys.float_info.min:
+        # The check's bounds are quantiles at π/4; a subnormal π has none in double precision,
+        # and a π rounded up to one would cost more than the norm check's share of δ.
+        raise CalibrationError(
+            f"ε={epsilon:g} leaves the norm check's rejection budget π = {per_record:.3g} per "
+            "record below double precision's normal range (\"The norm check\"); such an ε "
+            "protects nothing anyway")
     return Calibration(
         **{**kw, "delta": spent, "delta_split": {**kw["delta_split"], "norm_check": check}},
         local_epsilon=local, local_delta=delta, noise_std_q=std_q, noise_std_p=std_p,
         mechanism_delta=mechanism, norm_check_delta=check,
-        honest_rejection_probability=check / ((1.0 + math.exp(min(epsilon, 700.0))) * n))
+        honest_rejection_probability=per_record)
 
 
 def _pair_mu(sens_q: float, std_q: float, sens_p: float, std_p: float) -> float:

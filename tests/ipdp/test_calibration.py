@@ -400,9 +400,19 @@ def test_inconsistent_feature_bounds_are_refused_with_a_clear_message(override, 
 def test_a_huge_epsilon_calibrates_or_is_refused_with_a_clear_error_never_an_overflow():
     from ipdp.errors import CalibrationError
 
-    cal = calibrate(mode="rigorous", epsilon=1000.0, delta=0.01, n=2000, d=14, lam=1.0,
+    cal = calibrate(mode="rigorous", epsilon=650.0, delta=0.01, n=2000, d=14, lam=1.0,
                     p_bound=1.0, eta=1.0, delta_in=0.0)
     assert cal.sigma_u2 < 1e-100 and cal.local_epsilon > 1e100
+    # π = 10⁻³δ/((1 + e^ε)·n) exactly ("The norm check"), so the check costs its share of δ.
+    assert cal.honest_rejection_probability == pytest.approx(
+        1e-3 * 0.01 / ((1.0 + math.exp(650.0)) * 2000), rel=1e-12)
+    # Past ε ≈ 700 π is no normal double: refused by name, never reported at a smaller cost
+    # than the check's (a π taken at min(ε, 700) costs e^(ε − 700) times the share).
+    for epsilon in (705.0, 1000.0):
+        for mode, delta_in in (("rigorous", 0.0), ("paper", 1.0)):
+            with pytest.raises(CalibrationError, match="the norm check's rejection budget π"):
+                calibrate(mode=mode, epsilon=epsilon, delta=0.01, n=2000, d=14, lam=1.0,
+                          p_bound=1.0, eta=1.0, delta_in=delta_in)
     with pytest.raises(CalibrationError, match="evaluated reliably"):
         calibrate(mode="rigorous", epsilon=1e300, delta=0.01, n=2000, d=14, lam=1.0,
                   p_bound=1.0, eta=1.0, delta_in=0.0)
