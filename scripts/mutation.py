@@ -57,6 +57,10 @@ class ModuleResult:
         return self.killed / counted if counted else 1.0
 
 
+class RunFailed(Exception):
+    """mutmut gave no verdict for some of a module's mutants."""
+
+
 def configured_modules() -> list[str]:
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     return list(config["tool"]["mutmut"]["only_mutate"])
@@ -105,8 +109,10 @@ def run_module(module: str, workers: int, equivalent: set[str],
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     if names:
-        subprocess.run([*MUTMUT, "run", "--max-children", str(workers), *names], cwd=REPO,
-                       check=False)
+        run = subprocess.run([*MUTMUT, "run", "--max-children", str(workers), *names], cwd=REPO,
+                             check=False)
+        if run.returncode != 0:  # e.g. the tests fail without a mutant: no verdict is known
+            raise RunFailed(f"mutmut run exited with {run.returncode} on {module}")
     wall = time.monotonic() - start
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = ModuleResult(module, wall_s=wall,
@@ -115,6 +121,8 @@ def run_module(module: str, workers: int, equivalent: set[str],
     for name, status in statuses().items():
         if not name.startswith(prefix):
             continue
+        if status == "not checked":  # the run was stopped before this mutant
+            raise RunFailed(f"{module}: {name} and maybe others were not run")
         result.mutants += 1
         if status in CAUGHT:
             result.killed += 1
@@ -171,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.modules or args.survivors else "make mutation"
     results = []
     for module in modules:
-        results.append(run_module(module, args.workers, equivalent, args.survivors))
+        try:
+            results.append(run_module(module, args.workers, equivalent, args.survivors))
+        except RunFailed as failed:
+            # Its row would count mutants that never ran as survivors: none is written.
+            print(f"{failed}; no row written for it (mutmut's output is above)", file=sys.stderr)
+            return 1
         r = results[-1]
         print(f"{module}: {r.killed}/{r.mutants - r.equivalent} killed "
               f"({100 * r.kill_rate:.1f} %; {r.timeouts} of them timed out), "
