@@ -417,15 +417,18 @@ def test_records_whose_sum_cannot_fit_in_64_bits_are_refused():
 
 
 def test_an_epsilon_whose_clamp_tail_is_not_a_double_is_refused_at_step_13():
-    # Step 13's τ_S = 10⁻³δ/(2(1 + e^ε)n) is 10⁻³⁵⁵ at ε = 800, δ = 0.99, n = 4: its tail point
-    # cannot be found in double precision, and a clamp cost written as (1 + e^ε)·n·τ_S for any
-    # other τ_S would not be what the clamp spends. Refused by name, at ε = 705 as well.
-    for epsilon in (800.0, 705.0):
-        with pytest.raises(CalibrationError) as refused:
-            calibrate_two_server(epsilon=epsilon, delta=0.99, n=4, d=1, delta_in=1e3)
-        assert str(refused.value).startswith(
-            f"ε={epsilon:g} leaves the linear clamp's tail τ_S = ")
-        assert "below double precision's normal range (Step 13)" in str(refused.value)
+    # Step 13's τ_S/(2d) = 10⁻³δ/(4d(1 + e^ε)n) is 1.0·10⁻³⁰⁸ at ε = 699.5, δ = 0.99, n = 4,
+    # d = 1, below the least normal double: its tail point cannot be found in double precision,
+    # and a clamp cost written as (1 + e^ε)·n·τ_S for any other τ_S would not be what the clamp
+    # spends. Refused by name. The one-server norm check's π = 4d·τ_S/(2d) = 4.0·10⁻³⁰⁸ is still
+    # normal there, so it is Step 13 that refuses; at ε = 800 the one-server calibration refuses
+    # first.
+    with pytest.raises(CalibrationError) as refused:
+        calibrate_two_server(epsilon=699.5, delta=0.99, n=4, d=1, delta_in=1e3)
+    assert str(refused.value).startswith("ε=699.5 leaves the linear clamp's tail τ_S = ")
+    assert "below double precision's normal range (Step 13)" in str(refused.value)
+    with pytest.raises(CalibrationError, match="below double precision's normal range"):
+        calibrate_two_server(epsilon=800.0, delta=0.99, n=4, d=1, delta_in=1e3)
     # Below, the clamp's δ is what its τ_S costs: (1 + e^ε)·n·τ_S = 10⁻³δ/2.
     cal = calibrate_two_server(epsilon=50.0, delta=0.99, n=4, d=1, delta_in=1e3)
     tau_s = two_server.clamp_bounds(one=cal.one_server, linear_bits=cal.linear_bits,
