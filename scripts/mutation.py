@@ -102,10 +102,12 @@ def run_module(module: str, workers: int, equivalent: set[str],
     names = [prefix + "*"]
     if survivors_only:
         # mutmut keeps every mutant's last status: the survivors run again, and so do the
-        # timeouts, which a loaded machine can cause without a fault being found.
+        # timeouts, which a loaded machine can cause without a fault being found, and the
+        # mutants of a function changed since (mutmut has reset them to "not checked").
         names = [name for name, status in statuses().items()
-                 if name.startswith(prefix) and name not in equivalent
-                 and (status not in CAUGHT or status == "timeout")]
+                 if name.startswith(prefix)
+                 and (status in ("timeout", "not checked")
+                      or (status not in CAUGHT and name not in equivalent))]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     if names:
