@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from ipdp.grid_noise import (
     dither_density_slack,
     dither_loss_slack,
     skellam_tail,
+    skellam_tail_point,
 )
 from ipdp.losses import clip_rows
 from ipdp.two_server import (
@@ -264,6 +266,23 @@ def test_the_rounding_in_the_shift_costs_step_12_b_eta_xi_at_any_size():
         assert term.eta_shift == pytest.approx(expected, rel=1e-12)
 
 
+def test_the_shift_bound_adds_the_rounding_in_the_box_and_the_loss_slack():
+    # Step 12: Γ″ = κ + ρ + ξ_m bounds ‖g‖, the box's radius in grid units is
+    # r√x = k + ½ + Γ″/h_b (k the Skellam tail point at box_delta/(2d)), and η_L is taken at the
+    # shift Γ″/h_b. At ξ_m = 0.5 a Γ″ short of ξ_m (or without it) moves both.
+    inputs = _small_term_inputs()
+    d, kappa = inputs["d"], inputs["kappa"]
+    for xi in (0.5, 0.1):
+        term = dithered_linear_term(epsilon2=1e3, shift_rounding=xi, **inputs)
+        h_b = math.ldexp(1.0, -term.linear_bits)
+        x = term.grid_variance
+        shift = kappa + 2 * (inputs["p_bound"] + h_b * math.sqrt(d) / 2) + xi
+        radius_grid = skellam_tail_point(inputs["box_delta"] / (2 * d), x) + 0.5 + shift / h_b
+        assert term.box_radius * math.sqrt(x) == pytest.approx(radius_grid, rel=1e-12)
+        assert term.eta_loss == pytest.approx(
+            dither_loss_slack(x, radius_grid, shift / h_b, d), rel=1e-12)
+
+
 def test_an_epsilon_2_that_only_pays_the_slack_leaves_no_linear_term():
     # ε₂′ = ε₂ − η_L − η_ξ must be positive for Step 12 (e): at ε₂ = η_L + η_ξ exactly the term
     # is refused (None), just above it is evaluated. A coarse grid (f = 0, σ_b = 3) makes the
@@ -436,6 +455,51 @@ def test_an_epsilon_whose_clamp_tail_is_not_a_double_is_refused_at_step_13():
     assert tau_s == pytest.approx(CLAMP_DELTA_SHARE * 0.99 / 2 / ((1 + math.exp(50.0)) * 4),
                                   rel=1e-12)
     assert cal.delta_split["clamp_p"] == pytest.approx(CLAMP_DELTA_SHARE * 0.99 / 2, rel=1e-12)
+
+
+def _share_for_tail(one, per_tail: float) -> float:
+    """A clamp share whose τ_S/(2d) (Step 13) is per_tail exactly, in floating point."""
+    share = per_tail * 2.0 * one.d * (1.0 + math.exp(one.epsilon)) * one.n * 2.0
+    for _ in range(64):
+        got = share / 2.0 / ((1.0 + math.exp(one.epsilon)) * one.n) / (2.0 * one.d)
+        if got == per_tail:
+            return share
+        share = math.nextafter(share, math.inf if got < per_tail else 0.0)
+    raise AssertionError("no share gives this tail")
+
+
+def test_the_clamp_refuses_exactly_a_tail_below_the_least_normal_double_per_coordinate():
+    # Step 13 refuses when τ_S/(2d), the tail of each of the 2d coordinates, is below the least
+    # normal double, and only then: at d = 2 a bound on τ_S alone, or on τ_S/(3d), or a refusal
+    # at equality, each moves the edge. Past e^ε's range (ε = 800) the refusal is the same.
+    cal = _calibrate({"n": 512, "d": 2, "epsilon": 2.0})
+    one = cal.one_server
+    kw = {"one": one, "linear_bits": cal.linear_bits, "poisson_mean": cal.poisson_mean}
+    least = sys.float_info.min
+    for per_tail in (least, 1.2 * least):  # at the edge and just above: a tail point exists
+        assert two_server.clamp_bounds(**kw, share=_share_for_tail(one, per_tail))[3] > 0.0
+    share = _share_for_tail(one, 0.5 * least)
+    tau_s = share / 2.0 / ((1.0 + math.exp(one.epsilon)) * one.n)
+    with pytest.raises(CalibrationError) as refused:
+        two_server.clamp_bounds(**kw, share=share)
+    assert str(refused.value) == (
+        f"ε=2 leaves the linear clamp's tail τ_S = {tau_s:.3g} per device below double "
+        "precision's normal range (Step 13); such an ε protects nothing anyway")
+    with pytest.raises(CalibrationError, match=r"^ε=800 leaves the linear clamp's tail τ_S = 0 "):
+        two_server.clamp_bounds(**{**kw, "one": one.model_copy(update={"epsilon": 800.0})})
+
+
+def test_a_device_perturbs_with_the_systems_noise_by_default():
+    # Without a seeded source, q̃ takes the OS's Gaussian noise and p̂ the system generator's
+    # Skellam noise: q̃ moves off q, and p̂ lies on the grid h_b·ℤ.
+    cal = _calibrate({"n": 512, "d": 2, "epsilon": 2.0})
+    q = np.full((3, 2), 0.25)
+    p = np.full((3, 2), 0.125)
+    q_tilde, p_hat = perturb_two_server(q, p, cal)
+    assert q_tilde.shape == q.shape and p_hat.shape == p.shape
+    assert np.all(q_tilde != q)
+    grid = p_hat / cal.linear_step
+    assert np.array_equal(grid, np.rint(grid))
 
 
 def test_a_rounding_that_takes_all_of_epsilon_is_refused_at_step_10(monkeypatch):
