@@ -491,10 +491,18 @@ def test_a_batch_polled_again_after_its_study_committed_but_before_the_checkpoin
     batch = make_records(study, helper.public, 6, np.random.default_rng(12))
     bad = bytearray(batch.records[2])
     bad[-20] ^= 1  # the helper refuses it: below the study's offsets, it is not asked again
-    records = batch.records[:2] + [bytes(bad)] + batch.records[3:]
+    # The repeat is the leader's to refuse: the helper is asked about each id once.
+    records = batch.records[:2] + [bytes(bad)] + batch.records[3:] + [batch.records[0]]
     r = redis_client(redis_settings)
     keys = state.StudyKeys(study.study_id)
-    assert leader_folder(redis_settings).fold(messages(records)).folded == {study.study_id: 5}
+    first = leader_folder(redis_settings).fold(messages(records))
+    assert first.folded == {study.study_id: 5}
+    assert sorted((x.message.offset, x.reason) for x in first.rejected) == [
+        (2, RejectReason.HELPER_REFUSED), (6, RejectReason.REPLAYED)]
+    assert {s.labels["outcome"]: s.value for m in EVERY_METRIC.collect()
+            if m.name == "ipdp_helper_records" for s in m.samples
+            if s.name == "ipdp_helper_records_total"
+            and s.labels["study"] == study.study_id} == {"accepted": 5, "bad_seal": 1}
     counts = r.hgetall(keys.counts)
     # The process died after the study's EXEC, before the checkpoint: the group's offsets are
     # as they were before the fold.
@@ -506,7 +514,7 @@ def test_a_batch_polled_again_after_its_study_committed_but_before_the_checkpoin
     assert again.folded == {study.study_id: 0}
     assert prepare_calls() == calls
     assert r.hgetall(keys.counts) == counts
-    assert r.hgetall(keys.offsets("g-two", "t")) == {b"0:0": b"6"}
+    assert r.hgetall(keys.offsets("g-two", "t")) == {b"0:0": b"7"}
     assert int(r.hget(keys.open, "count")) == 5
 
 
@@ -604,3 +612,30 @@ def test_a_job_the_helper_refuses_whole_refuses_each_record_with_the_helpers_rea
     [message] = [x.getMessage() for x in caplog.records if x.levelno == logging.WARNING]
     assert re.fullmatch(rf"study {study.study_id}: the helper refused job [0-9a-f]{{32}} whole "
                         r"\(the helper refused \(403 untrusted_study\): .*\)", message), message
+
+
+def test_a_study_closed_while_its_fold_is_under_way_folds_nothing_after_the_close(
+        kafka_settings, redis_settings, topics, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner)
+    batch = make_records(study, helper.public, 4, np.random.default_rng(16))
+    r = redis_client(redis_settings)
+    producer = kafka_producer(kafka_settings)
+    letters = []
+
+    def close_meanwhile(refused):  # inside the transaction: after its reads, before its EXEC
+        letters.append(refused)
+        if len(letters) == 1:
+            state.close_study(r, producer, topics, study.study_id, owner)
+
+    try:
+        # The repeat makes the hook run before EXEC.
+        result = leader_folder(redis_settings).fold(
+            messages(batch.records + [batch.records[0]]), close_meanwhile)
+    finally:
+        producer.close()
+    assert result.conflicts == 1 and result.folded == {}
+    assert [(x.reason, x.message.offset) for x in result.rejected] == [
+        (RejectReason.CLOSED_STUDY, i) for i in range(5)]
+    keys = state.StudyKeys(study.study_id)
+    assert not r.exists(keys.open) and not r.hlen(keys.helper_pending)
+    assert r.hget(keys.counts, "rejected:closed_study") == b"5"
