@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from aggregator.batch import Message
+from aggregator.batch import Message, Polled
 from aggregator.fold import Folder
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
 from aggregator.two_server import MODE, HelperLink, HelperUnavailable, journal_entry
 from ipdp import state
+from ipdp.credentials import CREDENTIALS_HEADER
 from ipdp.embedded.children import free_port
 from ipdp.errors import ConfigurationError
 from ipdp.fixed_point import combine, decode, fold
@@ -639,3 +640,15 @@ def test_a_study_closed_while_its_fold_is_under_way_folds_nothing_after_the_clos
     keys = state.StudyKeys(study.study_id)
     assert not r.exists(keys.open) and not r.hlen(keys.helper_pending)
     assert r.hget(keys.counts, "rejected:closed_study") == b"5"
+
+
+def test_a_study_without_credentials_folds_its_records_whatever_credential_header_they_carry(
+        redis_settings, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner)
+    batch = make_records(study, helper.public, 2, np.random.default_rng(17))
+    # Not whole (count, token) runs: a study that requires credentials would refuse it.
+    torn = [(CREDENTIALS_HEADER, b"\x01torn")]
+    polled = Polled(np.zeros(2, np.int64), np.arange(2, dtype=np.int64), batch.records,
+                    headers=[torn, torn])
+    result = leader_folder(redis_settings).fold(polled)
+    assert result.folded == {study.study_id: 2} and result.rejected == []
