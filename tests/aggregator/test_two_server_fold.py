@@ -7,6 +7,8 @@ record is folded once on both sides")."""
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 import uuid
@@ -16,12 +18,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from aggregator.batch import Message
+from aggregator.batch import Message, Polled
 from aggregator.fold import Folder
 from aggregator.service import Aggregator
 from aggregator.settings import AggregatorSettings
-from aggregator.two_server import MODE, HelperLink, HelperUnavailable
+from aggregator.two_server import MODE, HelperLink, HelperUnavailable, journal_entry
 from ipdp import state
+from ipdp.credentials import CREDENTIALS_HEADER
 from ipdp.embedded.children import free_port
 from ipdp.errors import ConfigurationError
 from ipdp.fixed_point import combine, decode, fold
@@ -392,11 +395,260 @@ def test_a_two_server_study_closes_after_its_last_round_on_both_sides(
     folder = leader_folder(redis_settings)
     result = folder.fold(messages(batch.records))
     assert result.folded == {study.study_id: N} and result.closed_rounds == [(study.study_id, 1)]
-    assert [(x.reason, x.message.offset) for x in result.rejected] == [
-        (RejectReason.CLOSED_STUDY, N + i) for i in range(5)]
+    past_last = (f"study {study.study_id} closed after 1 rounds (max_rounds or its privacy "
+                 "budget)")
+    assert [(x.reason, x.detail, x.message.offset) for x in result.rejected] == [
+        (RejectReason.CLOSED_STUDY, past_last, N + i) for i in range(5)]
     assert_rounds_agree(redis_settings, helper, study, 1, batch)
     r = redis_client(redis_settings)
     assert r.hget(state.StudyKeys(study.study_id).study, "status") == b"closed"
     later = make_records(study, helper.public, 1, np.random.default_rng(9))
     assert [x.reason for x in folder.fold(messages(later.records, partition=1)).rejected] == [
         RejectReason.CLOSED_STUDY]
+
+
+def prepare_calls() -> float:
+    """Jobs the helper answered (how often the leader asked it anything)."""
+    return EVERY_METRIC.get_sample_value("ipdp_helper_calls_total",
+                                         {"call": "prepare", "outcome": "ok"}) or 0
+
+
+def test_records_sent_to_a_study_its_owner_closed_are_dead_lettered_and_its_open_round_stays(
+        kafka_settings, redis_settings, topics, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner)
+    half = N // 2
+    batch = make_records(study, helper.public, half + 3, np.random.default_rng(10))
+    folder = leader_folder(redis_settings)
+    r = redis_client(redis_settings)
+    keys = state.StudyKeys(study.study_id)
+    first = folder.fold(messages(batch.records[:half]))
+    assert first.open_rounds == {study.study_id: (1, half, N)}
+    # The study's offsets: per partition (field <partition>:<epoch>), the offset below which
+    # its records are folded.
+    assert r.hgetall(keys.offsets("g-two", "t")) == {b"0:0": str(half).encode()}
+    open_round = r.hgetall(keys.open)
+    producer = kafka_producer(kafka_settings)
+    try:
+        state.close_study(r, producer, topics, study.study_id, owner)
+    finally:
+        producer.close()
+    calls = prepare_calls()
+    letters = []
+    result = folder.fold(messages(batch.records[half:], start=half), letters.append)
+    refusals = [(RejectReason.CLOSED_STUDY, f"study {study.study_id} is closed", half + i)
+                for i in range(3)]
+    assert [(x.reason, x.detail, x.message.offset) for x in result.rejected] == refusals
+    assert [(x.reason, x.detail, x.message.offset) for refused in letters
+            for x in refused] == refusals
+    assert result.folded == {} and result.open_rounds == {} and result.closed_rounds == []
+    assert prepare_calls() == calls  # the helper is not asked about a closed study's records
+    assert r.hgetall(keys.open) == open_round
+    assert r.hget(keys.study, "status") == b"closed"
+    counts = r.hgetall(keys.counts)
+    assert (counts[b"folded"], counts[b"rejected:closed_study"]) == (str(half).encode(), b"3")
+    assert r.hgetall(keys.offsets("g-two", "t")) == {b"0:0": str(half + 3).encode()}
+
+
+def test_records_of_a_study_deleted_and_created_again_under_its_id_are_refused_as_unknown(
+        kafka_settings, redis_settings, topics, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner)
+    rng = np.random.default_rng(11)
+    stale = make_records(study, helper.public, 1, rng,
+                         created_ms=int(time.time() * 1000) - 7_200_000)
+    batch = make_records(study, helper.public, 3, rng)
+    folder = leader_folder(redis_settings)
+    # The folder now knows the study: its records pass the checks without a look-up.
+    assert [x.reason for x in folder.fold(messages(stale.records)).rejected] == [
+        RejectReason.STALE]
+    r = redis_client(redis_settings)
+    producer = kafka_producer(kafka_settings)
+    try:
+        state.delete_study(r, producer, topics, study.study_id)
+    finally:
+        producer.close()
+    again = Study(study_id=study.study_id, d=3, n=N, epsilon=2.0, delta=0.01,
+                  two_server={"helper_id": "helper-a", "helper_url": helper.url,
+                              "helper_key": helper.public_b64})
+    state.register_study(r, again, owner)
+    result = folder.fold(messages(batch.records[:2], start=1))
+    assert [(x.reason, x.message.offset) for x in result.rejected] == [
+        (RejectReason.UNKNOWN_STUDY, 1), (RejectReason.UNKNOWN_STUDY, 2)]
+    assert all(x.detail.startswith(f"study {study.study_id} is ") for x in result.rejected)
+    assert result.folded == {}
+    keys = state.StudyKeys(study.study_id)
+    assert r.hget(keys.study, "status") == b"open" and not r.exists(keys.open)
+    # The deleted study is forgotten: its next record is refused by the look-up, a refusal the
+    # group counts (the two above were counted in the study's transaction).
+    later = folder.fold(messages(batch.records[2:], start=3))
+    assert [x.reason for x in later.rejected] == [RejectReason.UNKNOWN_STUDY]
+    assert r.hgetall(state.rejected_key("g-two", "t")) == {b"stale": b"1",
+                                                           b"unknown_study": b"1"}
+    assert state.rejected_counts(r, "g-two", "t") == {"stale": 1, "unknown_study": 3}
+
+
+def test_a_batch_polled_again_after_its_study_committed_but_before_the_checkpoint_is_skipped(
+        redis_settings, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner)
+    batch = make_records(study, helper.public, 6, np.random.default_rng(12))
+    bad = bytearray(batch.records[2])
+    bad[-20] ^= 1  # the helper refuses it: below the study's offsets, it is not asked again
+    # The repeat is the leader's to refuse: the helper is asked about each id once.
+    records = batch.records[:2] + [bytes(bad)] + batch.records[3:] + [batch.records[0]]
+    r = redis_client(redis_settings)
+    keys = state.StudyKeys(study.study_id)
+    first = leader_folder(redis_settings).fold(messages(records))
+    assert first.folded == {study.study_id: 5}
+    assert sorted((x.message.offset, x.reason) for x in first.rejected) == [
+        (2, RejectReason.HELPER_REFUSED), (6, RejectReason.REPLAYED)]
+    assert {s.labels["outcome"]: s.value for m in EVERY_METRIC.collect()
+            if m.name == "ipdp_helper_records" for s in m.samples
+            if s.name == "ipdp_helper_records_total"
+            and s.labels["study"] == study.study_id} == {"accepted": 5, "bad_seal": 1}
+    counts = r.hgetall(keys.counts)
+    # The process died after the study's EXEC, before the checkpoint: the group's offsets are
+    # as they were before the fold.
+    r.delete(state.offsets_key("g-two", "t"))
+    calls = prepare_calls()
+    letters = []
+    again = leader_folder(redis_settings).fold(messages(records), letters.append)
+    assert again.rejected == [] and letters == []
+    assert again.folded == {study.study_id: 0}
+    assert prepare_calls() == calls
+    assert r.hgetall(keys.counts) == counts
+    assert r.hgetall(keys.offsets("g-two", "t")) == {b"0:0": b"7"}
+    assert int(r.hget(keys.open, "count")) == 5
+
+
+def test_two_studies_closing_a_round_in_one_batch_each_report_it(
+        redis_settings, helper, owner):  # noqa: F811
+    n = N
+    studies = sorted((two_server_study(redis_settings, helper, owner, n=n) for _ in range(2)),
+                     key=lambda s: s.study_id)
+    rng = np.random.default_rng(13)
+    records = [x for s in studies for x in make_records(s, helper.public, n, rng).records]
+    before = int(time.time() * 1000)
+    result = leader_folder(redis_settings).fold(messages(records))
+    after = int(time.time() * 1000)
+    assert result.closed_rounds == [(s.study_id, 1) for s in studies]
+    assert result.open_rounds == {s.study_id: (2, 0, n) for s in studies}
+    r = redis_client(redis_settings)
+    for s in studies:
+        closed_ms = int(r.hget(state.StudyKeys(s.study_id).closed(1), "closed_ms"))
+        assert before <= closed_ms <= after
+
+
+def _owe(r, study: Study, jobs: list[str], record_id: bytes) -> None:
+    """Journal entries for helper commits of jobs the helper never prepared."""
+    r.hset(state.StudyKeys(study.study_id).helper_pending,
+           mapping={job: journal_entry({1: [record_id]}) for job in jobs})
+
+
+def test_a_commit_the_helper_refuses_stays_owed_and_is_reported_once_and_one_it_cannot_reach_waits(
+        redis_settings, helper, owner, caplog):  # noqa: F811
+    quiet, owing = sorted((two_server_study(redis_settings, helper, owner) for _ in range(2)),
+                          key=lambda s: s.study_id)
+    rng = np.random.default_rng(14)
+    folder = leader_folder(redis_settings, retry_s=0.5)
+    for at, s in enumerate((quiet, owing)):  # the folder knows both studies (no round closes)
+        assert folder.fold(messages(make_records(s, helper.public, 1, rng).records,
+                                    start=at)).folded == {s.study_id: 1}
+    r = redis_client(redis_settings)
+    jobs = sorted(uuid.uuid4().hex for _ in range(2))
+    _owe(r, owing, jobs, bytes(16))
+    pending = state.StudyKeys(owing.study_id).helper_pending
+    # A process that folded neither study sends nothing until it starts over every study.
+    assert leader_folder(redis_settings).resend_pending() == 0
+
+    def sample(name, labels):
+        return EVERY_METRIC.get_sample_value(name, labels) or 0
+
+    retries = sample("ipdp_backend_retries_total", {"backend": "helper"})
+    caplog.set_level(logging.WARNING, logger="aggregator.fold")
+    assert folder.resend_pending() == 2
+    assert folder.resend_pending() == 2
+    assert sample("ipdp_backend_retries_total", {"backend": "helper"}) == retries + 4
+    assert EVERY_METRIC.get_sample_value("ipdp_helper_commits_pending") == 2
+    assert sorted(r.hkeys(pending)) == [j.encode() for j in jobs]
+    errors = [x.getMessage() for x in caplog.records if x.levelno == logging.ERROR]
+    assert len(errors) == 2  # once per job, however often it is sent again
+    for job, message in zip(jobs, errors, strict=True):
+        assert re.fullmatch(
+            rf"study {owing.study_id}: the helper refused the commit of job {job} "
+            r"\(the helper refused \(404 unknown_job\): .*\): rounds \[1\] cannot be "
+            rf"combined until an operator resolves it; the entry stays in {re.escape(pending)}",
+            message), message
+
+    caplog.clear()
+    unavailable = sample("ipdp_backend_errors_total", {"backend": "helper", "operation": "commit"})
+    helper.stop()
+    assert folder.resend_pending() == 2
+    assert sample("ipdp_backend_errors_total",
+                  {"backend": "helper", "operation": "commit"}) == unavailable + 2
+    warnings = [x.getMessage() for x in caplog.records if x.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    for job, message in zip(jobs, warnings, strict=True):
+        assert re.fullmatch(rf"study {owing.study_id}: the helper commit of job {job} is owed "
+                            r"\(commit at .+\); sending it again later", message), message
+    assert sorted(r.hkeys(pending)) == [j.encode() for j in jobs]
+
+
+def test_a_job_the_helper_refuses_whole_refuses_each_record_with_the_helpers_reason(
+        redis_settings, helper, owner, caplog):  # noqa: F811
+    study = Study(study_id=f"two-{uuid.uuid4().hex[:6]}", d=3, n=N, epsilon=1.0, delta=0.01,
+                  two_server={"helper_id": "helper-a", "helper_url": helper.url,
+                              "helper_key": helper.public_b64})
+    r = redis_client(redis_settings)
+    state.register_study(r, study)  # not signed by the owner the helper trusts
+    batch = make_records(study, helper.public, 3, np.random.default_rng(15))
+    caplog.set_level(logging.WARNING, logger="aggregator.fold")
+    letters = []
+    result = leader_folder(redis_settings).fold(messages(batch.records), letters.append)
+    refusals = [(RejectReason.HELPER_REFUSED, "untrusted_study", i) for i in range(3)]
+    assert [(x.reason, x.detail, x.message.offset) for x in result.rejected] == refusals
+    assert [(x.reason, x.detail, x.message.offset) for refused in letters
+            for x in refused] == refusals
+    assert result.folded == {study.study_id: 0}
+    assert not r.exists(state.StudyKeys(study.study_id).open)
+    assert not r.hlen(state.StudyKeys(study.study_id).helper_pending)
+    [message] = [x.getMessage() for x in caplog.records if x.levelno == logging.WARNING]
+    assert re.fullmatch(rf"study {study.study_id}: the helper refused job [0-9a-f]{{32}} whole "
+                        r"\(the helper refused \(403 untrusted_study\): .*\)", message), message
+
+
+def test_a_study_closed_while_its_fold_is_under_way_folds_nothing_after_the_close(
+        kafka_settings, redis_settings, topics, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner)
+    batch = make_records(study, helper.public, 4, np.random.default_rng(16))
+    r = redis_client(redis_settings)
+    producer = kafka_producer(kafka_settings)
+    letters = []
+
+    def close_meanwhile(refused):  # inside the transaction: after its reads, before its EXEC
+        letters.append(refused)
+        if len(letters) == 1:
+            state.close_study(r, producer, topics, study.study_id, owner)
+
+    try:
+        # The repeat makes the hook run before EXEC.
+        result = leader_folder(redis_settings).fold(
+            messages(batch.records + [batch.records[0]]), close_meanwhile)
+    finally:
+        producer.close()
+    assert result.conflicts == 1 and result.folded == {}
+    assert [(x.reason, x.message.offset) for x in result.rejected] == [
+        (RejectReason.CLOSED_STUDY, i) for i in range(5)]
+    keys = state.StudyKeys(study.study_id)
+    assert not r.exists(keys.open) and not r.hlen(keys.helper_pending)
+    assert r.hget(keys.counts, "rejected:closed_study") == b"5"
+
+
+def test_a_study_without_credentials_folds_its_records_whatever_credential_header_they_carry(
+        redis_settings, helper, owner):  # noqa: F811
+    study = two_server_study(redis_settings, helper, owner)
+    batch = make_records(study, helper.public, 2, np.random.default_rng(17))
+    # Not whole (count, token) runs: a study that requires credentials would refuse it.
+    torn = [(CREDENTIALS_HEADER, b"\x01torn")]
+    polled = Polled(np.zeros(2, np.int64), np.arange(2, dtype=np.int64), batch.records,
+                    headers=[torn, torn])
+    result = leader_folder(redis_settings).fold(polled)
+    assert result.folded == {study.study_id: 2} and result.rejected == []
