@@ -495,6 +495,9 @@ def test_records_of_a_study_deleted_since_the_aggregator_found_it_are_unknown_st
     assert not r.exists(keys.study) and not r.exists(keys.open)
     more, _, _ = honest(study, 1, seed=25)
     assert reasons(folder.fold([Message(0, 3, more[0])])) == [RejectReason.UNKNOWN_STUDY]
+    # Forgotten: that refusal is the checks' (counted in the group's hash), not the study's.
+    assert r.hgetall(state.rejected_key(folder.group, "t")) == {b"stale": b"1",
+                                                                 b"unknown_study": b"1"}
 
 
 def test_a_study_closed_while_a_fold_decides_refuses_the_records_it_had_taken(
@@ -554,3 +557,65 @@ def test_a_restart_announces_every_studys_unannounced_rounds_and_counts_them_all
     assert folder_for(redis_settings).announce_pending() == 2
     assert sorted((e[b"study"].decode(), e[b"round"]) for _, e in
                   r.xrange(state.ROUNDS_STREAM)) == sorted((s.study_id, b"1") for s in studies)
+
+
+def test_each_transaction_redone_for_a_race_is_counted_once(redis_settings):
+    """FoldResult.conflicts feeds ipdp_fold_conflicts_total: one per voided EXEC, per study."""
+    studies = sorted((study_in(redis_settings) for _ in range(2)), key=lambda s: s.study_id)
+    records = [honest(s, 2, seed=31 + i)[0] for i, s in enumerate(studies)]
+    other = folder_for(redis_settings)
+    raced: set[int] = set()
+
+    def meanwhile(refused):  # inside each study's transaction: another aggregator folds first
+        partition = refused.rejections()[0].message.partition
+        if partition not in raced:
+            raced.add(partition)
+            assert other.fold([Message(7, partition, records[partition][0])]).folded == {
+                studies[partition].study_id: 1}
+
+    # Each study's batch repeats a record, so the hook runs inside that study's transaction.
+    result = folder_for(redis_settings).fold(
+        [Message(p, i, v) for p, values in enumerate(records)
+         for i, v in enumerate([values[0], values[1], values[1]])], meanwhile)
+    assert raced == {0, 1} and result.conflicts == 2
+    assert result.folded == {s.study_id: 1 for s in studies}
+    assert [(x.message.partition, x.message.offset, x.reason) for x in result.rejected] == [
+        (p, i, RejectReason.REPLAYED) for p in (0, 1) for i in (0, 2)]
+
+
+def test_a_zombie_folding_the_same_batch_meanwhile_does_not_make_its_refusals_count_twice(
+        redis_settings):
+    """Two aggregators of one group with the same batch (one lost the partition without
+    knowing): the study's offsets are watched, so the slower one's EXEC is voided and its redo
+    finds the records done; a refusal is counted once."""
+    study = study_in(redis_settings)
+    keys, r = state.StudyKeys(study.study_id), redis_client(redis_settings)
+    good, _, _ = honest(study, 1, seed=33)
+    live = folder_for(redis_settings)
+    assert live.fold([Message(0, 0, good[0])]).folded == {study.study_id: 1}
+    batch = [Message(1, 0, good[0])]  # folded before: refused as replayed
+    zombie = folder_for(redis_settings, group=live.group)
+    zombie_result: list = []
+
+    def meanwhile(_refused):
+        if not zombie_result:
+            zombie_result.append(zombie.fold(batch))
+
+    result = live.fold(batch, meanwhile)
+    assert reasons(zombie_result[0]) == [RejectReason.REPLAYED]
+    assert result.conflicts == 1 and result.rejected == []
+    assert int(r.hget(keys.counts, "rejected:replayed")) == 1
+    assert live.committed_offsets() == {0: 1, 1: 1}
+
+
+def test_a_batch_that_closes_rounds_of_two_studies_reports_both(redis_settings):
+    studies = sorted((study_in(redis_settings, n=200) for _ in range(2)),
+                     key=lambda s: s.study_id)
+    batch = [Message(p, i, v) for p, s in enumerate(studies)
+             for i, v in enumerate(honest(s, 200, seed=34 + p)[0])]
+    result = folder_for(redis_settings).fold(batch)
+    assert result.closed_rounds == [(s.study_id, 1) for s in studies]
+    assert result.open_rounds == {s.study_id: (2, 0, 200) for s in studies}
+    r = redis_client(redis_settings)
+    assert sorted((e[b"study"].decode(), e[b"round"]) for _, e in
+                  r.xrange(state.ROUNDS_STREAM)) == [(s.study_id, b"1") for s in studies]
