@@ -414,6 +414,8 @@ def test_the_fold_that_closes_the_last_round_closes_the_study_and_dead_letters_t
                          lambda refused: dead.extend(refused.rejections()))
     assert result.folded == {study.study_id: 200}
     assert result.closed_rounds == [(study.study_id, 1)]
+    # What the round gauges show: the last round, holding nothing more.
+    assert result.open_rounds == {study.study_id: (1, 0, 200)}
     # The two records past round 1 (its round limit): closed_study, naming the study and why.
     assert [(x.message.offset, x.reason) for x in result.rejected] == [
         (200, RejectReason.CLOSED_STUDY), (201, RejectReason.CLOSED_STUDY)]
@@ -472,6 +474,8 @@ def test_records_sent_to_a_closed_study_are_dead_lettered_and_counted_once(redis
 
 def test_records_of_a_study_deleted_since_the_aggregator_found_it_are_unknown_study(
         redis_settings, kafka_settings, topics):
+    """Also once its id names a new study (docs/operations.md, "Studies"): the old study's
+    records never fold into the new one."""
     from ipdp.kafka_io import kafka_producer
 
     study = study_in(redis_settings)
@@ -485,14 +489,17 @@ def test_records_of_a_study_deleted_since_the_aggregator_found_it_are_unknown_st
         state.delete_study(r, producer, topics, study.study_id)
     finally:
         producer.close()
+    reused = Study(study_id=study.study_id, d=3, n=500, epsilon=1.0, delta=0.01)
+    state.register_study(r, reused)
     values, _, _ = honest(study, 2, seed=24)
     result = folder.fold([Message(0, 1, values[0]), Message(0, 2, values[1])])
     assert result.folded == {} and result.open_rounds == {}
     assert [(x.message.offset, x.reason) for x in result.rejected] == [
         (1, RejectReason.UNKNOWN_STUDY), (2, RejectReason.UNKNOWN_STUDY)]
     assert all(x.detail.startswith(f"study {study.study_id} is ") for x in result.rejected)
-    # The fold recreates neither the study nor a round of it, and forgets the study.
-    assert not r.exists(keys.study) and not r.exists(keys.open)
+    # The new study is left as it was (open, empty), and the old one is forgotten.
+    assert r.hmget(keys.study, ["status", "hash"]) == [b"open", reused.hash]
+    assert not r.exists(keys.open) and r.hget(keys.counts, "folded") is None
     more, _, _ = honest(study, 1, seed=25)
     assert reasons(folder.fold([Message(0, 3, more[0])])) == [RejectReason.UNKNOWN_STUDY]
     # Forgotten: that refusal is the checks' (counted in the group's hash), not the study's.
@@ -581,6 +588,8 @@ def test_each_transaction_redone_for_a_race_is_counted_once(redis_settings):
     assert result.folded == {s.study_id: 1 for s in studies}
     assert [(x.message.partition, x.message.offset, x.reason) for x in result.rejected] == [
         (p, i, RejectReason.REPLAYED) for p in (0, 1) for i in (0, 2)]
+    assert all(x.detail.startswith("record id already seen") and x.detail.endswith(
+        "within the replay window") for x in result.rejected)
 
 
 def test_a_zombie_folding_the_same_batch_meanwhile_does_not_make_its_refusals_count_twice(
@@ -619,3 +628,31 @@ def test_a_batch_that_closes_rounds_of_two_studies_reports_both(redis_settings):
     r = redis_client(redis_settings)
     assert sorted((e[b"study"].decode(), e[b"round"]) for _, e in
                   r.xrange(state.ROUNDS_STREAM)) == [(s.study_id, b"1") for s in studies]
+
+
+def test_the_checks_refusals_are_counted_once_per_reason_when_another_aggregator_checkpoints_first(
+        redis_settings):
+    """The checkpoint script counts each (partition, reason) group's refusals at or past the
+    stored offset: a zombie of the group that checkpointed the same batch first counted them."""
+    study = study_in(redis_settings)
+    old, _, _ = honest(study, 2, seed=35,
+                       created_ms=int(time.time() * 1000) - 2 * WINDOW_S * 1000)
+    # Partition 1 refuses for a reason that sorts before partition 0's, then for the same.
+    batch = [Message(0, 0, old[0]), Message(1, 0, b"\x01garbage that is no record at all"),
+             Message(1, 1, old[1])]
+    live = folder_for(redis_settings)
+    zombie = folder_for(redis_settings, group=live.group)
+    zombie_result: list = []
+
+    def meanwhile(_refused):  # after the checks, before the checkpoint
+        if not zombie_result:
+            zombie_result.append(zombie.fold(batch))
+
+    result = live.fold(batch, meanwhile)
+    expected = [(0, 0, RejectReason.STALE), (1, 0, RejectReason.UNDECODABLE),
+                (1, 1, RejectReason.STALE)]
+    for r in (zombie_result[0], result):
+        assert [(x.message.partition, x.message.offset, x.reason) for x in r.rejected] == expected
+    assert state.rejected_counts(redis_client(redis_settings), live.group, "t") == {
+        "stale": 2, "undecodable": 1}
+    assert live.committed_offsets() == {0: 1, 1: 2}
