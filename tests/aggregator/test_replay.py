@@ -656,3 +656,58 @@ def test_the_checks_refusals_are_counted_once_per_reason_when_another_aggregator
     assert state.rejected_counts(redis_client(redis_settings), live.group, "t") == {
         "stale": 2, "undecodable": 1}
     assert live.committed_offsets() == {0: 1, 1: 2}
+
+
+def test_a_record_sent_twice_in_a_batch_of_two_is_folded_once(redis_settings):
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 1, seed=36)
+    result = folder_for(redis_settings).fold([Message(0, 0, good[0]), Message(0, 1, good[0])])
+    assert result.folded == {study.study_id: 1}
+    assert [(x.message.offset, x.reason) for x in result.rejected] == [
+        (1, RejectReason.REPLAYED)]
+    assert folded(redis_settings, study) == 1
+
+
+def test_a_batch_that_adds_a_partition_the_group_never_read_folds_it_from_offset_0(
+        redis_settings):
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 3, seed=37)
+    folder = folder_for(redis_settings)
+    assert folder.fold([Message(0, 0, good[0])]).folded == {study.study_id: 1}
+    result = folder.fold([Message(0, 1, good[1]), Message(1, 0, good[2])])
+    assert result.folded == {study.study_id: 2} and result.skipped == 0
+    assert folder.committed_offsets() == {0: 2, 1: 1}
+
+
+def test_after_a_resume_to_another_log_its_records_fold_though_their_offsets_repeat(
+        redis_settings):
+    """A new epoch of a partition retires every study's offsets of the old log."""
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 4, seed=38)
+    folder = folder_for(redis_settings)
+    assert folder.fold([Message(0, i, v) for i, v in enumerate(good[:2])]).folded == {
+        study.study_id: 2}
+    # What aggregator.logs.resume_partition writes for a partition moved to another log.
+    r = redis_client(redis_settings)
+    r.hset(folder.offsets_key, "0", 0)
+    r.hincrby(folder.offsets_key, "0:epoch", 1)
+    result = folder.fold([Message(0, i, v) for i, v in enumerate(good[2:])])
+    assert result.folded == {study.study_id: 2} and result.skipped == 0
+    assert folded(redis_settings, study) == 4
+
+
+def test_a_batch_past_the_checkpoint_is_sent_back_to_it_with_a_warning(redis_settings, caplog):
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 5, seed=39)
+    folder = folder_for(redis_settings)
+    assert folder.fold([Message(0, 0, good[0]), Message(0, 1, good[1]),
+                        Message(1, 0, good[2])]).folded == {study.study_id: 3}
+    # Partition 0 starts at its checkpoint, partition 1 past it: the whole batch is re-read,
+    # and the warning names the partition that was past it.
+    with caplog.at_level("WARNING", logger="aggregator.fold"):
+        result = folder.fold([Message(0, 2, good[3]), Message(1, 5, good[4])])
+    assert result.reseek == {0: 2, 1: 1} and result.folded == {}
+    assert [x.getMessage() for x in caplog.records if x.name == "aggregator.fold"] == [
+        "partition 1: batch starts at 5 but Redis has 1; re-seeking"]
+    assert folder.fold([Message(0, 2, good[3]), Message(1, 1, good[4])]).folded == {
+        study.study_id: 2}
