@@ -698,15 +698,16 @@ def test_after_a_resume_to_another_log_its_records_fold_though_their_offsets_rep
 
 def test_a_batch_past_the_checkpoint_is_sent_back_to_it_with_a_warning(redis_settings, caplog):
     study = study_in(redis_settings)
-    good, _, _ = honest(study, 5, seed=39)
+    good, _, _ = honest(study, 6, seed=39)
     folder = folder_for(redis_settings)
     assert folder.fold([Message(0, 0, good[0]), Message(0, 1, good[1]),
                         Message(1, 0, good[2])]).folded == {study.study_id: 3}
-    # Partition 0 starts at its checkpoint, partition 1 past it: the whole batch is re-read,
-    # and the warning names the partition that was past it.
+    # Partition 0 starts at its checkpoint, partition 1 past it: the whole batch is re-read
+    # (partition 2, never read, from where it starts), and the warning names partition 1.
     with caplog.at_level("WARNING", logger="aggregator.fold"):
-        result = folder.fold([Message(0, 2, good[3]), Message(1, 5, good[4])])
-    assert result.reseek == {0: 2, 1: 1} and result.folded == {}
+        result = folder.fold([Message(0, 2, good[3]), Message(1, 5, good[4]),
+                              Message(2, 3, good[5])])
+    assert result.reseek == {0: 2, 1: 1, 2: 3} and result.folded == {}
     assert [x.getMessage() for x in caplog.records if x.name == "aggregator.fold"] == [
         "partition 1: batch starts at 5 but Redis has 1; re-seeking"]
     assert folder.fold([Message(0, 2, good[3]), Message(1, 1, good[4])]).folded == {
