@@ -712,3 +712,29 @@ def test_a_batch_past_the_checkpoint_is_sent_back_to_it_with_a_warning(redis_set
         "partition 1: batch starts at 5 but Redis has 1; re-seeking"]
     assert folder.fold([Message(0, 2, good[3]), Message(1, 1, good[4])]).folded == {
         study.study_id: 2}
+
+
+def test_a_batch_naming_a_deleted_study_and_the_new_one_under_its_id_folds_only_the_new(
+        redis_settings, kafka_settings, topics):
+    from ipdp.kafka_io import kafka_producer
+
+    study = study_in(redis_settings)
+    r = redis_client(redis_settings)
+    folder = folder_for(redis_settings)
+    old, _, _ = honest(study, 1, seed=43, created_ms=int(time.time() * 1000) - 2 * WINDOW_S * 1000)
+    assert reasons(folder.fold([Message(0, 0, old[0])])) == [RejectReason.STALE]  # looked up
+    producer = kafka_producer(kafka_settings)
+    try:
+        state.delete_study(r, producer, topics, study.study_id)
+    finally:
+        producer.close()
+    reused = Study(study_id=study.study_id, d=3, n=500, epsilon=1.0, delta=0.01)
+    state.register_study(r, reused)
+    stale_study, _, _ = honest(study, 1, seed=44)
+    current, _, _ = honest(reused, 1, seed=45)
+    result = folder.fold([Message(0, 1, stale_study[0]), Message(0, 2, current[0])])
+    assert result.folded == {study.study_id: 1}
+    assert [(x.message.offset, x.reason) for x in result.rejected] == [
+        (1, RejectReason.UNKNOWN_STUDY)]
+    assert study.study_id in result.rejected[0].detail
+    assert result.open_rounds == {study.study_id: (1, 1, 500)}
