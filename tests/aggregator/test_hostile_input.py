@@ -502,3 +502,37 @@ def test_an_unknown_study_hash_is_remembered_and_a_study_created_later_is_found_
     time.sleep(max(0.0, ttl_s - (time.monotonic() - created)))
     found = folder.fold([Message(0, 2, values[2])])
     assert found.folded == {study.study_id: 1} and found.rejected == []
+
+
+def test_a_record_perturbed_under_other_parameters_than_its_named_study_is_study_mismatch(
+        redis_settings):
+    """docs/wire-format.md: a hash that names no study, from a device whose ``study`` header
+    names a registered one, is study_mismatch (unknown_study when the header names none)."""
+    registered = Study(study_id=f"mm-{uuid.uuid4().hex[:6]}", d=3, n=10**5, epsilon=1.0,
+                       delta=0.01)
+    state.register_study(redis_client(redis_settings), registered)
+    # The device's own parameters, never registered.
+    other = Study(study_id=registered.study_id, d=3, n=10**5, epsilon=2.0, delta=0.01)
+    assert other.hash != registered.hash
+    values, _, _ = honest(other, 2, seed=41)
+    result = make_folder(redis_settings).fold([
+        Message(0, 0, values[0], registered.study_id), Message(0, 1, values[1], "no-such-study")])
+    assert [(x.message.offset, x.reason) for x in result.rejected] == [
+        (0, RejectReason.STUDY_MISMATCH), (1, RejectReason.UNKNOWN_STUDY)]
+    assert registered.study_id in result.rejected[0].detail
+
+
+def test_records_of_a_study_signed_by_a_key_the_aggregator_does_not_pin_are_untrusted(
+        redis_settings, tmp_path):
+    """docs/security.md, "Signed studies": with study keys pinned, a study another key signed is
+    refused (untrusted_study) and none of its records fold."""
+    from ipdp.signing import TrustedKeys, generate_key_files
+
+    owner, stranger = (generate_key_files(tmp_path / name) for name in ("owner", "stranger"))
+    study = Study(study_id=f"pin-{uuid.uuid4().hex[:6]}", d=3, n=10**5, epsilon=1.0, delta=0.01)
+    state.register_study(redis_client(redis_settings), study, stranger)
+    values, _, _ = honest(study, 1, seed=42)
+    folder = make_folder(redis_settings, trusted=TrustedKeys([owner.private.public_key()]))
+    result = folder.fold([Message(0, 0, values[0])])
+    assert result.folded == {}
+    assert [x.reason for x in result.rejected] == [RejectReason.UNTRUSTED_STUDY]

@@ -393,3 +393,348 @@ def test_the_replay_script_refuses_an_unknown_mode_and_appends_nothing(redis_set
         r.execute_command("EVAL", script, 3, keys.replay, keys.replay_bucket(T0_MS), keys.seen,
                           T0_MS, record_ids(rng, 2)[:, :8].tobytes(), 0, "ADD")
     assert not r.exists(keys.replay) and not r.exists(keys.replay_bucket(T0_MS))
+
+
+# What the fold writes for a study's state beyond its replay ids (docs/architecture.md, "Redis
+# keys"; docs/accounting.md on the round limit): the closing fold, a closed or deleted study's
+# refusals, counted once, and the checkpoint and announcements a restart reads.
+
+
+def test_the_fold_that_closes_the_last_round_closes_the_study_and_dead_letters_the_rest(
+        redis_settings):
+    study = Study(study_id=f"last-{uuid.uuid4().hex[:6]}", d=3, n=200, epsilon=1.0, delta=0.01,
+                  max_rounds=1)
+    state.register_study(redis_client(redis_settings), study)
+    keys, r = state.StudyKeys(study.study_id), redis_client(redis_settings)
+    clock = 6_000_000.5
+    values, q, p = honest(study, 202, seed=21, created_ms=int(clock * 1000))
+    dead: list = []
+    folder = folder_for(redis_settings, clock=lambda: clock)
+    result = folder.fold([Message(0, i, v) for i, v in enumerate(values)],
+                         lambda refused: dead.extend(refused.rejections()))
+    assert result.folded == {study.study_id: 200}
+    assert result.closed_rounds == [(study.study_id, 1)]
+    # What the round gauges show: the last round, holding nothing more.
+    assert result.open_rounds == {study.study_id: (1, 0, 200)}
+    # The two records past round 1 (its round limit): closed_study, naming the study and why.
+    assert [(x.message.offset, x.reason) for x in result.rejected] == [
+        (200, RejectReason.CLOSED_STUDY), (201, RejectReason.CLOSED_STUDY)]
+    for x in result.rejected:
+        assert x.detail.startswith(f"study {study.study_id} closed after 1 rounds")
+        assert x.detail.endswith("(max_rounds or its privacy budget)")
+    assert [(x.message.offset, x.reason) for x in dead] == [
+        (200, RejectReason.CLOSED_STUDY), (201, RejectReason.CLOSED_STUDY)]
+    # The study is closed in the same transaction: no open round is left behind.
+    assert r.hget(keys.study, "status") == b"closed"
+    assert not r.exists(keys.open)
+    closed = r.hgetall(keys.closed(1))
+    assert int(closed[b"count"]) == 200
+    assert int(closed[b"closed_ms"]) == int(clock * 1000)
+    a, b = state.unpack_stats(closed[b"A"], closed[b"b"], study.d)
+    np.testing.assert_allclose(a, q[:200].T @ q[:200])
+    np.testing.assert_allclose(b, p[:200].sum(axis=0))
+    assert r.hgetall(keys.counts) == {b"folded": b"200", b"rounds_closed": b"1",
+                                      b"rejected:closed_study": b"2"}
+
+
+def closed_after_round_one(redis_settings, seed: int) -> tuple[Study, Folder, list[bytes]]:
+    """A study whose round limit is 1, closed by folding its first 200 records; 3 more records
+    of it, not yet sent."""
+    study = Study(study_id=f"closed-{uuid.uuid4().hex[:6]}", d=3, n=200, epsilon=1.0,
+                  delta=0.01, max_rounds=1)
+    state.register_study(redis_client(redis_settings), study)
+    values, _, _ = honest(study, 203, seed=seed)
+    folder = folder_for(redis_settings)
+    closing = folder.fold([Message(0, i, v) for i, v in enumerate(values[:200])])
+    assert closing.closed_rounds == [(study.study_id, 1)]
+    return study, folder, values[200:]
+
+
+def test_records_sent_to_a_closed_study_are_dead_lettered_and_counted_once(redis_settings):
+    study, folder, late_values = closed_after_round_one(redis_settings, seed=22)
+    keys, r = state.StudyKeys(study.study_id), redis_client(redis_settings)
+    late = [Message(1, i, v) for i, v in enumerate(late_values)]
+    dead: list = []
+    result = folder.fold(late, lambda refused: dead.extend(refused.rejections()))
+    assert result.folded == {} and result.closed_rounds == [] and result.open_rounds == {}
+    assert [(x.message.offset, x.reason, x.detail) for x in result.rejected] == [
+        (i, RejectReason.CLOSED_STUDY, f"study {study.study_id} is closed") for i in range(3)]
+    assert [(x.message.offset, x.reason) for x in dead] == [
+        (i, RejectReason.CLOSED_STUDY) for i in range(3)]
+    # A crash after the study's transaction, before the group's checkpoint: the batch is read
+    # again; the study's offsets say its records are done, so they are not counted twice.
+    r.hdel(folder.offsets_key, "1")
+    again = folder_for(redis_settings, group=folder.group).fold(late)
+    assert again.rejected == [] and folder.committed_offsets() == {0: 200, 1: 3}
+    assert r.hgetall(keys.counts) == {b"folded": b"200", b"rounds_closed": b"1",
+                                      b"rejected:closed_study": b"3"}
+    assert r.hget(keys.study, "status") == b"closed"
+    assert not r.exists(keys.open) and not r.exists(keys.closed(2))
+
+
+def test_records_of_a_study_deleted_since_the_aggregator_found_it_are_unknown_study(
+        redis_settings, kafka_settings, topics):
+    """Also once its id names a new study (docs/operations.md, "Studies"): the old study's
+    records never fold into the new one."""
+    from ipdp.kafka_io import kafka_producer
+
+    study = study_in(redis_settings)
+    keys, r = state.StudyKeys(study.study_id), redis_client(redis_settings)
+    folder = folder_for(redis_settings)
+    old, _, _ = honest(study, 1, seed=23, created_ms=int(time.time() * 1000) - 2 * WINDOW_S * 1000)
+    # A stale record folds nothing, but the aggregator has now looked the study up and keeps it.
+    assert reasons(folder.fold([Message(0, 0, old[0])])) == [RejectReason.STALE]
+    producer = kafka_producer(kafka_settings)
+    try:
+        state.delete_study(r, producer, topics, study.study_id)
+    finally:
+        producer.close()
+    reused = Study(study_id=study.study_id, d=3, n=500, epsilon=1.0, delta=0.01)
+    state.register_study(r, reused)
+    values, _, _ = honest(study, 2, seed=24)
+    result = folder.fold([Message(0, 1, values[0]), Message(0, 2, values[1])])
+    assert result.folded == {} and result.open_rounds == {}
+    assert [(x.message.offset, x.reason) for x in result.rejected] == [
+        (1, RejectReason.UNKNOWN_STUDY), (2, RejectReason.UNKNOWN_STUDY)]
+    assert all(x.detail.startswith(f"study {study.study_id} is ") for x in result.rejected)
+    # The new study is left as it was (open, empty), and the old one is forgotten.
+    assert r.hmget(keys.study, ["status", "hash"]) == [b"open", reused.hash]
+    assert not r.exists(keys.open) and r.hget(keys.counts, "folded") is None
+    more, _, _ = honest(study, 1, seed=25)
+    assert reasons(folder.fold([Message(0, 3, more[0])])) == [RejectReason.UNKNOWN_STUDY]
+    # Forgotten: that refusal is the checks' (counted in the group's hash), not the study's.
+    assert r.hgetall(state.rejected_key(folder.group, "t")) == {b"stale": b"1",
+                                                                 b"unknown_study": b"1"}
+
+
+def test_a_study_closed_while_a_fold_decides_refuses_the_records_it_had_taken(
+        redis_settings, kafka_settings, topics):
+    """The study's status is watched: a close between the read and the EXEC voids the EXEC."""
+    from ipdp.kafka_io import kafka_producer
+
+    study = study_in(redis_settings)
+    keys, r = state.StudyKeys(study.study_id), redis_client(redis_settings)
+    good, _, _ = honest(study, 2, seed=26)
+    producer = kafka_producer(kafka_settings)
+    closed: list = []
+
+    def meanwhile(_refused):  # runs after the study's read, before its EXEC
+        if not closed:
+            closed.append(state.close_study(r, producer, topics, study.study_id))
+
+    try:
+        # The repeated record is refused in the transaction, so the hook runs inside it.
+        result = folder_for(redis_settings).fold(
+            [Message(0, 0, good[0]), Message(0, 1, good[1]), Message(0, 2, good[1])], meanwhile)
+    finally:
+        producer.close()
+    assert closed and result.conflicts >= 1 and result.folded == {}
+    assert reasons(result) == [RejectReason.CLOSED_STUDY] * 3
+    assert folded(redis_settings, study) == 0 and not r.exists(keys.open)
+
+
+def test_the_committed_offsets_are_the_partitions_not_their_epochs(redis_settings):
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 3, seed=27)
+    folder = folder_for(redis_settings)
+    r = redis_client(redis_settings)
+    # What aggregator.logs.resume_partition adds when partition 0 moves to another log.
+    r.hincrby(folder.offsets_key, "0:epoch", 1)
+    assert folder.fold([Message(0, i, v) for i, v in enumerate(good)]).folded == {
+        study.study_id: 3}
+    assert folder.committed_offsets() == {0: 3}
+    # The study's offsets name the partition's epoch, so the old log's offsets skip nothing.
+    assert r.hgetall(state.StudyKeys(study.study_id).offsets(folder.group, "t")) == {
+        b"0:1": b"3"}
+
+
+def test_a_restart_announces_every_studys_unannounced_rounds_and_counts_them_all(
+        redis_settings):
+    studies = [study_in(redis_settings, n=200) for _ in range(2)]
+    r = redis_client(redis_settings)
+    for partition, study in enumerate(studies):
+        values, _, _ = honest(study, 200, seed=28 + partition)
+        assert folder_for(redis_settings).fold(
+            [Message(partition, i, v) for i, v in enumerate(values)]).closed_rounds == [
+            (study.study_id, 1)]
+    # The state a crash after each fold's EXEC and before its XADD leaves behind.
+    r.delete(state.ROUNDS_STREAM)
+    for study in studies:
+        r.sadd(state.StudyKeys(study.study_id).unannounced, 1)
+    assert folder_for(redis_settings).announce_pending() == 2
+    assert sorted((e[b"study"].decode(), e[b"round"]) for _, e in
+                  r.xrange(state.ROUNDS_STREAM)) == sorted((s.study_id, b"1") for s in studies)
+
+
+def test_each_transaction_redone_for_a_race_is_counted_once(redis_settings):
+    """FoldResult.conflicts feeds ipdp_fold_conflicts_total: one per voided EXEC, per study."""
+    studies = sorted((study_in(redis_settings) for _ in range(2)), key=lambda s: s.study_id)
+    records = [honest(s, 2, seed=31 + i)[0] for i, s in enumerate(studies)]
+    other = folder_for(redis_settings)
+    raced: set[int] = set()
+
+    def meanwhile(refused):  # inside each study's transaction: another aggregator folds first
+        partition = refused.rejections()[0].message.partition
+        if partition not in raced:
+            raced.add(partition)
+            assert other.fold([Message(7, partition, records[partition][0])]).folded == {
+                studies[partition].study_id: 1}
+
+    # Each study's batch repeats a record, so the hook runs inside that study's transaction.
+    result = folder_for(redis_settings).fold(
+        [Message(p, i, v) for p, values in enumerate(records)
+         for i, v in enumerate([values[0], values[1], values[1]])], meanwhile)
+    assert raced == {0, 1} and result.conflicts == 2
+    assert result.folded == {s.study_id: 1 for s in studies}
+    assert [(x.message.partition, x.message.offset, x.reason) for x in result.rejected] == [
+        (p, i, RejectReason.REPLAYED) for p in (0, 1) for i in (0, 2)]
+    assert all(x.detail.startswith("record id already seen") and x.detail.endswith(
+        "within the replay window") for x in result.rejected)
+
+
+def test_a_zombie_folding_the_same_batch_meanwhile_does_not_make_its_refusals_count_twice(
+        redis_settings):
+    """Two aggregators of one group with the same batch (one lost the partition without
+    knowing): the study's offsets are watched, so the slower one's EXEC is voided and its redo
+    finds the records done; a refusal is counted once."""
+    study = study_in(redis_settings)
+    keys, r = state.StudyKeys(study.study_id), redis_client(redis_settings)
+    good, _, _ = honest(study, 1, seed=33)
+    live = folder_for(redis_settings)
+    assert live.fold([Message(0, 0, good[0])]).folded == {study.study_id: 1}
+    batch = [Message(1, 0, good[0])]  # folded before: refused as replayed
+    zombie = folder_for(redis_settings, group=live.group)
+    zombie_result: list = []
+
+    def meanwhile(_refused):
+        if not zombie_result:
+            zombie_result.append(zombie.fold(batch))
+
+    result = live.fold(batch, meanwhile)
+    assert reasons(zombie_result[0]) == [RejectReason.REPLAYED]
+    assert result.conflicts == 1 and result.rejected == []
+    assert int(r.hget(keys.counts, "rejected:replayed")) == 1
+    assert live.committed_offsets() == {0: 1, 1: 1}
+
+
+def test_a_batch_that_closes_rounds_of_two_studies_reports_both(redis_settings):
+    studies = sorted((study_in(redis_settings, n=200) for _ in range(2)),
+                     key=lambda s: s.study_id)
+    batch = [Message(p, i, v) for p, s in enumerate(studies)
+             for i, v in enumerate(honest(s, 200, seed=34 + p)[0])]
+    result = folder_for(redis_settings).fold(batch)
+    assert result.closed_rounds == [(s.study_id, 1) for s in studies]
+    assert result.open_rounds == {s.study_id: (2, 0, 200) for s in studies}
+    r = redis_client(redis_settings)
+    assert sorted((e[b"study"].decode(), e[b"round"]) for _, e in
+                  r.xrange(state.ROUNDS_STREAM)) == [(s.study_id, b"1") for s in studies]
+
+
+def test_the_checks_refusals_are_counted_once_per_reason_when_another_aggregator_checkpoints_first(
+        redis_settings):
+    """The checkpoint script counts each (partition, reason) group's refusals at or past the
+    stored offset: a zombie of the group that checkpointed the same batch first counted them."""
+    study = study_in(redis_settings)
+    old, _, _ = honest(study, 2, seed=35,
+                       created_ms=int(time.time() * 1000) - 2 * WINDOW_S * 1000)
+    # Partition 1 refuses for a reason that sorts before partition 0's, then for the same.
+    batch = [Message(0, 0, old[0]), Message(1, 0, b"\x01garbage that is no record at all"),
+             Message(1, 1, old[1])]
+    live = folder_for(redis_settings)
+    zombie = folder_for(redis_settings, group=live.group)
+    zombie_result: list = []
+
+    def meanwhile(_refused):  # after the checks, before the checkpoint
+        if not zombie_result:
+            zombie_result.append(zombie.fold(batch))
+
+    result = live.fold(batch, meanwhile)
+    expected = [(0, 0, RejectReason.STALE), (1, 0, RejectReason.UNDECODABLE),
+                (1, 1, RejectReason.STALE)]
+    for r in (zombie_result[0], result):
+        assert [(x.message.partition, x.message.offset, x.reason) for x in r.rejected] == expected
+    assert state.rejected_counts(redis_client(redis_settings), live.group, "t") == {
+        "stale": 2, "undecodable": 1}
+    assert live.committed_offsets() == {0: 1, 1: 2}
+
+
+def test_a_record_sent_twice_in_a_batch_of_two_is_folded_once(redis_settings):
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 1, seed=36)
+    result = folder_for(redis_settings).fold([Message(0, 0, good[0]), Message(0, 1, good[0])])
+    assert result.folded == {study.study_id: 1}
+    assert [(x.message.offset, x.reason) for x in result.rejected] == [
+        (1, RejectReason.REPLAYED)]
+    assert folded(redis_settings, study) == 1
+
+
+def test_a_batch_that_adds_a_partition_the_group_never_read_folds_it_from_offset_0(
+        redis_settings):
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 3, seed=37)
+    folder = folder_for(redis_settings)
+    assert folder.fold([Message(0, 0, good[0])]).folded == {study.study_id: 1}
+    result = folder.fold([Message(0, 1, good[1]), Message(1, 0, good[2])])
+    assert result.folded == {study.study_id: 2} and result.skipped == 0
+    assert folder.committed_offsets() == {0: 2, 1: 1}
+
+
+def test_after_a_resume_to_another_log_its_records_fold_though_their_offsets_repeat(
+        redis_settings):
+    """A new epoch of a partition retires every study's offsets of the old log."""
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 4, seed=38)
+    folder = folder_for(redis_settings)
+    assert folder.fold([Message(0, i, v) for i, v in enumerate(good[:2])]).folded == {
+        study.study_id: 2}
+    # What aggregator.logs.resume_partition writes for a partition moved to another log.
+    r = redis_client(redis_settings)
+    r.hset(folder.offsets_key, "0", 0)
+    r.hincrby(folder.offsets_key, "0:epoch", 1)
+    result = folder.fold([Message(0, i, v) for i, v in enumerate(good[2:])])
+    assert result.folded == {study.study_id: 2} and result.skipped == 0
+    assert folded(redis_settings, study) == 4
+
+
+def test_a_batch_past_the_checkpoint_is_sent_back_to_it_with_a_warning(redis_settings, caplog):
+    study = study_in(redis_settings)
+    good, _, _ = honest(study, 6, seed=39)
+    folder = folder_for(redis_settings)
+    assert folder.fold([Message(0, 0, good[0]), Message(0, 1, good[1]),
+                        Message(1, 0, good[2])]).folded == {study.study_id: 3}
+    # Partition 0 starts at its checkpoint, partition 1 past it: the whole batch is re-read
+    # (partition 2, never read, from where it starts), and the warning names partition 1.
+    with caplog.at_level("WARNING", logger="aggregator.fold"):
+        result = folder.fold([Message(0, 2, good[3]), Message(1, 5, good[4]),
+                              Message(2, 3, good[5])])
+    assert result.reseek == {0: 2, 1: 1, 2: 3} and result.folded == {}
+    assert [x.getMessage() for x in caplog.records if x.name == "aggregator.fold"] == [
+        "partition 1: batch starts at 5 but Redis has 1; re-seeking"]
+    assert folder.fold([Message(0, 2, good[3]), Message(1, 1, good[4])]).folded == {
+        study.study_id: 2}
+
+
+def test_a_batch_naming_a_deleted_study_and_the_new_one_under_its_id_folds_only_the_new(
+        redis_settings, kafka_settings, topics):
+    from ipdp.kafka_io import kafka_producer
+
+    study = study_in(redis_settings)
+    r = redis_client(redis_settings)
+    folder = folder_for(redis_settings)
+    old, _, _ = honest(study, 1, seed=43, created_ms=int(time.time() * 1000) - 2 * WINDOW_S * 1000)
+    assert reasons(folder.fold([Message(0, 0, old[0])])) == [RejectReason.STALE]  # looked up
+    producer = kafka_producer(kafka_settings)
+    try:
+        state.delete_study(r, producer, topics, study.study_id)
+    finally:
+        producer.close()
+    reused = Study(study_id=study.study_id, d=3, n=500, epsilon=1.0, delta=0.01)
+    state.register_study(r, reused)
+    stale_study, _, _ = honest(study, 1, seed=44)
+    current, _, _ = honest(reused, 1, seed=45)
+    result = folder.fold([Message(0, 1, stale_study[0]), Message(0, 2, current[0])])
+    assert result.folded == {study.study_id: 1}
+    assert [(x.message.offset, x.reason) for x in result.rejected] == [
+        (1, RejectReason.UNKNOWN_STUDY)]
+    assert study.study_id in result.rejected[0].detail
+    assert result.open_rounds == {study.study_id: (1, 1, 500)}
