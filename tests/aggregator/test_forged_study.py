@@ -59,7 +59,7 @@ def test_records_perturbed_under_a_forged_study_are_dead_lettered_never_folded(
     topics = env_topics
     study = Study(study_id="s1", **PARAMS)
     _create(kafka_settings, redis_settings, topics, study)
-    forged = Study(study_id="s1", **{**PARAMS, "epsilon": PARAMS["epsilon"] * 1000})
+    forged = Study(study_id="s1", **{**PARAMS, "epsilon": PARAMS["epsilon"] * 500})
     _publish(kafka_settings, topics, "s1", study_message(forged, "open"))
     stranger = generate_key_files(tmp_path / "stranger")
     assert find_study("s1", kafka_settings, topics)[0] == forged  # what an unpinned device sees
@@ -92,7 +92,7 @@ def test_a_device_that_pins_the_owner_key_refuses_a_forged_study(
     pinned = parse_trusted_keys(f"{tmp_path / 'owner'}.pub")
     assert find_study("s2", kafka_settings, topics, trusted=pinned)[0] == study
 
-    forged = Study(study_id="s2", **{**PARAMS, "epsilon": 1000.0})
+    forged = Study(study_id="s2", **{**PARAMS, "epsilon": 500.0})
     for value in (study_message(forged, "open"), study_message(forged, "open", stranger)):
         _publish(kafka_settings, topics, "s2", value)
         before = _sample("ipdp_studies_refused_total", {"reader": "device"})
