@@ -472,17 +472,16 @@ def test_records_sent_to_a_closed_study_are_dead_lettered_and_counted_once(redis
     assert not r.exists(keys.open) and not r.exists(keys.closed(2))
 
 
-def test_records_of_a_study_deleted_since_the_aggregator_found_it_are_unknown_study(
-        redis_settings, kafka_settings, topics):
-    """Also once its id names a new study (docs/operations.md, "Studies"): the old study's
-    records never fold into the new one."""
+def _found_then_deleted_and_reused(redis_settings, kafka_settings, topics):
+    """(study, reused, folder): a folder that has looked ``study`` up (a stale record of it folds
+    nothing but keeps the study known), then the study deleted and a new one (n = 500)
+    registered under its id."""
     from ipdp.kafka_io import kafka_producer
 
     study = study_in(redis_settings)
-    keys, r = state.StudyKeys(study.study_id), redis_client(redis_settings)
+    r = redis_client(redis_settings)
     folder = folder_for(redis_settings)
     old, _, _ = honest(study, 1, seed=23, created_ms=int(time.time() * 1000) - 2 * WINDOW_S * 1000)
-    # A stale record folds nothing, but the aggregator has now looked the study up and keeps it.
     assert reasons(folder.fold([Message(0, 0, old[0])])) == [RejectReason.STALE]
     producer = kafka_producer(kafka_settings)
     try:
@@ -491,6 +490,15 @@ def test_records_of_a_study_deleted_since_the_aggregator_found_it_are_unknown_st
         producer.close()
     reused = Study(study_id=study.study_id, d=3, n=500, epsilon=1.0, delta=0.01)
     state.register_study(r, reused)
+    return study, reused, folder
+
+
+def test_records_of_a_study_deleted_since_the_aggregator_found_it_are_unknown_study(
+        redis_settings, kafka_settings, topics):
+    """Also once its id names a new study (docs/operations.md, "Studies"): the old study's
+    records never fold into the new one."""
+    study, reused, folder = _found_then_deleted_and_reused(redis_settings, kafka_settings, topics)
+    keys, r = state.StudyKeys(study.study_id), redis_client(redis_settings)
     values, _, _ = honest(study, 2, seed=24)
     result = folder.fold([Message(0, 1, values[0]), Message(0, 2, values[1])])
     assert result.folded == {} and result.open_rounds == {}
@@ -716,20 +724,7 @@ def test_a_batch_past_the_checkpoint_is_sent_back_to_it_with_a_warning(redis_set
 
 def test_a_batch_naming_a_deleted_study_and_the_new_one_under_its_id_folds_only_the_new(
         redis_settings, kafka_settings, topics):
-    from ipdp.kafka_io import kafka_producer
-
-    study = study_in(redis_settings)
-    r = redis_client(redis_settings)
-    folder = folder_for(redis_settings)
-    old, _, _ = honest(study, 1, seed=43, created_ms=int(time.time() * 1000) - 2 * WINDOW_S * 1000)
-    assert reasons(folder.fold([Message(0, 0, old[0])])) == [RejectReason.STALE]  # looked up
-    producer = kafka_producer(kafka_settings)
-    try:
-        state.delete_study(r, producer, topics, study.study_id)
-    finally:
-        producer.close()
-    reused = Study(study_id=study.study_id, d=3, n=500, epsilon=1.0, delta=0.01)
-    state.register_study(r, reused)
+    study, reused, folder = _found_then_deleted_and_reused(redis_settings, kafka_settings, topics)
     stale_study, _, _ = honest(study, 1, seed=44)
     current, _, _ = honest(reused, 1, seed=45)
     result = folder.fold([Message(0, 1, stale_study[0]), Message(0, 2, current[0])])
