@@ -376,8 +376,10 @@ class Aggregator:
                     max(0, ends.get(tp, 0) - position))
 
     def close(self) -> None:
-        """Leave the group and close clients."""
-        for close in (self.consumer.close, self.producer.close, self.folder.helpers.close):
+        """Leave the group and close clients (Redis's too: a connection left to the garbage
+        collector can be finalised after its socket, which then warns of a leak)."""
+        for close in (self.consumer.close, self.producer.close, self.folder.helpers.close,
+                      self.redis.close):
             try:
                 close()
             except Exception as exc:  # noqa: BLE001 - closing must not mask the exit reason

@@ -151,6 +151,7 @@ class Trainer:
                 break
         self.producer.close()
         self.helpers.close()
+        self.redis.close()  # not left to the garbage collector, which may finalise its socket first
         return self.published
 
     def publish(self, message: ModelMessage) -> None:
