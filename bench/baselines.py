@@ -463,7 +463,13 @@ def private_frank_wolfe(
 def diffprivlib_linear(
     x: np.ndarray, y: np.ndarray, *, epsilon: float, coord_bound: float, y_bound: float, seed: int
 ) -> np.ndarray:
-    """Coefficients of diffprivlib's LinearRegression, called as a user would, with public bounds.
+    """Coefficients of diffprivlib_linear_model's model fitted to (x, y)."""
+    return _fit_quietly(diffprivlib_linear_model(epsilon=epsilon, coord_bound=coord_bound,
+                                                 y_bound=y_bound, seed=seed), x, y)
+
+
+def diffprivlib_linear_model(*, epsilon: float, coord_bound: float, y_bound: float, seed: int):
+    """diffprivlib's LinearRegression, unfitted, set up as a user would, with public bounds.
 
     The functional mechanism (Zhang et al. 2012): Laplace noise on each of the 1 + d + d(d+1)/2
     coefficients of the squared loss as a polynomial in w, each at ε/(1 + d + d(d+1)/2), each
@@ -475,16 +481,21 @@ def diffprivlib_linear(
     from diffprivlib.accountant import BudgetAccountant
     from diffprivlib.models import LinearRegression
 
-    model = LinearRegression(epsilon=epsilon, bounds_X=(-coord_bound, coord_bound),
-                             bounds_y=(-y_bound, y_bound), fit_intercept=False,
-                             random_state=seed, accountant=BudgetAccountant())
-    return _fit_quietly(model, x, y)
+    return LinearRegression(epsilon=epsilon, bounds_X=(-coord_bound, coord_bound),
+                            bounds_y=(-y_bound, y_bound), fit_intercept=False,
+                            random_state=seed, accountant=BudgetAccountant())
 
 
 def diffprivlib_logistic(
     x: np.ndarray, labels: np.ndarray, *, epsilon: float, data_norm: float, c: float, seed: int
 ) -> np.ndarray:
-    """Coefficients of diffprivlib's LogisticRegression (real logistic loss), with a public norm.
+    """Coefficients of diffprivlib_logistic_model's model fitted to (x, labels)."""
+    return _fit_quietly(diffprivlib_logistic_model(epsilon=epsilon, data_norm=data_norm, c=c,
+                                                   seed=seed), x, labels)
+
+
+def diffprivlib_logistic_model(*, epsilon: float, data_norm: float, c: float, seed: int):
+    """diffprivlib's LogisticRegression (real logistic loss), unfitted, with a public norm.
 
     Objective perturbation of Chaudhuri, Monteleoni & Sarwate (2011, Algorithm 2): a random
     linear term whose norm is Gamma-distributed is added to the L2-regularised logistic loss,
@@ -494,9 +505,8 @@ def diffprivlib_logistic(
     from diffprivlib.accountant import BudgetAccountant
     from diffprivlib.models import LogisticRegression
 
-    model = LogisticRegression(epsilon=epsilon, data_norm=data_norm, C=c, fit_intercept=False,
-                               random_state=seed, accountant=BudgetAccountant())
-    return _fit_quietly(model, x, labels)
+    return LogisticRegression(epsilon=epsilon, data_norm=data_norm, C=c, fit_intercept=False,
+                              random_state=seed, accountant=BudgetAccountant())
 
 
 def _fit_quietly(model, x: np.ndarray, y: np.ndarray) -> np.ndarray:
