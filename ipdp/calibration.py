@@ -789,6 +789,16 @@ def mechanism_delta(delta: float) -> float:
     return share
 
 
+def per_record_share(share: float, epsilon: float, n: int) -> float:
+    """π = share/((1 + e^ε)·n): a per-record probability of an event that changes what is
+    released costs (1 + e^ε)·n·π of δ, so π spends exactly ``share`` ("The norm check"; the
+    two-server clamp's τ_S, Step 13). 0.0 where e^ε overflows."""
+    try:
+        return share / ((1.0 + math.exp(epsilon)) * n)
+    except OverflowError:
+        return 0.0
+
+
 def _finish(*, mechanism: float, **kw) -> Calibration:
     """The Calibration of a mode's noise, with every number derived from it computed here, once.
 
@@ -804,10 +814,7 @@ def _finish(*, mechanism: float, **kw) -> Calibration:
     )
     check = norm_check_delta(delta)
     spent = max(delta, mechanism + check)
-    try:
-        per_record = check / ((1.0 + math.exp(epsilon)) * n)
-    except OverflowError:
-        per_record = 0.0
+    per_record = per_record_share(check, epsilon, n)
     if per_record < sys.float_info.min:
         # The check's bounds are quantiles at π/4; a subnormal π has none in double precision,
         # and a π rounded up to one would cost more than the norm check's share of δ.

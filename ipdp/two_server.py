@@ -33,6 +33,7 @@ from ipdp.calibration import (
     eigenvalue_bound,
     linear_term_delta,
     noisy_norm_interval,
+    per_record_share,
 )
 from ipdp.fixed_point import FixedPoint, fraction_bits_for
 from ipdp.grid_noise import (
@@ -206,10 +207,7 @@ def clamp_bounds(*, one: Calibration, linear_bits: int, poisson_mean: float,
     tau_q = half / (one.n + 1)
     high = noisy_norm_interval(one.noise_std_q, one.d, math.sqrt(one.lam), tau_q)[1]
     record_bound = high * high
-    try:
-        tau_s = half / ((1.0 + math.exp(one.epsilon)) * one.n)
-    except OverflowError:
-        tau_s = 0.0
+    tau_s = per_record_share(half, one.epsilon, one.n)
     if tau_s / (2.0 * one.d) < sys.float_info.min:
         # The Chernoff tail point is found in double precision; a subnormal tail is not.
         raise CalibrationError(
